@@ -1,0 +1,136 @@
+"""`clusterrun exec`: one shell command on every host at once, output prefixed per host."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from clusterrun import command, group
+from clusterrun.console import Printer
+from clusterrun.errors import ExitStatus
+from clusterrun.framing import LineFramer
+from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.transport import Process, SshOptions, connect
+
+# Partial lines (a prompt, a progress bar) show after this long without a newline.
+PARTIAL_LINE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    code: int  # the command's exit status; 128+N when killed by signal N, -1 unknown
+
+
+def stream(proc: Process, spec: HostSpec, printer: Printer, stderr: bool) -> threading.Thread:
+    """Copy one of a process's outputs to the printer, one prefixed line at a time."""
+    framer = LineFramer()
+    recv = proc.recv_stderr if stderr else proc.recv
+    lock = threading.Lock()
+    done = threading.Event()
+    prefix = f"{spec.name}:"
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = recv(65536)
+            except OSError:
+                chunk = b""
+            with lock:
+                if not chunk:
+                    tail = framer.close()
+                    if tail:
+                        printer.line(spec.name, prefix, tail)
+                    done.set()
+                    return
+                for text in framer.feed(chunk):
+                    printer.line(spec.name, prefix, text)
+
+    def ticker() -> None:
+        while not done.wait(PARTIAL_LINE_SECONDS):
+            with lock:
+                text = framer.flush()
+                if text is not None:
+                    printer.line(spec.name, prefix, text)
+
+    threading.Thread(target=ticker, daemon=True).start()
+    thread = threading.Thread(target=pump, daemon=True, name=f"clusterrun-out-{spec.name}")
+    thread.start()
+    return thread
+
+
+def run(inv: Inventory, cmd: str, options: SshOptions, printer: Printer,
+        timeout: Optional[float] = None) -> list[group.HostResult[ExecResult]]:
+    def one(spec: HostSpec) -> ExecResult:
+        transport = connect(spec, options)
+        try:
+            proc = transport.run(command.remote_shell(spec.setup, cmd))
+            proc.close_stdin()
+            readers = [stream(proc, spec, printer, stderr=False),
+                       stream(proc, spec, printer, stderr=True)]
+            code = proc.wait()
+            for reader in readers:
+                reader.join(5)
+            return ExecResult(code if code is not None else -1)
+        finally:
+            transport.close()
+
+    return group.run(one, list(inv.hosts), timeout)
+
+
+def fold(names: list[str]) -> str:
+    """``node1 node2 node3 gpu-a`` -> ``gpu-a,node[1-3]``: how pdsh and clush name host sets."""
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    plain: list[str] = []
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)(\D*)", name)
+        if match is None:
+            plain.append(name)
+            continue
+        head, digits, tail = match.groups()
+        groups.setdefault((head, tail, len(digits) if digits[0] == "0" and len(digits) > 1 else 0),
+                          []).append(int(digits))
+    parts = sorted(plain)
+    for (head, tail, width), numbers in sorted(groups.items()):
+        numbers = sorted(set(numbers))
+        if len(numbers) == 1:
+            parts.append(f"{head}{numbers[0]:0{width}d}{tail}")
+            continue
+        spans, start, prev = [], numbers[0], numbers[0]
+        for n in [*numbers[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            spans.append(f"{start:0{width}d}" if start == prev else
+                         f"{start:0{width}d}-{prev:0{width}d}")
+            if n is not None:
+                start = prev = n
+        parts.append(f"{head}[{','.join(spans)}]{tail}")
+    return ",".join(parts)
+
+
+def summarize(results: list[group.HostResult[ExecResult]]) -> tuple[list[str], int]:
+    """Per-outcome summary lines (hosts folded) and the exit status: the largest remote exit
+    status, as `pdsh -S` and `clush -S` report it, or 4 when a host could not be reached."""
+    by_outcome: dict[str, list[str]] = {}
+    worst = 0
+    unreachable = False
+    for r in results:
+        if r.failure is not None:
+            by_outcome.setdefault(f"{r.failure.kind}: {_strip_name(r.failure.message, r.spec)}",
+                                  []).append(r.spec.name)
+            unreachable = True
+            continue
+        assert r.value is not None
+        code = r.value.code
+        by_outcome.setdefault(f"exit {code}" if code >= 0 else "exit status unknown",
+                              []).append(r.spec.name)
+        worst = max(worst, code if code > 0 else (255 if code < 0 else 0))
+    lines = [f"{fold(names)}: {outcome}" for outcome, names in sorted(by_outcome.items())]
+    return lines, (ExitStatus.UNREACHABLE if unreachable else worst)
+
+
+def _strip_name(message: str, spec: HostSpec) -> str:
+    return message.split(": ", 1)[1] if message.startswith(spec.name) else message
+

@@ -1,0 +1,112 @@
+"""Host-key verification against known_hosts: strict by default, accept-new only when asked."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+
+from clusterrun.errors import UnreachableError, UsageError
+
+GLOBAL_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+_append_lock = threading.Lock()
+
+
+class HostKeyError(UnreachableError):
+    """The server's key is unknown (and accept-new was not asked for) or has changed."""
+
+
+def known_host_name(hostname: str, port: int) -> str:
+    """The name known_hosts uses for a host, as OpenSSH writes it."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+def load_into(client: paramiko.SSHClient, known_hosts: Path) -> None:
+    """Load the user's and the system's known_hosts into ``client`` without letting paramiko
+    rewrite either file (``SSHClient.load_host_keys`` would save over it on every new key)."""
+    keys = client.get_host_keys()
+    for path in (GLOBAL_KNOWN_HOSTS, known_hosts):
+        if not path.is_file():
+            continue
+        try:
+            keys.load(str(path))
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise UsageError(
+                f"{path}: cannot read this known_hosts file ({exc}). Fix or remove the bad line; "
+                "`ssh-keygen -F HOST -f FILE` shows a host's entries."
+            ) from None
+
+
+class Policy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for hosts with no key on file; changed keys never get here."""
+
+    def __init__(self, known_hosts: Path, accept_new: bool) -> None:
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise HostKeyError(
+                f"the host key of {hostname} is not in {self.known_hosts} ({key.get_name()} "
+                f"{key.fingerprint}). Nothing was run there. If that fingerprint is right "
+                "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on the host), run again "
+                "with --accept-new-host-keys, or add it with `ssh-keyscan`."
+            )
+        append(self.known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def changed_key_message(hostname: str, got: paramiko.PKey, expected: paramiko.PKey,
+                        known_hosts: Path) -> str:
+    return (
+        f"the host key of {hostname} has CHANGED: it presented {got.get_name()} {got.fingerprint} "
+        f"but {known_hosts} has {expected.get_name()} {expected.fingerprint}. Someone may be "
+        "intercepting the connection, or the host was reinstalled. Nothing was run there and the "
+        "file was left unchanged. If the change is expected, remove the old entry with "
+        f"`ssh-keygen -R {hostname} -f {known_hosts}` and connect again."
+    )
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def append(path: Path, hostname: str, key: paramiko.PKey) -> None:
+    """Add one key to known_hosts atomically, keeping the file's mode; safe across threads and
+    processes (another clusterrun may be adding keys to the same file)."""
+    line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _append_lock, _locked(path):
+        try:
+            old = path.read_bytes()
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            old, mode = b"", 0o600
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(old + line.encode())
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise

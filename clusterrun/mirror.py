@@ -1,0 +1,112 @@
+"""The wire side of logs: frames from a host's supervisor, and byte-exact local mirrors.
+
+A supervisor sends ``J <json>\\n`` event frames and ``D <json>\\n<bytes>`` data frames, each data
+frame naming a file and the byte offset it starts at. The mirror appends only bytes it does not
+have yet, so a resumed stream (same or overlapping offsets) never duplicates and never loses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Iterator, Optional, Union
+
+from clusterrun.runs import RunDir, make_node_dir, open_private
+from clusterrun.transport import Process
+
+Frame = Union[tuple[str, dict[str, Any]], tuple[str, dict[str, Any], bytes]]
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def frames(proc: Process) -> Iterator[tuple[dict[str, Any], Optional[bytes]]]:
+    """(event, None) or (data header, bytes) until the stream ends."""
+    buf = bytearray()
+    eof = False
+    while True:
+        nl = buf.find(b"\n")
+        if nl >= 0:
+            kind, header = bytes(buf[:2]), json.loads(bytes(buf[2:nl]))
+            if kind == b"J ":
+                del buf[: nl + 1]
+                yield header, None
+                continue
+            if kind != b"D ":
+                raise ProtocolError(f"unexpected output from the supervisor: {bytes(buf[:80])!r}")
+            need = nl + 1 + header["n"]
+            if len(buf) >= need:
+                data = bytes(buf[nl + 1 : need])
+                del buf[:need]
+                yield header, data
+                continue
+        if eof:
+            if buf:
+                raise ProtocolError("the supervisor's stream ended in the middle of a frame")
+            return
+        try:
+            chunk = proc.recv(262144)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            eof = True
+        buf.extend(chunk)
+
+
+class Mirror:
+    """Local copies of one run's remote files, plus the order chunks arrived in (``arrivals``),
+    which `clusterrun logs` replays to show the interleaving the live console showed."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[str, str], int] = {}
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._arrivals = open_private(run.file("arrivals"),
+                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def _fd(self, node: str, name: str) -> int:
+        key = (node, name)
+        if key not in self._fds:
+            make_node_dir(self.run, node)
+            if "/" in name or name.startswith("."):
+                raise ProtocolError(f"refusing a log file name from {node}: {name!r}")
+            fd = open_private(self.run.mirror(node, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._fds[key] = fd
+            self._sizes[key] = os.fstat(fd).st_size
+        return self._fds[key]
+
+    def size(self, node: str, name: str) -> int:
+        with self._lock:
+            self._fd(node, name)
+            return self._sizes[(node, name)]
+
+    def offsets(self, node: str) -> dict[str, int]:
+        """What we already have of a node's files: where a resumed stream starts."""
+        folder = self.run.node_dir(node)
+        if not folder.is_dir():
+            return {}
+        return {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+
+    def append(self, node: str, name: str, offset: int, data: bytes) -> bytes:
+        """Store a chunk that starts at ``offset``; return the part that was new."""
+        with self._lock:
+            fd = self._fd(node, name)
+            have = self._sizes[(node, name)]
+            if offset > have:
+                raise ProtocolError(f"{node}: {name} jumped from byte {have} to {offset}")
+            fresh = data[have - offset:]
+            if fresh:
+                os.write(fd, fresh)
+                self._sizes[(node, name)] = have + len(fresh)
+                os.write(self._arrivals, f"{node}\t{name}\t{have + len(fresh)}\n".encode())
+            return fresh
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            os.close(self._arrivals)

@@ -1,0 +1,354 @@
+"""Preflight: one probe per host, in parallel, and the verdict per host.
+
+Each host's thread connects, starts the probe and reads the host's facts. The master's thread
+then settles master_addr and opens a short-lived listener on master_port; every worker's thread
+picks its interface (the device routing to master_addr) and opens a TCP connection to the
+master from that interface's address. SSH reachability alone proves nothing about that path.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from clusterrun import group, ranks
+from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.probing import ProbeError, ProbeSession, first_ipv4
+from clusterrun.transport import ConnectError, SshOptions, Transport, connect
+
+CONNECTION_KINDS = frozenset({"dns", "refused", "timeout", "unreachable", "auth", "hostkey",
+                              "deadline"})
+SLOW_DNS_SECONDS = 2.0
+PROBE_SECONDS = 20.0
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class HostReport:
+    spec: HostSpec
+    node_rank: int
+    checks: list[Check] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    interface: Optional[str] = None
+    address: Optional[str] = None
+    failure_kind: Optional[str] = None  # set when the host could not be probed at all
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_kind is None and all(c.ok for c in self.checks)
+
+    @property
+    def gpus(self) -> int:
+        if self.spec.gpus is not None:
+            return len(self.spec.gpus)
+        return int(self.facts.get("gpus") or 0)
+
+    @property
+    def python(self) -> Optional[str]:
+        return self.facts.get("python")
+
+    @property
+    def torch(self) -> Optional[str]:
+        return (self.facts.get("torch") or {}).get("version")
+
+    @property
+    def workdir(self) -> Optional[str]:
+        return (self.facts.get("workdir") or {}).get("path")
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append(Check(name, ok, detail))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"host": self.spec.host, "name": self.spec.name, "node_rank": self.node_rank,
+                "ok": self.ok, "interface": self.interface, "address": self.address,
+                "python": self.python, "torch": self.torch, "gpus": self.gpus,
+                "checks": [c.as_json() for c in self.checks]}
+
+
+@dataclass
+class CheckReport:
+    hosts: list[HostReport]
+    master_addr: Optional[str]
+    master_port: Optional[int]
+    transports: dict[str, Transport] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts)
+
+    @property
+    def unreachable(self) -> list[HostReport]:
+        return [h for h in self.hosts if h.failure_kind in CONNECTION_KINDS]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "master_addr": self.master_addr, "master_port": self.master_port,
+                "hosts": [h.as_json() for h in self.hosts]}
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
+
+
+class _Rendezvous:
+    """What the workers' threads need from the master's thread."""
+
+    def __init__(self, workers: int) -> None:
+        self.master_ready = threading.Event()
+        self.addr: Optional[str] = None
+        self.port: Optional[int] = None
+        self.listening = False
+        self.problem = "the master could not be probed"
+        self._left = workers
+        self._lock = threading.Lock()
+        self.workers_done = threading.Event()
+        if workers == 0:
+            self.workers_done.set()
+
+    def worker_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left <= 0:
+                self.workers_done.set()
+
+
+def run(inv: Inventory, options: SshOptions, *, data_path: bool = True,
+        keep_connections: bool = False) -> CheckReport:
+    """Probe every host; never raises for a host's failure (it is in the report)."""
+    ordered = ranks.in_rank_order(inv.hosts)
+    reports = {h.name: HostReport(h, rank) for rank, h in enumerate(ordered)}
+    rdv = _Rendezvous(len(ordered) - 1)
+    transports: dict[str, Transport] = {}
+    lock = threading.Lock()
+    deadline = options.connect_timeout + PROBE_SECONDS * 2
+
+    def one(spec: HostSpec) -> None:
+        report = reports[spec.name]
+        session: Optional[ProbeSession] = None
+        try:
+            transport = connect(spec, options)
+            with lock:
+                transports[spec.name] = transport
+            session = ProbeSession(transport, spec, PROBE_SECONDS)
+            report.facts = session.facts
+            report.add("ssh", True, _ssh_detail(spec, transport))
+            _local_checks(report)
+            if spec.master:
+                _master(inv, report, session, rdv, data_path, transports)
+            else:
+                _worker(report, session, rdv, data_path, options.connect_timeout)
+        except (ConnectError, ProbeError) as exc:
+            report.failure_kind = exc.kind
+            report.add("ssh" if isinstance(exc, ConnectError) else "probe", False, exc.message)
+        finally:
+            if spec.master:
+                rdv.master_ready.set()  # also when it failed: workers must not wait for it
+            else:
+                rdv.worker_done()
+            if session is not None:
+                session.close()
+
+    results = group.run(one, ordered, deadline)
+    for result in results:
+        if result.failure is not None:
+            report = reports[result.spec.name]
+            report.failure_kind = result.failure.kind
+            report.add("ssh", False, result.failure.message)
+    _compare_versions(list(reports.values()))
+    report = CheckReport(list(reports.values()), rdv.addr, rdv.port, transports)
+    if not keep_connections:
+        report.close()
+        report.transports = {}
+    return report
+
+
+def _ssh_detail(spec: HostSpec, transport: Transport) -> str:
+    if spec.local:
+        return "this machine (local, no SSH)"
+    return f"connected to {getattr(transport, 'address', spec.host)}"
+
+
+def _local_checks(report: HostReport) -> None:
+    facts = report.facts
+    name = report.spec.name
+    report.add("python", True, f"{facts['python']} ({facts['python_path']})")
+    torch = facts.get("torch")
+    if torch and torch.get("version"):
+        report.add("torch", True, f"{torch['version']}")
+    else:
+        report.add("torch", False, f"torch is not installed for {facts['python_path']} on "
+                   f"{name}: install it there (pip install torch) or point `python:`/`setup:` "
+                   "at the environment that has it.")
+    workdir = facts.get("workdir") or {}
+    if workdir.get("ok"):
+        report.add("workdir", True, workdir["path"])
+    else:
+        report.add("workdir", False, f"cannot use workdir {workdir.get('path')} on {name}: "
+                   f"{workdir.get('error')}. Set `workdir:` to a writable directory.")
+    dns = facts.get("dns") or {}
+    seconds = dns.get("seconds")
+    if dns.get("error") or seconds is None or seconds > SLOW_DNS_SECONDS:
+        why = dns.get("error") or f"took {seconds} s"
+        report.add("dns", True, f"warning: looking up its own name {dns.get('hostname')!r} "
+                   f"{why}; torch does this at start-up, which will be slow. List the hostname "
+                   "in /etc/hosts on every host.")
+    else:
+        report.add("dns", True, f"{dns.get('hostname')} -> {', '.join(dns.get('addresses', []))}")
+    gpus = report.spec.gpus
+    if gpus is not None and (facts["gpus"] == 0 or max(gpus) >= facts["gpus"]):
+        report.add("gpus", True, f"warning: `gpus: {list(gpus)}` but nvidia-smi lists "
+                   f"{facts['gpus']} GPU(s) on {name}.")
+    else:
+        report.add("gpus", True, f"{report.gpus} visible")
+
+
+def _master_addr(inv: Inventory, report: HostReport, session: ProbeSession,
+                 transports: dict[str, Transport]) -> str:
+    if inv.master_addr != AUTO:
+        return inv.master_addr
+    if all(h.local for h in inv.hosts):
+        return "127.0.0.1"
+    facts = report.facts
+    server = facts.get("ssh_server_address")
+    if server and session.ask("route", addr=server).get("local"):
+        return server  # the address the controller reached the master on
+    for spec in inv.hosts:  # a local master: the address facing the first remote host
+        if not spec.local:
+            peer = socket.gethostbyname(getattr(transports.get(spec.name), "address", spec.host))
+            src = session.ask("route", addr=peer).get("src")
+            if src:
+                return src
+    raise ProbeError("error", f"{report.spec.name}: cannot tell which address the workers should "
+                     "use to reach the master; set `master_addr:` in the inventory.")
+
+
+def _master(inv: Inventory, report: HostReport, session: ProbeSession, rdv: _Rendezvous,
+            data_path: bool, transports: dict[str, Transport]) -> None:
+    try:
+        rdv.addr = _master_addr(inv, report, session, transports)
+    except ProbeError as exc:
+        rdv.problem = exc.message
+        report.add("master_addr", False, exc.message)
+        return
+    _pick_interface(report, session, rdv.addr)
+    listen = session.ask("listen", addr=rdv.addr, port=inv.master_port or 0)
+    rdv.port = listen.get("port")
+    if listen.get("ok"):
+        rdv.listening = data_path
+        report.add("master_port", True, f"{rdv.port} is free on {report.spec.name}")
+    else:
+        rdv.problem = f"master_port {rdv.port} is not usable on the master"
+        report.add("master_port", False, f"port {rdv.port} on {report.spec.name}: "
+                   f"{listen.get('error')}. Another job may hold it; pick another `master_port:` "
+                   "or use `auto`.")
+    rdv.master_ready.set()
+    if rdv.listening:
+        rdv.workers_done.wait(PROBE_SECONDS * 2)
+
+
+def _worker(report: HostReport, session: ProbeSession, rdv: _Rendezvous, data_path: bool,
+            timeout: float) -> None:
+    if not rdv.master_ready.wait(timeout + PROBE_SECONDS) or rdv.addr is None:
+        report.add("interface", False, f"not chosen: {rdv.problem}.")
+        return
+    _pick_interface(report, session, rdv.addr)
+    if not data_path:
+        return
+    if not rdv.listening or rdv.port is None:
+        report.add("data_path", False, f"not tested: {rdv.problem}.")
+        return
+    if report.address is None:
+        report.add("data_path", False, "not tested: no usable interface.")
+        return
+    result = session.ask("connect", addr=rdv.addr, port=rdv.port, src=report.address, timeout=5)
+    where = f"{rdv.addr}:{rdv.port} from {report.interface} ({report.address})"
+    if result.get("ok"):
+        report.add("data_path", True, f"connected to {where}")
+    else:
+        report.add("data_path", False, f"{report.spec.name} cannot open a TCP connection to "
+                   f"{where}: {result.get('error')}. A firewall may block the port between the "
+                   "hosts, or this interface does not reach the master; set `interface:` or "
+                   "`master_addr:`.")
+
+
+def _describe(ifaces: list[dict[str, Any]]) -> str:
+    parts = []
+    for item in ifaces:
+        addrs = ", ".join(a for a in item.get("addrs", []) if ":" not in a.split("/")[0])
+        state = "" if item.get("up") else " DOWN"
+        parts.append(f"{item['name']} ({addrs or 'no IPv4'}{state})")
+    return "; ".join(parts)
+
+
+def _pick_interface(report: HostReport, session: ProbeSession, master_addr: str) -> None:
+    spec = report.spec
+    ifaces = report.facts.get("interfaces", [])
+    by_name = {i["name"]: i for i in ifaces}
+    loopback = master_addr.startswith("127.") or master_addr == "::1"
+    if spec.interface != AUTO:
+        iface = by_name.get(spec.interface)
+        problem = None
+        if iface is None:
+            problem = "does not exist there"
+        elif not iface.get("up"):
+            problem = "is down"
+        elif first_ipv4(iface) is None:
+            problem = "has no IPv4 address"
+        if problem:
+            report.add("interface", False, f"interface {spec.interface!r} {problem} on {spec.name}."
+                       f" Its interfaces: {_describe(ifaces)}. Set `interface:` to one of them, "
+                       "or `auto`.")
+            return
+        report.interface, report.address = spec.interface, first_ipv4(iface)
+        report.add("interface", True, f"{spec.interface} {report.address} (from the inventory)")
+        return
+    route = session.ask("route", addr=master_addr)
+    dev = route.get("dev")
+    if not dev or (dev == "lo" and not loopback):
+        why = route.get("error") or f"its route to {master_addr} goes through {dev or 'nothing'}"
+        report.add("interface", False, f"no interface on {spec.name} reaches master_addr "
+                   f"{master_addr}: {why}. Its interfaces: {_describe(ifaces)}. Set `interface:` "
+                   "or `master_addr:`.")
+        return
+    report.interface, report.address = dev, route.get("src")
+    role = "holds" if route.get("local") else "routes to"
+    report.add("interface", True, f"{dev} {report.address} ({role} {master_addr})")
+
+
+def _compare_versions(reports: list[HostReport]) -> None:
+    """Every host must run the master's Python (major.minor) and torch; else ranks disagree on
+    pickled objects and collectives, or crash at start-up."""
+    probed = [r for r in reports if r.facts]
+    if not probed:
+        return
+    ref = probed[0]
+    for r in probed[1:]:
+        py, ref_py = _minor(r.python), _minor(ref.python)
+        if py != ref_py:
+            _fail(r, "python", f"Python {r.python} on {r.spec.name} but {ref.python} on the "
+                  f"master {ref.spec.name}: use the same Python {ref_py} everywhere.")
+        if r.torch and ref.torch and r.torch != ref.torch:
+            _fail(r, "torch", f"torch {r.torch} on {r.spec.name} but {ref.torch} on the master "
+                  f"{ref.spec.name}: install the same version everywhere.")
+
+
+def _minor(version: Optional[str]) -> str:
+    return ".".join((version or "").split(".")[:2])
+
+
+def _fail(report: HostReport, name: str, detail: str) -> None:
+    for i, check in enumerate(report.checks):
+        if check.name == name:
+            report.checks[i] = Check(name, False, detail)
+            return
+    report.add(name, False, detail)

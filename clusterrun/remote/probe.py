@@ -1,0 +1,283 @@
+"""clusterrun preflight probe: runs on a host with the host's own Python (stdlib only, 3.6+).
+
+It arrives on stdin (see clusterrun/command.py), reads one JSON request line, prints the host's
+facts as one JSON line, then answers JSON operations line by line (route, listen, connect,
+peers) until stdin closes. It never imports torch: that takes seconds and proves nothing here.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import random
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+SIOCGIFFLAGS = 0x8913
+SIOCGIFADDR = 0x8915
+SIOCGIFNETMASK = 0x891B
+IFF_UP = 0x1
+IFF_RUNNING = 0x40
+
+
+def emit(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def run(argv, timeout=10):
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.decode("utf-8", "replace")
+
+
+def _ioctl(sock, request, name):
+    packed = struct.pack("256s", name.encode()[:15])
+    return fcntl.ioctl(sock.fileno(), request, packed)
+
+
+def interfaces():
+    """Every interface with its state and addresses: `ip` when present, else ioctl (IPv4)."""
+    found = {}
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _index, name in socket.if_nameindex():
+            try:
+                flags = struct.unpack("H", _ioctl(probe, SIOCGIFFLAGS, name)[16:18])[0]
+            except OSError:
+                flags = 0
+            found[name] = {"name": name, "up": bool(flags & IFF_UP and flags & IFF_RUNNING),
+                           "addrs": []}
+        listing = run(["ip", "-o", "addr", "show"])
+        if listing is not None:
+            for line in listing.splitlines():
+                parts = line.split()
+                if len(parts) >= 4 and parts[2] in ("inet", "inet6") and parts[1] in found:
+                    found[parts[1]]["addrs"].append(parts[3])
+        else:
+            for name, item in found.items():
+                try:
+                    addr = socket.inet_ntoa(_ioctl(probe, SIOCGIFADDR, name)[20:24])
+                    mask = socket.inet_ntoa(_ioctl(probe, SIOCGIFNETMASK, name)[20:24])
+                except OSError:
+                    continue
+                bits = bin(struct.unpack("!I", socket.inet_aton(mask))[0]).count("1")
+                item["addrs"].append("%s/%d" % (addr, bits))
+    finally:
+        probe.close()
+    return sorted(found.values(), key=lambda i: i["name"])
+
+
+def owner_of(addr, ifaces):
+    for item in ifaces:
+        for cidr in item["addrs"]:
+            if cidr.split("/")[0] == addr:
+                return item["name"]
+    return None
+
+
+def route(addr):
+    """The device and source address this host uses to reach ``addr``. For one of its own
+    addresses the kernel answers `lo`; the device holding the address is the useful answer."""
+    ifaces = interfaces()
+    own = owner_of(addr, ifaces)
+    if own is not None:
+        return {"dev": own, "src": addr, "local": True}
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    src = None
+    try:
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.connect((addr, 9))  # UDP: no packet is sent, the kernel just picks a route
+            src = sock.getsockname()[0]
+        finally:
+            sock.close()
+    except OSError as exc:
+        return {"dev": None, "src": None, "error": "no route to %s (%s)" % (addr, exc.strerror)}
+    dev = None
+    text = run(["ip", "-o", "route", "get", addr], timeout=5)
+    if text:
+        words = text.split()
+        if "dev" in words:
+            dev = words[words.index("dev") + 1]
+        if "src" in words:
+            src = words[words.index("src") + 1]
+    if dev is None or dev == "lo":
+        dev = owner_of(src, ifaces)
+    return {"dev": dev, "src": src, "local": False}
+
+
+def read_version_file(path, field):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    match = re.search(r"^%s\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]" % field, text, re.M)
+    return match.group(1) if match else None
+
+
+def torch_info():
+    """torch's version read from its files, without importing it."""
+    for entry in sys.path:
+        version_py = os.path.join(entry or ".", "torch", "version.py")
+        if os.path.isfile(version_py):
+            return {"version": read_version_file(version_py, "__version__"),
+                    "cuda": read_version_file(version_py, "cuda"), "path": version_py}
+    try:
+        from importlib import metadata
+
+        return {"version": metadata.version("torch"), "cuda": None, "path": None}
+    except Exception:
+        return None
+
+
+def gpu_count():
+    text = run(["nvidia-smi", "-L"], timeout=15)
+    if text is None:
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith("GPU "))
+
+
+def resolve_self(timeout):
+    """How long this host takes to look its own name up (torch does it at start-up)."""
+    name = socket.gethostname()
+    result = {"hostname": name, "seconds": None, "addresses": [], "error": None}
+
+    def lookup():
+        start = time.monotonic()
+        try:
+            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+            result["addresses"] = sorted({info[4][0] for info in infos})
+        except OSError as exc:
+            result["error"] = str(exc)
+        result["seconds"] = round(time.monotonic() - start, 3)
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        result["error"] = "no answer within %g s" % timeout
+    return result
+
+
+def check_workdir(path):
+    """Whether the workdir exists and is writable, or could be created: the probe changes
+    nothing on the host."""
+    path = os.path.abspath(os.path.expanduser(path))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return {"path": path, "ok": False, "error": "%s is not a directory" % existing}
+    ok = os.access(existing, os.W_OK | os.X_OK)
+    return {"path": path, "ok": ok, "error": None if ok else "%s is not writable" % existing}
+
+
+def facts(request):
+    ssh = os.environ.get("SSH_CONNECTION", "").split()
+    return {
+        "hostname": socket.gethostname(),
+        "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
+        "python": sys.version.split()[0],
+        "python_path": sys.executable,
+        "torch": torch_info(),
+        "gpus": gpu_count(),
+        "interfaces": interfaces(),
+        "ssh_server_address": ssh[2] if len(ssh) == 4 else None,
+        "dns": resolve_self(request.get("dns_timeout", 5)),
+        "workdir": check_workdir(request.get("workdir", "~/clusterrun")),
+        "rsync": any(os.access(os.path.join(d, "rsync"), os.X_OK)
+                     for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)),
+    }
+
+
+class Listener:
+    """The short-lived stand-in for torchrun's c10d store on the master: proves the port is free
+    and records which workers reach it."""
+
+    def __init__(self, family, port):
+        self.peers = []
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        # The same option TCPStore sets: a port in TIME_WAIT is still usable by the job.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bind_any = "::" if family == socket.AF_INET6 else "0.0.0.0"
+        if port:
+            self.sock.bind((bind_any, port))
+        else:
+            self._bind_random(bind_any)
+        self.port = self.sock.getsockname()[1]
+        self.sock.listen(128)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _bind_random(self, bind_any):
+        # Below the kernel's ephemeral range, so outgoing connections will not take it meanwhile.
+        for _ in range(200):
+            try:
+                self.sock.bind((bind_any, random.randrange(20000, 32000)))
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        raise OSError(errno.EADDRINUSE, "no free port found")
+
+    def _accept(self):
+        while True:
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            self.peers.append(peer[0])
+            conn.close()
+
+
+def connect(addr, port, src, timeout):
+    start = time.monotonic()
+    try:
+        source = (src, 0) if src else None
+        sock = socket.create_connection((addr, port), timeout=timeout, source_address=source)
+        sock.close()
+    except socket.timeout:
+        return {"ok": False, "error": "timed out after %g s" % timeout}
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc)}
+    return {"ok": True, "seconds": round(time.monotonic() - start, 3)}
+
+
+def serve():
+    request = json.loads(sys.stdin.buffer.readline() or b"{}")
+    emit({"facts": facts(request)})
+    listener = None
+    for raw in iter(sys.stdin.buffer.readline, b""):
+        op = json.loads(raw)
+        kind = op.get("op")
+        if kind == "route":
+            emit({"route": route(op["addr"])})
+        elif kind == "listen":
+            family = socket.AF_INET6 if ":" in op.get("addr", "") else socket.AF_INET
+            try:
+                listener = Listener(family, op.get("port") or 0)
+                emit({"listen": {"ok": True, "port": listener.port}})
+            except OSError as exc:
+                emit({"listen": {"ok": False, "port": op.get("port"),
+                                 "error": exc.strerror or str(exc)}})
+        elif kind == "connect":
+            emit({"connect": connect(op["addr"], op["port"], op.get("src"),
+                                     op.get("timeout", 5))})
+        elif kind == "peers":
+            emit({"peers": list(listener.peers) if listener else []})
+        elif kind == "exit":
+            break
+
+
+serve()

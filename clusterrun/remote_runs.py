@@ -1,0 +1,154 @@
+"""Reaching a run's hosts again from any shell: its status (`ps`), stopping it (`stop`), and
+following its log files by byte offset (`logs -f`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from clusterrun import command, group
+from clusterrun.inventory import HostSpec
+from clusterrun.logview import LogView
+from clusterrun.mirror import Mirror, ProtocolError, frames
+from clusterrun.probing import call, drain
+from clusterrun.runs import RunDir
+from clusterrun.transport import SshOptions, connect
+
+FINAL_STATES = ("succeeded", "failed", "stopped", "lost")
+
+
+def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
+    """Each node's connection settings and plan entry, from plan.json."""
+    out = []
+    for node in run.plan.get("nodes", []):
+        conn = dict(node.get("connection") or {})
+        conn.setdefault("host", node["host"])
+        conn.setdefault("name", node["name"])
+        spec = HostSpec(master=node.get("node_rank") == 0, line=0,
+                        **{k: v for k, v in conn.items() if v is not None})
+        out.append((spec, node))
+    return out
+
+
+def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
+    """Per node, the supervisor's state.json there (or why it could not be read)."""
+    def one(spec: HostSpec) -> dict[str, Any]:
+        node = nodes[spec.name]
+        transport = connect(spec, ssh)
+        try:
+            reply = call(transport, spec, "supervisor.py",
+                         {"mode": "status", "rundir": node["rundir"]}, timeout=30)
+        finally:
+            transport.close()
+        return reply.get("state") or {"state": "missing"}
+
+    pairs = host_specs(run)
+    nodes = {spec.name: node for spec, node in pairs}
+    results = group.run(one, [spec for spec, _ in pairs], ssh.connect_timeout + 30)
+    return {r.spec.name: (r.value if r.value is not None else
+                          {"state": "unknown", "reason": r.failure.message if r.failure else ""})
+            for r in results}
+
+
+def combined_state(per_node: dict[str, dict[str, Any]]) -> Optional[str]:
+    """One state for the run from its nodes' states; None while any node is still going."""
+    states = [s.get("state") for s in per_node.values()]
+    if any(s not in FINAL_STATES for s in states):
+        return None
+    for state in ("failed", "lost", "stopped"):
+        if state in states:
+            return state
+    return "succeeded"
+
+
+def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Any]:
+    def one(spec: HostSpec) -> dict[str, Any]:
+        transport = connect(spec, ssh)
+        try:
+            return call(transport, spec, "supervisor.py",
+                        {"mode": "stop", "rundir": nodes[spec.name]["rundir"], "grace": grace,
+                         "force": force}, timeout=grace + 30)
+        finally:
+            transport.close()
+
+    pairs = host_specs(run)
+    nodes = {spec.name: node for spec, node in pairs}
+    results = group.run(one, [spec for spec, _ in pairs], ssh.connect_timeout + grace + 40)
+    return {r.spec.name: (r.value if r.value is not None else {"error": r.failure.message
+                                                               if r.failure else "unknown"})
+            for r in results}
+
+
+def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
+           say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Stream every node's files from what the mirror already has, until each node's run has
+    ended and everything is here. Returns each node's final event."""
+    ends: dict[str, dict[str, Any]] = {}
+
+    def one(spec: HostSpec) -> None:
+        node = nodes[spec.name]
+        transport = connect(spec, ssh)
+        try:
+            proc = transport.run(command.remote_python(spec.python, spec.setup))
+            drain(proc)
+            proc.write(command.program_input("supervisor.py", {
+                "mode": "tail", "rundir": node["rundir"], "follow": True,
+                "offsets": mirror.offsets(spec.name)}))
+            for header, data in frames(proc):
+                if data is None:
+                    if header.get("ev") == "end":
+                        ends[spec.name] = header
+                    continue
+                fresh = mirror.append(spec.name, header["f"], header["o"], data)
+                if fresh:
+                    view.feed(spec.name, header["f"], fresh)
+            proc.close()
+        finally:
+            transport.close()
+
+    pairs = host_specs(run)
+    nodes = {spec.name: node for spec, node in pairs}
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.wait(0.25):
+            view.tick()
+
+    threading.Thread(target=ticker, daemon=True).start()
+    try:
+        results = group.run(one, [spec for spec, _ in pairs], None)
+    except ProtocolError as exc:
+        say(f"log stream broken: {exc}")
+        results = []
+    finally:
+        done.set()
+    for r in results:
+        if r.failure is not None:
+            say(f"{r.spec.name}: cannot follow its logs: {r.failure.message}")
+    view.close()
+    return ends
+
+
+def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
+               offset: int) -> None:
+    """Follow a run another clusterrun process is mirroring (an attached launch): read new
+    entries of its arrivals index as they appear."""
+    from clusterrun.logs import replay_from
+
+    while True:
+        offset = replay_from(run, view, positions, offset)
+        view.tick()
+        state = run.state
+        if state.get("ended_at") and not _growing(run, offset):
+            replay_from(run, view, positions, offset)
+            view.close()
+            return
+        time.sleep(0.2)
+
+
+def _growing(run: RunDir, offset: int) -> bool:
+    try:
+        return run.file("arrivals").stat().st_size > offset
+    except OSError:
+        return False

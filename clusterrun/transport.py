@@ -1,0 +1,296 @@
+"""How commands reach a host: one SSH connection per host (strict host keys, timeouts, no agent
+forwarding), or a local transport for hosts that are this machine."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Protocol
+
+import fabric
+import paramiko
+
+from clusterrun import hostkeys
+from clusterrun.errors import UnreachableError
+from clusterrun.inventory import HostSpec
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    connect_timeout: float = 10.0
+    accept_new_host_keys: bool = False
+
+
+class Process(Protocol):
+    """A running command: bytes in and out, an exit status. Closing it does not kill the command
+    (as with sshd and a no-pty command); the remote side sees EOF on its stdin."""
+
+    def write(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def recv(self, size: int) -> bytes: ...  # stdout; b"" at EOF
+    def recv_stderr(self, size: int) -> bytes: ...  # b"" at EOF
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]: ...
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    spec: HostSpec
+
+    def run(self, command: str) -> Process: ...
+    def close(self) -> None: ...
+
+
+class ConnectError(UnreachableError):
+    """Connecting to a host failed; ``kind`` is one of: dns, refused, timeout, unreachable, auth,
+    hostkey, error."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH
+
+
+class SshProcess:
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._chan = channel
+
+    def write(self, data: bytes) -> None:
+        self._chan.sendall(data)
+
+    def close_stdin(self) -> None:
+        self._chan.shutdown_write()
+
+    def recv(self, size: int) -> bytes:
+        return self._chan.recv(size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self._chan.recv_stderr(size)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        if not self._chan.status_event.wait(timeout):
+            return None
+        # paramiko reports -1 when the server sent no exit status (e.g. killed by a signal).
+        return self._chan.exit_status
+
+    def close(self) -> None:
+        self._chan.close()
+
+
+class SshTransport:
+    """One SSH connection to one host; every command is a new channel on it."""
+
+    def __init__(self, spec: HostSpec, options: SshOptions) -> None:
+        self.spec = spec
+        self.options = options
+        self._cxn: Optional[fabric.Connection] = None
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The address SSH connects to, after ~/.ssh/config (HostName)."""
+        return self._cxn.host if self._cxn is not None else self.spec.host
+
+    def connect(self) -> None:
+        spec = self.spec
+        connect_kwargs: dict[str, object] = {
+            "banner_timeout": self.options.connect_timeout,
+            "auth_timeout": self.options.connect_timeout,
+            "channel_timeout": self.options.connect_timeout,
+        }
+        if spec.identity_file:
+            key = Path(os.path.expanduser(spec.identity_file))
+            if not key.is_file():
+                raise ConnectError("auth", f"{spec.name}: identity_file {key} does not exist. "
+                                   "Fix the path in the inventory or create the key (ssh-keygen).")
+            connect_kwargs["key_filename"] = [str(key)]
+        cxn = fabric.Connection(
+            spec.host, user=spec.user, port=spec.port, forward_agent=False,
+            connect_timeout=self.options.connect_timeout, connect_kwargs=connect_kwargs,
+        )
+        known_hosts = Path(os.path.expanduser(spec.known_hosts))
+        # fabric installs AutoAddPolicy and loads no known_hosts (fabric#2071): replace both.
+        hostkeys.load_into(cxn.client, known_hosts)
+        cxn.client.set_missing_host_key_policy(
+            hostkeys.Policy(known_hosts, self.options.accept_new_host_keys))
+        try:
+            cxn.open()
+        except BaseException as exc:
+            cxn.close()
+            raise _classify(spec, cxn, known_hosts, self.options, exc) from None
+        transport = cxn.client.get_transport()
+        if transport is not None:
+            # Keeps NAT and firewalls from dropping an idle connection; loss is detected by the
+            # supervisor's heartbeats, since paramiko's keepalive never notices a dead peer.
+            transport.set_keepalive(15)
+        self._cxn = cxn
+
+    def run(self, command: str) -> Process:
+        with self._lock:
+            if self._cxn is None:
+                self.connect()
+            assert self._cxn is not None
+            transport = self._cxn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError("error", f"{self.spec.name}: the SSH connection is closed.")
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError("error", f"{self.spec.name}: cannot start a command over SSH: "
+                               f"{exc or type(exc).__name__}.") from None
+        return SshProcess(chan)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._cxn is None:
+                self.connect()
+            assert self._cxn is not None
+            return self._cxn.client.open_sftp()
+
+    def ssh_argv(self) -> list[str]:
+        """An OpenSSH client command line with the same settings, for rsync's -e."""
+        spec = self.spec
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
+                "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
+                "-o", f"ConnectTimeout={int(self.options.connect_timeout)}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                "-o", "StrictHostKeyChecking=" + ("accept-new" if self.options.accept_new_host_keys
+                                                  else "yes"),
+                "-o", "UserKnownHostsFile=" + os.path.expanduser(spec.known_hosts)]
+        if spec.user:
+            argv += ["-l", spec.user]
+        if spec.port:
+            argv += ["-p", str(spec.port)]
+        if spec.identity_file:
+            argv += ["-i", os.path.expanduser(spec.identity_file)]
+        return argv
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cxn is not None:
+                self._cxn.close()
+                self._cxn = None
+
+
+def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options: SshOptions,
+              exc: BaseException) -> ConnectError:
+    """Turn whatever paramiko raised into one sentence naming the host, the cause and the fix."""
+    where = f"{spec.name} ({cxn.user}@{cxn.host}:{cxn.port})"
+    timeout = options.connect_timeout
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, hostkeys.HostKeyError):
+        return ConnectError("hostkey", f"{spec.name}: {exc.message}")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        msg = hostkeys.changed_key_message(
+            hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
+        return ConnectError("hostkey", f"{spec.name}: {msg}")
+    if isinstance(exc, socket.gaierror):
+        return ConnectError("dns", f"{where}: cannot resolve the host name ({exc.strerror}). "
+                            "Check the spelling, ~/.ssh/config, or use the IP address.")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return ConnectError("auth", f"{where}: authentication failed ({exc}). Make sure your "
+                            "public key is in ~/.ssh/authorized_keys for that user on the host, and "
+                            "set `user:` / `identity_file:` in the inventory if they differ.")
+    if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in str(exc).lower():
+        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s (connect "
+                            "timeout). The host is down, a firewall drops the port, or the address "
+                            "is wrong.")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes <= {errno.ECONNREFUSED}:
+            return ConnectError("refused", f"{where}: connection refused. Is sshd running and "
+                                "listening on that port?")
+        return ConnectError("unreachable", f"{where}: cannot connect ({exc}).")
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return ConnectError("unreachable", f"{where}: no route to host ({exc.strerror}). Check the "
+                            "address and the network between this machine and the host.")
+    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+        return ConnectError("refused", f"{where}: connection refused. Is sshd running and "
+                            "listening on that port?")
+    if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+        return ConnectError("error", f"{where}: SSH failed: {exc or type(exc).__name__}.")
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    return ConnectError("error", f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Local
+
+
+class LocalProcess:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        assert proc.stdin and proc.stdout and proc.stderr
+        self._stdin = proc.stdin
+        self._out = proc.stdout.fileno()
+        self._err = proc.stderr.fileno()
+
+    def write(self, data: bytes) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
+
+    def close_stdin(self) -> None:
+        try:
+            self._stdin.close()
+        except OSError:
+            pass  # already gone: the reader has exited
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self._out, size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return os.read(self._err, size)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        # Report signal deaths the way a remote shell would (128 + signal number).
+        return 128 - code if code < 0 else code
+
+    def close(self) -> None:
+        self.close_stdin()
+
+
+class LocalTransport:
+    """This machine, without sshd: the command runs under /bin/sh from the home directory, as
+    sshd would run it, in its own session so a Ctrl-C in this terminal does not reach it (a
+    remote host would not get it either: teardown goes through the supervisor)."""
+
+    address = "127.0.0.1"
+
+    def __init__(self, spec: HostSpec) -> None:
+        self.spec = spec
+
+    def connect(self) -> None:
+        return None
+
+    def run(self, command: str) -> Process:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True,
+            restore_signals=True,
+        )
+        return LocalProcess(proc)
+
+    def close(self) -> None:
+        return None
+
+
+def connect(spec: HostSpec, options: SshOptions) -> SshTransport | LocalTransport:
+    transport: SshTransport | LocalTransport = (
+        LocalTransport(spec) if spec.local else SshTransport(spec, options))
+    transport.connect()
+    return transport
+

@@ -1,0 +1,78 @@
+"""YAML with line numbers and duplicate-key detection, for error messages that point at a line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from clusterrun.errors import InventoryError
+
+
+@dataclass(frozen=True)
+class Located:
+    """A YAML value with the 1-based line it starts on."""
+
+    value: Any  # scalar, list[Located] or dict[str, Located]
+    line: int
+
+
+Node = Union[yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode]
+
+
+def load(path: Path) -> Located:
+    """Parse ``path``; raise InventoryError for a missing file, bad YAML or a duplicate key."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(
+            f"{path}: no such inventory file. Pass the path of a YAML inventory "
+            "(see inventories/ for examples, or `clusterrun sandbox up 2` to make one)."
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"{path}: cannot read the inventory: {exc}.") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InventoryError(
+            f"{path}:{line}: YAML syntax error: {problem}. Check indentation and quoting on that "
+            "line (values containing ':' or '#' need quotes)."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{path}: YAML syntax error: {exc}.") from None
+    if node is None:
+        raise InventoryError(f"{path}:1: the inventory is empty; it needs at least a `hosts:` list.")
+    return _convert(path, node)
+
+
+def _convert(path: Path, node: Node) -> Located:
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Located] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise InventoryError(f"{path}:{line}: mapping keys must be plain names.")
+            key = str(key_node.value)
+            if key in out:
+                first = out[key].line
+                raise InventoryError(
+                    f"{path}:{key_node.start_mark.line + 1}: duplicate key `{key}` (first set on "
+                    f"line {first}); YAML would silently keep only the last one. Remove one of them."
+                )
+            out[key] = _convert(path, value_node)
+        return Located(out, line)
+    if isinstance(node, yaml.SequenceNode):
+        return Located([_convert(path, item) for item in node.value], line)
+    if node.tag == "tag:yaml.org,2002:timestamp":
+        # A date-like value (e.g. an unquoted version) is meant as text here.
+        return Located(str(node.value), line)
+    try:
+        value = yaml.SafeLoader("").construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{path}:{line}: cannot read this value: {exc}.") from None
+    return Located(value, line)
