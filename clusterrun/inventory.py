@@ -25,6 +25,8 @@ _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What the Linux kernel accepts as an interface name (dev_valid_name): 1-15 bytes, no '/', ':'
 # or whitespace, not '.' or '..'. Such a name may still hold '$' or ';': it is quoted everywhere.
 _IFNAME_RE = re.compile(r"^[^/:\s]{1,15}$")
+# An IPv6 zone in a host address: an interface name or index, nothing a shell would read.
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -159,7 +161,7 @@ def _str(chk: _Checker, loc: Located, what: str, pattern: Optional[re.Pattern[st
         chk.fail(loc.line, f"{what} must be a non-empty string, got {_show(value)}"
                  f"{'; quote it' if value is not None else ''}.")
         return None
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         chk.fail(loc.line, f"{what} {value!r} is not allowed: {rule}")
         return None
     return value
@@ -175,6 +177,10 @@ def _show(value: Any) -> str:
 
 def _port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
     value = loc.value
+    if isinstance(value, str) and value.strip().isdigit():
+        chk.fail(loc.line, f"{what}: {value!r} is a string; write the number without quotes "
+                 f"({what}: {value.strip()}).")
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         chk.fail(loc.line, f"{what}: {value!r} is not a valid port; use a number from 1 to 65535.")
         return None
@@ -197,12 +203,14 @@ def _interface(chk: _Checker, loc: Located) -> Optional[str]:
 
 
 def _env(chk: _Checker, loc: Located) -> Optional[dict[str, str]]:
+    if loc.value is None:  # `env:` with every entry commented out
+        return {}
     if not isinstance(loc.value, dict):
         chk.fail(loc.line, "env must be a mapping of NAME: value.")
         return None
     out: dict[str, str] = {}
     for key, val in loc.value.items():
-        if not _ENV_KEY_RE.match(key):
+        if not _ENV_KEY_RE.fullmatch(key):
             chk.fail(val.line, f"env: {key!r} is not a valid environment variable name "
                      "(letters, digits and '_', not starting with a digit).")
             continue
@@ -246,11 +254,14 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
 
 
 def _ip_host(value: str) -> bool:
+    """An IP address; an IPv6 zone (``fe80::1%eth0``) must be an interface name, since
+    ``ipaddress`` accepts any text there (``fe80::1%x;$(id)``)."""
     try:
         ipaddress.ip_address(value)
     except ValueError:
         return False
-    return True
+    _, _, zone = value.partition("%")
+    return not zone or _ZONE_RE.fullmatch(zone) is not None
 
 
 def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> Optional[HostSpec]:
@@ -268,7 +279,7 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
     if isinstance(host, str) and "@" in host:
         chk.fail(host_loc.line, f"{where}.host {host!r}: put the user in `user:`, not in the host.")
         return None
-    if not (isinstance(host, str) and (_HOST_RE.match(host) or _ip_host(host))):
+    if not (isinstance(host, str) and (_HOST_RE.fullmatch(host) or _ip_host(host))):
         if isinstance(host, str):
             chk.fail(host_loc.line, f"{where}.host {host!r} is not allowed: {_HOST_RULE}")
         else:
@@ -279,8 +290,8 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
         name = _str(chk, found["name"], f"{where}.name", _NAME_RE,
                     "a name is letters, digits, '.', '_' and '-' (at most 63), not starting "
                     "with '.' or '-'.") or host
-    elif not _NAME_RE.match(host):
-        name = host.replace(":", "-")
+    elif not _NAME_RE.fullmatch(host):  # an IPv6 address: ':' and '%' make poor file names
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", host)
     master = False
     if "master" in found:
         if not isinstance(found["master"].value, bool):
@@ -321,7 +332,7 @@ def load(path: Union[str, Path]) -> Inventory:
     top = chk.keys(root, _TOP_KEYS, "inventory")
     chk.raise_if_any()
     defaults = dict(DEFAULTS)
-    if "defaults" in top:
+    if "defaults" in top and top["defaults"].value is not None:  # None: all commented out
         found = chk.keys(top["defaults"], _HOST_SETTINGS, "defaults")
         defaults.update({k: v for k, v in _settings(chk, found).items() if v is not None})
     master_addr = AUTO
@@ -360,12 +371,13 @@ def _check_unique(chk: _Checker, hosts: list[HostSpec]) -> None:
     names: dict[str, HostSpec] = {}
     addrs: dict[tuple[str, Optional[int]], HostSpec] = {}
     for h in hosts:
-        if h.name in names:
-            chk.fail(h.line, f"the name {h.name!r} is already used by the host on line "
-                     f"{names[h.name].line}; give each host its own `name:`.")
-        names.setdefault(h.name, h)
         key = (h.host, h.port)
         if key in addrs and not h.local:
             chk.fail(h.line, f"host {h.host!r} is listed twice (also line {addrs[key].line}); "
                      "two launches on one machine would fight over its GPUs and ports. Remove one.")
+            continue  # its name clashes too, most likely: one message is enough
         addrs.setdefault(key, h)
+        if h.name in names:
+            chk.fail(h.line, f"the name {h.name!r} is already used by the host on line "
+                     f"{names[h.name].line}; give each host its own `name:`.")
+        names.setdefault(h.name, h)

@@ -4,6 +4,7 @@ forwarding), or a local transport for hosts that are this machine."""
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 import subprocess
@@ -115,6 +116,9 @@ class SshTransport:
             spec.host, user=spec.user, port=spec.port, forward_agent=False,
             connect_timeout=self.options.connect_timeout, connect_kwargs=connect_kwargs,
         )
+        # fabric truncates the timeout to whole seconds, and treats 0 as no timeout at all:
+        # `--connect-timeout 0.5` would wait for TCP's own give-up (minutes) on a dead host.
+        cxn.connect_timeout = self.options.connect_timeout
         known_hosts = Path(os.path.expanduser(spec.known_hosts))
         # fabric installs AutoAddPolicy and loads no known_hosts (fabric#2071): replace both.
         hostkeys.load_into(cxn.client, known_hosts)
@@ -160,7 +164,7 @@ class SshTransport:
         spec = self.spec
         argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
                 "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
-                "-o", f"ConnectTimeout={int(self.options.connect_timeout)}",
+                "-o", f"ConnectTimeout={max(1, math.ceil(self.options.connect_timeout))}",
                 "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
                 "-o", "StrictHostKeyChecking=" + ("accept-new" if self.options.accept_new_host_keys
                                                   else "yes"),

@@ -39,9 +39,12 @@ def load(path: Path) -> Located:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         problem = exc.problem or exc.context or "invalid YAML"
+        start = exc.context_mark.line + 1 if exc.context_mark else line
+        # An unclosed bracket or quote is reported where the file ends: say where it opened.
+        opened = f" ({exc.context} on line {start})" if exc.context and start != line else ""
         raise InventoryError(
-            f"{path}:{line}: YAML syntax error: {problem}. Check indentation and quoting on that "
-            "line (values containing ':' or '#' need quotes)."
+            f"{path}:{line}: YAML syntax error: {problem}{opened}. Check indentation and quoting "
+            "on that line (values containing ':' or '#' need quotes)."
         ) from None
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path}: YAML syntax error: {exc}.") from None
@@ -54,16 +57,18 @@ def _convert(path: Path, node: Node) -> Located:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Located] = {}
+        key_lines: dict[str, int] = {}  # a value may start lines below its key (a list, a map)
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InventoryError(f"{path}:{line}: mapping keys must be plain names.")
             key = str(key_node.value)
             if key in out:
-                first = out[key].line
+                first = key_lines[key]
                 raise InventoryError(
                     f"{path}:{key_node.start_mark.line + 1}: duplicate key `{key}` (first set on "
                     f"line {first}); YAML would silently keep only the last one. Remove one of them."
                 )
+            key_lines[key] = key_node.start_mark.line + 1
             out[key] = _convert(path, value_node)
         return Located(out, line)
     if isinstance(node, yaml.SequenceNode):

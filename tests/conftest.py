@@ -1,0 +1,125 @@
+"""Shared fixtures: one real namespace cluster for the whole session, a private
+$CLUSTERRUN_HOME per test, and a way to run the real `clusterrun` command.
+
+The cluster fixture fails (it never skips) when the cluster cannot be built: in CI that must be
+noticed. Deselect the cluster tests explicitly with `-m "not cluster"` where no root is at hand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from clusterrun import sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"
+CLUSTER_SIZE = 32
+
+
+@dataclass
+class Cluster:
+    sb: sandbox.Sandbox
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.sb.hosts]
+
+    def host(self, name: str) -> sandbox.SandboxHost:
+        return next(h for h in self.sb.hosts if h.name == name)
+
+    def inventory(self, path: Path, names: Sequence[str], *, defaults: dict[str, Any] | None = None,
+                  hosts: dict[str, dict[str, Any]] | None = None, **top: Any) -> Path:
+        """An inventory for some of the cluster's hosts, in the order given."""
+        base = yaml.safe_load(self.sb.inventory.read_text())
+        base["defaults"].update(defaults or {})
+        base.update(top)
+        base["hosts"] = [{"host": self.host(n).address, "name": n, **(hosts or {}).get(n, {})}
+                         for n in names]
+        path.write_text(yaml.safe_dump(base, sort_keys=False))
+        return path
+
+    def pids(self, name: str) -> list[int]:
+        return sandbox.pids(self.sb, name)
+
+    def run_on(self, name: str, *argv: str) -> str:
+        """A command inside a host (its own /tmp), without SSH."""
+        cp = sandbox.exec_in(self.sb, name, list(argv), capture_output=True, text=True,
+                             timeout=60, check=True)
+        return str(cp.stdout)
+
+    def read(self, name: str, path: str) -> str:
+        return self.run_on(name, "cat", path)
+
+    def wait_no_processes(self, names: Sequence[str], timeout: float) -> dict[str, list[str]]:
+        """Wait until nothing but sshd lives in these hosts; return what is left after
+        ``timeout`` (empty when clean), with each process's command line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {n: self.pids(n) for n in names}
+            left = {n: p for n, p in left.items() if p}
+            if not left or time.monotonic() > deadline:
+                return {n: [_cmdline(pid) for pid in p] for n, p in left.items()}
+            time.sleep(0.25)
+
+    def kill_all(self, names: Sequence[str]) -> None:
+        """Clean strays between tests, so one test's leftovers never fail another."""
+        for name in names:
+            for pid in self.pids(name):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            "utf-8", "replace").strip()
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cluster") / "sandbox"
+    sb = sandbox.up(CLUSTER_SIZE, root, decoy=True)
+    try:
+        yield Cluster(sb)
+    finally:
+        sandbox.down(root)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private $CLUSTERRUN_HOME for this test."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(path))
+    return path
+
+
+def clusterrun_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clusterrun", *args]
+
+
+def run_cli(*args: str, timeout: float = 180, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command line, as a user runs it."""
+    return subprocess.run(clusterrun_argv(*args), capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env={**os.environ, **(env or {})},
+                          check=False)
+
+
+def start_cli(*args: str, cwd: Path | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)

@@ -1,0 +1,293 @@
+"""`clusterrun launch` against the namespace cluster: real sshd, real torchrun, and assertions on
+what happened on the hosts (files the ranks wrote there, processes left there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun.plan import payload_dir
+from tests.conftest import REPO, TEST_PAYLOADS, Cluster, run_cli, start_cli
+
+pytestmark = pytest.mark.cluster
+
+HOSTS3 = ["node1", "node2", "node3"]
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> Path:
+    """The report payload in a directory of its own (what gets synced)."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    target = folder / "report.py"
+    target.write_text((TEST_PAYLOADS / "report.py").read_text())
+    return target
+
+
+@pytest.fixture
+def clean(cluster: Cluster) -> Iterator[None]:
+    yield
+    cluster.kill_all(cluster.names[:4])
+
+
+def rank_records(cluster: Cluster, names: list[str], test_dir: str) -> dict[int, dict]:
+    records = {}
+    for name in names:
+        listing = cluster.run_on(name, "sh", "-c", f"ls {test_dir} 2>/dev/null || true")
+        for file in listing.split():
+            if file.endswith(".json"):
+                data = json.loads(cluster.read(name, f"{test_dir}/{file}"))
+                data["host"] = name
+                records[int(data["env"]["RANK"])] = data
+    return records
+
+
+class Reader:
+    """Collects a process's output lines as they arrive, with their arrival times."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            if sum(1 for _, line in self.lines if regex.search(line)) >= count:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{count} x {pattern!r} not seen; got:\n" + self.text[-3000:])
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def join(self) -> None:
+        self._thread.join(10)
+
+
+def test_three_hosts_two_processes(cluster: Cluster, home: Path, tmp_path: Path,
+                                   payload: Path, clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3)
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    cp = run_cli("launch", "--nproc-per-node", "2", "--env", f"TEST_DIR={test_dir}", str(inv),
+                 str(payload), "--lr", "0.1")
+    assert cp.returncode == 0, cp.stderr
+    records = rank_records(cluster, HOSTS3, test_dir)
+    assert sorted(records) == [0, 1, 2, 3, 4, 5]
+    for rank, rec in records.items():
+        node_rank = rank // 2
+        host = HOSTS3[node_rank]
+        ifname = cluster.host(host).ifname
+        env = rec["env"]
+        assert rec["host"] == host and rec["hostname"] == host  # ran on its own host
+        assert env["WORLD_SIZE"] == "6"
+        assert env["GROUP_RANK"] == str(node_rank)  # torchrun's name for the node rank
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert env["GLOO_SOCKET_IFNAME"] == ifname
+        assert env["NCCL_SOCKET_IFNAME"] == ifname
+        assert env["MASTER_ADDR"] == cluster.host("node1").address
+        assert rec["argv"] == ["--lr", "0.1"]
+        assert f"[{host} r{rank}] report rank {rank} on {host}" in cp.stdout
+    assert [cluster.host(h).ifname for h in HOSTS3] == ["eth0", "ens5", "enp3s0"]
+    # The master is node 0 and the run is summarised locally.
+    run_dir = next((home / "runs").iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_status"] == 0
+    assert [n["node_rank"] for n in summary["nodes"]] == [0, 1, 2]
+    assert summary["logs"]["differ"] == [] and summary["logs"]["identical"] >= 6
+    assert cluster.wait_no_processes(HOSTS3, 10) == {}
+
+
+def test_failed_rank_tears_down_every_host(cluster: Cluster, home: Path, tmp_path: Path,
+                                           payload: Path, clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3)
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc = start_cli("launch", "--nproc-per-node", "2", "--env", f"TEST_DIR={test_dir}",
+                     "--env", "FAIL_RANK=3", "--env", "FAIL_CODE=3", "--env", "FAIL_AFTER=2",
+                     "--env", "SLEEP=600", str(inv), str(payload))
+    out = Reader(proc.stdout)
+    err = Reader(proc.stderr)
+    out.wait_for(r"rank 3 failing with 3")
+    failed_at = time.monotonic()
+    code = proc.wait(60)
+    out.join()
+    err.join()
+    left = cluster.wait_no_processes(HOSTS3, max(0.0, 15 - (time.monotonic() - failed_at)))
+    assert left == {}, left
+    assert time.monotonic() - failed_at < 15
+    assert code == 3, err.text
+    report = [line for _, line in err.lines if "root cause" in line]
+    assert report and report[0] == "clusterrun: root cause: node2 rank 3 exited with code 3"
+    # The root cause comes first, with its last lines, before the other nodes' outcomes.
+    text = err.text
+    assert text.index("root cause") < text.index("rank 3 failing with 3", text.index("root"))
+    # Survivors were stopped by clusterrun, not by a 30-minute Gloo timeout: they got SIGTERM.
+    terms = [n for n in HOSTS3 if "rank-" in cluster.run_on(n, "sh", "-c",
+                                                             f"ls {test_dir}/*.term || true")]
+    assert "node1" in terms and "node3" in terms
+
+
+def _start_sleepers(cluster: Cluster, tmp_path: Path, payload: Path,
+                    test_dir: str) -> tuple[object, Reader, Reader]:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3)
+    proc = start_cli("launch", "--grace", "5", "--nproc-per-node", "2", "--env",
+                     f"TEST_DIR={test_dir}", "--env", "SLEEP=600", str(inv), str(payload))
+    out, err = Reader(proc.stdout), Reader(proc.stderr)
+    out.wait_for(r"report rank \d on", count=6)
+    return proc, out, err
+
+
+def test_ctrl_c_stops_every_host(cluster: Cluster, home: Path, tmp_path: Path, payload: Path,
+                                 clean: None) -> None:
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc, out, err = _start_sleepers(cluster, tmp_path, payload, test_dir)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
+    code = proc.wait(60)  # type: ignore[attr-defined]
+    left = cluster.wait_no_processes(HOSTS3, max(0.0, 15 - (time.monotonic() - sent)))
+    assert left == {}, left
+    assert code == 130, err.text
+    # Every rank was asked to stop (its SIGTERM handler ran), not just killed.
+    records = rank_records(cluster, HOSTS3, test_dir)
+    assert len(records) == 6
+    terms = sum(cluster.run_on(n, "sh", "-c", f"ls {test_dir}").count(".term") for n in HOSTS3)
+    assert terms == 6
+
+
+def test_sigkilled_controller_leaves_nothing(cluster: Cluster, home: Path, tmp_path: Path,
+                                             payload: Path, clean: None) -> None:
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc, out, err = _start_sleepers(cluster, tmp_path, payload, test_dir)
+    proc.kill()  # type: ignore[attr-defined]
+    # The lease is 30 s and the grace 5 s here; the SSH channel's EOF usually ends it at once.
+    assert cluster.wait_no_processes(HOSTS3, 60) == {}
+    run_id = next((home / "runs").iterdir()).name
+    state = json.loads(cluster.read("node2", f"/tmp/clusterrun/runs/{run_id}/node2/state.json"))
+    assert state["state"] == "lost"
+    assert "lifeline lost" in state["reason"]
+
+
+HOSTILE = ["--msg=$(touch /tmp/pwned)", "; touch /tmp/pwned #", "`touch /tmp/pwned`",
+           "a'b\"c", "line1\nline2", "", "-rf", "λ→✓", "$HOME", "*", "\\", "  spaced  "]
+
+
+def test_hostile_arguments_and_env_arrive_byte_exact(cluster: Cluster, home: Path,
+                                                     tmp_path: Path, payload: Path,
+                                                     clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"],
+                            defaults={"env": {"FROM_INVENTORY": "$(touch /tmp/pwned) 'q'"}})
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    env_value = "$(touch /tmp/pwned); `id` \"x\" 'y' λ"
+    cp = run_cli("launch", "--env", f"TEST_DIR={test_dir}", "--env", f"HOSTILE={env_value}",
+                 "--env", "EMPTY=", str(inv), str(payload), *HOSTILE)
+    assert cp.returncode == 0, cp.stderr
+    records = rank_records(cluster, ["node1", "node2"], test_dir)
+    assert len(records) == 2
+    for rec in records.values():
+        assert rec["argv"] == HOSTILE
+        assert rec["env"]["HOSTILE"] == env_value
+        assert rec["env"]["EMPTY"] == ""
+        assert rec["env"]["FROM_INVENTORY"] == "$(touch /tmp/pwned) 'q'"
+    for name in ("node1", "node2"):
+        assert cluster.run_on(name, "sh", "-c", "ls /tmp/pwned 2>/dev/null || true") == ""
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_secrets_stay_off_command_lines_and_out_of_logs(cluster: Cluster, home: Path,
+                                                        tmp_path: Path, payload: Path,
+                                                        clean: None) -> None:
+    canary = "CANARY" + uuid.uuid4().hex
+    inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"])
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc = start_cli("launch", "--env", f"HF_TOKEN={canary}", "--env", f"TEST_DIR={test_dir}",
+                     "--env", "SLEEP=4", str(inv), str(payload))
+    out, err = Reader(proc.stdout), Reader(proc.stderr)
+    seen_cmdlines = []
+    while proc.poll() is None:
+        for name in ("node1", "node2"):
+            for pid in cluster.pids(name):
+                try:
+                    seen_cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+                except OSError:
+                    pass
+        time.sleep(0.1)
+    out.join()
+    err.join()
+    assert proc.returncode == 0, err.text
+    assert seen_cmdlines and not any(canary.encode() in c for c in seen_cmdlines)
+    assert canary not in out.text + err.text
+    for path in (home / "runs").rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    # The ranks do get it: they need it.
+    records = rank_records(cluster, ["node1", "node2"], test_dir)
+    assert all(r["env"]["HF_TOKEN"] == canary for r in records.values())
+
+
+def test_dry_run_starts_nothing(cluster: Cluster, home: Path, tmp_path: Path, payload: Path,
+                                clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3)
+    count = "ls /tmp/clusterrun/runs 2>/dev/null | wc -l"
+    before = {name: cluster.run_on(name, "sh", "-c", count) for name in HOSTS3}
+    cp = run_cli("launch", "--dry-run", "--nproc-per-node", "2", "--env", "WANDB_API_KEY=s3cret",
+                 str(inv), str(payload), "--epochs", "3")
+    assert cp.returncode == 0, cp.stderr
+    assert "s3cret" not in cp.stdout + cp.stderr
+    assert "WANDB_API_KEY=******" in cp.stdout
+    for name, ifname in zip(HOSTS3, ["eth0", "ens5", "enp3s0"]):
+        assert f"{name} (" in cp.stdout
+        assert f"GLOO_SOCKET_IFNAME={ifname}" in cp.stdout
+    assert "--node-rank 2" in cp.stdout and "--epochs 3" in cp.stdout
+    assert not (home / "runs").exists()
+    assert {name: cluster.run_on(name, "sh", "-c", count) for name in HOSTS3} == before
+
+
+def test_preflight_failure_starts_nothing(cluster: Cluster, home: Path, tmp_path: Path,
+                                          payload: Path, clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"],
+                            hosts={"node2": {"interface": "eth9"}})
+    cp = run_cli("launch", str(inv), str(payload))
+    assert cp.returncode == 3, cp.stderr
+    assert "eth9" in cp.stderr and "ens5" in cp.stderr
+    assert "Traceback" not in cp.stderr
+    assert not (home / "runs").exists()
+
+
+def test_relaunch_copies_only_changed_files(cluster: Cluster, home: Path, tmp_path: Path,
+                                            payload: Path, clean: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"])
+    (payload.parent / "data.txt").write_text("one\n")
+    first = run_cli("launch", str(inv), str(payload))
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"node2: job/ rsync: 2 of 2 files copied, all 2 verified", first.stderr)
+    (payload.parent / "data.txt").write_text("two\n")
+    second = run_cli("launch", str(inv), str(payload), env={"CLUSTERRUN_SYNC": "sftp"})
+    assert second.returncode == 0, second.stderr
+    assert re.search(r"node2: job/ sftp: 1 of 2 files copied, all 2 verified", second.stderr)
+    copy = payload_dir("/tmp/clusterrun", payload.parent)
+    assert cluster.read("node2", f"{copy}/data.txt") == "two\n"
+
+
+def test_localhost_inventory_needs_no_sshd(home: Path) -> None:
+    """The README's first command: two local nodes, no SSH, no root."""
+    cp = run_cli("launch", "inventories/localhost.yaml", "payloads/train_digits.py",
+                 "--epochs", "2", timeout=300, cwd=REPO)
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(r"^\[node0 r0\] .*accuracy", cp.stdout, re.M), cp.stdout
+    assert re.search(r"^\[node1 r1\] ", cp.stdout, re.M), cp.stdout
+    assert os.path.isdir(home / "runs")
