@@ -74,6 +74,24 @@ def replay(run: RunDir, view: LogView) -> tuple[dict[tuple[str, str], int], int]
 
 def show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOptions,
          printer: Printer, say: Callable[[str], None]) -> int:
+    lock = None
+    if live_state(run) is not None:
+        # Held by a launch streaming this run in another terminal; free when the run is
+        # detached or its controller died: then the hosts' files are fetched from here.
+        lock = run.lock_fd("mirror.lock")
+        if lock is not None:
+            mirror = Mirror(run)
+            remote_runs.follow(run, ssh, mirror, None, say, keep_following=False)
+            mirror.close()
+    try:
+        return _show(run, flt, tail, follow, ssh, printer, say, lock)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOptions,
+          printer: Printer, say: Callable[[str], None], lock: Optional[int]) -> int:
     if tail is not None:
         collector = Collector(tail)
         view = LogView(collector, flt)  # type: ignore[arg-type]
@@ -89,22 +107,18 @@ def show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOp
     if not follow or live_state(run) is None:
         view.close()
         return 0
-    lock = run.lock_fd("mirror.lock")
     if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
         remote_runs.wait_local(run, view, positions, offset)
         return 0
-    try:
-        mirror = Mirror(run)
-        ends = remote_runs.follow(run, ssh, mirror, view, say)
-        mirror.close()
-        states = {name: {"state": e.get("state")} for name, e in ends.items()}
-        final = remote_runs.combined_state(states) if len(states) == len(run.plan["nodes"]) \
-            else None
-        if final:
-            run.update_state(state=final, ended_at=run.state.get("ended_at") or runs.now())
-            say(f"run {run.id} {final}")
-    finally:
-        os.close(lock)
+    mirror = Mirror(run)
+    ends = remote_runs.follow(run, ssh, mirror, view, say)
+    mirror.close()
+    states = {name: {"state": e.get("state")} for name, e in ends.items()}
+    final = remote_runs.combined_state(states) if len(states) == len(run.plan["nodes"]) \
+        else None
+    if final:
+        run.update_state(state=final, ended_at=run.state.get("ended_at") or runs.now())
+        say(f"run {run.id} {final}")
     return 0
 
 

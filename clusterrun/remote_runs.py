@@ -12,7 +12,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.logview import LogView
 from clusterrun.mirror import Mirror, ProtocolError, frames
 from clusterrun.probing import call, drain
-from clusterrun.runs import RunDir
+from clusterrun.runs import RunDir, pid_alive
 from clusterrun.transport import SshOptions, connect
 
 FINAL_STATES = ("succeeded", "failed", "stopped", "lost")
@@ -80,10 +80,11 @@ def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, A
             for r in results}
 
 
-def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
-           say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Stream every node's files from what the mirror already has, until each node's run has
-    ended and everything is here. Returns each node's final event."""
+def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
+           say: Callable[[str], None], keep_following: bool = True) -> dict[str, dict[str, Any]]:
+    """Fetch every node's files from where the mirror ends: what is there now, or with
+    ``keep_following`` until each node's run has ended and everything is here. Returns each
+    node's final event."""
     ends: dict[str, dict[str, Any]] = {}
 
     def one(spec: HostSpec) -> None:
@@ -93,7 +94,7 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
             proc = transport.run(command.remote_python(spec.python, spec.setup))
             drain(proc)
             proc.write(command.program_input("supervisor.py", {
-                "mode": "tail", "rundir": node["rundir"], "follow": True,
+                "mode": "tail", "rundir": node["rundir"], "follow": keep_following,
                 "offsets": mirror.offsets(spec.name)}))
             for header, data in frames(proc):
                 if data is None:
@@ -101,7 +102,7 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
                         ends[spec.name] = header
                     continue
                 fresh = mirror.append(spec.name, header["f"], header["o"], data)
-                if fresh:
+                if fresh and view is not None:
                     view.feed(spec.name, header["f"], fresh)
             proc.close()
         finally:
@@ -112,7 +113,7 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
     done = threading.Event()
 
     def ticker() -> None:
-        while not done.wait(0.25):
+        while view is not None and not done.wait(0.25):
             view.tick()
 
     threading.Thread(target=ticker, daemon=True).start()
@@ -125,8 +126,9 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: LogView,
         done.set()
     for r in results:
         if r.failure is not None:
-            say(f"{r.spec.name}: cannot follow its logs: {r.failure.message}")
-    view.close()
+            say(f"{r.spec.name}: cannot fetch its logs: {r.failure.message}")
+    if view is not None:
+        view.close()
     return ends
 
 
@@ -140,7 +142,8 @@ def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int]
         offset = replay_from(run, view, positions, offset)
         view.tick()
         state = run.state
-        if state.get("ended_at") and not _growing(run, offset):
+        gone = not state.get("ended_at") and not pid_alive(state.get("controller_pid"))
+        if (state.get("ended_at") or gone) and not _growing(run, offset):
             replay_from(run, view, positions, offset)
             view.close()
             return

@@ -13,7 +13,8 @@ from clusterrun.errors import InventoryError
 
 @dataclass(frozen=True)
 class Located:
-    """A YAML value with the 1-based line it starts on."""
+    """A YAML value with its 1-based line: where its key is, for a value in a mapping; else
+    where it starts."""
 
     value: Any  # scalar, list[Located] or dict[str, Located]
     line: int
@@ -57,19 +58,19 @@ def _convert(path: Path, node: Node) -> Located:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Located] = {}
-        key_lines: dict[str, int] = {}  # a value may start lines below its key (a list, a map)
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InventoryError(f"{path}:{line}: mapping keys must be plain names.")
             key = str(key_node.value)
             if key in out:
-                first = key_lines[key]
+                first = out[key].line
                 raise InventoryError(
                     f"{path}:{key_node.start_mark.line + 1}: duplicate key `{key}` (first set on "
                     f"line {first}); YAML would silently keep only the last one. Remove one of them."
                 )
-            key_lines[key] = key_node.start_mark.line + 1
-            out[key] = _convert(path, value_node)
+            # A value in a mapping is located at its key: a list or a mapping starts on the
+            # lines below it, but messages about `key:` must point at `key:`.
+            out[key] = Located(_convert(path, value_node).value, key_node.start_mark.line + 1)
         return Located(out, line)
     if isinstance(node, yaml.SequenceNode):
         return Located([_convert(path, item) for item in node.value], line)

@@ -121,5 +121,6 @@ def run_cli(*args: str, timeout: float = 180, cwd: Path | None = None,
 
 
 def start_cli(*args: str, cwd: Path | None = None, **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO, **kwargs)
