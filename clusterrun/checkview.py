@@ -7,8 +7,9 @@ from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from clusterrun.preflight import CheckReport, HostReport
+from clusterrun.preflight import CONNECTION_KINDS, CheckReport, HostReport
 
 
 def _problems(host: HostReport) -> list[str]:
@@ -19,7 +20,8 @@ def _problems(host: HostReport) -> list[str]:
 def _status(host: HostReport) -> str:
     if host.ok:
         return "ok"
-    return "UNREACHABLE" if host.failure_kind else "FAIL"
+    # A host that answered SSH but whose probe failed (no python, a failing setup:) was reached.
+    return "UNREACHABLE" if host.failure_kind in CONNECTION_KINDS else "FAIL"
 
 
 def render_json(report: CheckReport, out: TextIO) -> None:
@@ -31,17 +33,19 @@ def render_table(report: CheckReport, console: Console) -> None:
     table = Table(title=None, show_lines=False)
     for column in ("node", "rank", "status", "interface", "address", "python", "torch", "gpus"):
         table.add_column(column)
+    # Text, never markup: details hold remote output and names like `[gpu-a]:2222`, which rich
+    # would take for style tags and silently drop.
     for host in report.hosts:
         style = "green" if host.ok else "bold red"
-        table.add_row(host.spec.name, str(host.node_rank), f"[{style}]{_status(host)}[/]",
-                      host.interface or "-", host.address or "-", host.python or "-",
-                      host.torch or "-", str(host.gpus))
+        table.add_row(Text(host.spec.name), str(host.node_rank), Text(_status(host), style=style),
+                      Text(host.interface or "-"), Text(host.address or "-"),
+                      Text(host.python or "-"), Text(host.torch or "-"), str(host.gpus))
     console.print(table)
     for host in report.hosts:
         for problem in _problems(host):
             color = "yellow" if ": warning:" in problem else "red"
-            console.print(f"[{color}]{host.spec.name}[/] {problem}", highlight=False)
-    console.print(summary(report), highlight=False)
+            console.print(Text.assemble((host.spec.name, color), " ", problem), highlight=False)
+    console.print(Text(summary(report)), highlight=False)
 
 
 def render_plain(report: CheckReport, out: TextIO) -> None:

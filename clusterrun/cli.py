@@ -65,7 +65,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
 
     inv = inventory.load(inventory_path)
     options = make_options(connect_timeout, accept_new_host_keys)
-    report = preflight.run(inv, options)
+    report = preflight.run(inv, options, keep_connections=smoke)
     if as_json:
         checkview.render_json(report, sys.stdout)
     elif sys.stdout.isatty():
@@ -73,12 +73,16 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
     else:
         checkview.render_plain(report, sys.stdout)
     if not report.ok:
+        report.close()
         status = ExitStatus.UNREACHABLE if report.unreachable else ExitStatus.PREFLIGHT
         raise SystemExit(int(status))
     if smoke:
         from clusterrun import smoke as smoke_test
 
-        raise SystemExit(smoke_test.run(inv, options, report, home()))
+        try:
+            raise SystemExit(smoke_test.run(inv, report, home()))
+        finally:
+            report.close()
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True,

@@ -92,8 +92,8 @@ def fold(names: list[str]) -> str:
         groups.setdefault((head, tail, len(digits) if digits[0] == "0" and len(digits) > 1 else 0),
                           []).append(int(digits))
     parts = sorted(plain)
-    for (head, tail, width), numbers in sorted(groups.items()):
-        numbers = sorted(set(numbers))
+    for (head, tail, width), found in sorted(groups.items()):
+        numbers = sorted(set(found))
         if len(numbers) == 1:
             parts.append(f"{head}{numbers[0]:0{width}d}{tail}")
             continue

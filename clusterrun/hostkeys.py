@@ -56,8 +56,8 @@ class Policy(paramiko.MissingHostKeyPolicy):
             raise HostKeyError(
                 f"the host key of {hostname} is not in {self.known_hosts} ({key.get_name()} "
                 f"{key.fingerprint}). Nothing was run there. If that fingerprint is right "
-                "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on the host), run again "
-                "with --accept-new-host-keys, or add it with `ssh-keyscan`."
+                "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on the host), run "
+                "again with --accept-new-host-keys, or add it with `ssh-keyscan`."
             )
         append(self.known_hosts, hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -89,6 +89,8 @@ def append(path: Path, hostname: str, key: paramiko.PKey) -> None:
     """Add one key to known_hosts atomically, keeping the file's mode; safe across threads and
     processes (another clusterrun may be adding keys to the same file)."""
     line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+    # A symlinked known_hosts (dotfile managers) is updated where it lives, not replaced.
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _append_lock, _locked(path):
         try:

@@ -274,16 +274,8 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
     if "host" not in found:
         chk.fail(loc.line, f"{where}: missing `host:` (the SSH address or ~/.ssh/config alias).")
         return None
-    host_loc = found["host"]
-    host = host_loc.value
-    if isinstance(host, str) and "@" in host:
-        chk.fail(host_loc.line, f"{where}.host {host!r}: put the user in `user:`, not in the host.")
-        return None
-    if not (isinstance(host, str) and (_HOST_RE.fullmatch(host) or _ip_host(host))):
-        if isinstance(host, str):
-            chk.fail(host_loc.line, f"{where}.host {host!r} is not allowed: {_HOST_RULE}")
-        else:
-            chk.fail(host_loc.line, f"{where}.host must be a string, got {_show(host)}; quote it.")
+    host = _address(chk, found["host"], where)
+    if host is None:
         return None
     name = host
     if "name" in found:
@@ -311,6 +303,20 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
         settings["python"] = sys.executable if host in LOCAL_HOSTS else "python3"
     return HostSpec(host=host, name=name, master=master, line=loc.line, gpus=gpus, env=env,
                     **settings)
+
+
+def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
+    host = loc.value
+    if isinstance(host, str) and "@" in host:
+        chk.fail(loc.line, f"{where}.host {host!r}: put the user in `user:`, not in the host.")
+        return None
+    if not (isinstance(host, str) and (_HOST_RE.fullmatch(host) or _ip_host(host))):
+        if isinstance(host, str):
+            chk.fail(loc.line, f"{where}.host {host!r} is not allowed: {_HOST_RULE}")
+        else:
+            chk.fail(loc.line, f"{where}.host must be a string, got {_show(host)}; quote it.")
+        return None
+    return host
 
 
 def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:

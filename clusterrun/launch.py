@@ -36,6 +36,14 @@ class LaunchOptions:
     excludes: tuple[str, ...] = ()
 
 
+def _sayer(err: TextIO) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        err.write(f"clusterrun: {text}\n")
+        err.flush()
+
+    return say
+
+
 class Interrupts:
     """Ctrl-C and SIGTERM become entries in a list the watch loop reads; a signal handler
     must not take locks the interrupted code may hold."""
@@ -90,11 +98,6 @@ def run(inv: Inventory, script_arg: str, args: tuple[str, ...], ssh: SshOptions,
         err: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-
-    def say(text: str) -> None:
-        err.write(f"clusterrun: {text}\n")
-        err.flush()
-
     script = planning.script_path(script_arg)
     extra_env = dict(opts.env)
     if opts.master_port is not None:
@@ -108,13 +111,17 @@ def run(inv: Inventory, script_arg: str, args: tuple[str, ...], ssh: SshOptions,
         if opts.dry_run:
             out.write("\n".join(planview.dry_run(plan)) + "\n")
             return int(ExitStatus.SUCCESS)
-        return _execute(plan, inv, report, home, opts, out, say)
+        return execute(plan, inv, report, home, opts, out, err)
     finally:
         report.close()
 
 
-def _execute(plan: planning.LaunchPlan, inv: Inventory, report: preflight.CheckReport,
-             home: Path, opts: LaunchOptions, out: TextIO, say: Callable[[str], None]) -> int:
+def execute(plan: planning.LaunchPlan, inv: Inventory, report: preflight.CheckReport,
+            home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
+            err: Optional[TextIO] = None) -> int:
+    """Run a plan on hosts the preflight ``report`` has connections to."""
+    out = out or sys.stdout
+    say = _sayer(err or sys.stderr)
     run_dir = runs.create(home, plan.run_id)
     runs.write_json(run_dir.file("plan.json"), dict(plan.public(), inventory=str(inv.path)))
     run_dir.update_state(id=plan.run_id, name=plan.name, state="starting", detached=plan.detach,

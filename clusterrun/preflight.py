@@ -141,10 +141,10 @@ def run(inv: Inventory, options: SshOptions, *, data_path: bool = True,
                 transports[spec.name] = transport
             session = ProbeSession(transport, spec, PROBE_SECONDS)
             report.facts = session.facts
-            report.add("ssh", True, _ssh_detail(spec, transport))
+            report.add("ssh", True, _ssh_detail(spec, transport, report.facts))
             _local_checks(report)
             if spec.master:
-                _master(inv, report, session, rdv, data_path, transports)
+                _master(inv, report, session, rdv, data_path=data_path, transports=transports)
             else:
                 _worker(report, session, rdv, data_path, options.connect_timeout)
         except (ConnectError, ProbeError) as exc:
@@ -172,10 +172,10 @@ def run(inv: Inventory, options: SshOptions, *, data_path: bool = True,
     return report
 
 
-def _ssh_detail(spec: HostSpec, transport: Transport) -> str:
-    if spec.local:
-        return "this machine (local, no SSH)"
-    return f"connected to {getattr(transport, 'address', spec.host)}"
+def _ssh_detail(spec: HostSpec, transport: Transport, facts: dict[str, Any]) -> str:
+    where = ("this machine (local, no SSH)" if spec.local
+             else f"connected to {getattr(transport, 'address', spec.host)}")
+    return f"{where}, hostname {facts.get('hostname')}"
 
 
 def _local_checks(report: HostReport) -> None:
@@ -198,7 +198,7 @@ def _local_checks(report: HostReport) -> None:
     dns = facts.get("dns") or {}
     seconds = dns.get("seconds")
     if dns.get("error") or seconds is None or seconds > SLOW_DNS_SECONDS:
-        why = dns.get("error") or f"took {seconds} s"
+        why = f"failed ({dns['error']})" if dns.get("error") else f"took {seconds} s"
         report.add("dns", True, f"warning: looking up its own name {dns.get('hostname')!r} "
                    f"{why}; torch does this at start-up, which will be slow. List the hostname "
                    "in /etc/hosts on every host.")
@@ -232,7 +232,7 @@ def _master_addr(inv: Inventory, report: HostReport, session: ProbeSession,
                      "use to reach the master; set `master_addr:` in the inventory.")
 
 
-def _master(inv: Inventory, report: HostReport, session: ProbeSession, rdv: _Rendezvous,
+def _master(inv: Inventory, report: HostReport, session: ProbeSession, rdv: _Rendezvous, *,
             data_path: bool, transports: dict[str, Transport]) -> None:
     try:
         rdv.addr = _master_addr(inv, report, session, transports)
@@ -331,15 +331,19 @@ def _compare_versions(reports: list[HostReport]) -> None:
     probed = [r for r in reports if r.facts]
     if not probed:
         return
-    ref = probed[0]
-    for r in probed[1:]:
+    # The master's versions are the reference; when it could not be probed, the first host's.
+    ref = next((r for r in probed if r.spec.master), probed[0])
+    where = f"the master {ref.spec.name}" if ref.spec.master else ref.spec.name
+    for r in probed:
+        if r is ref:
+            continue
         py, ref_py = _minor(r.python), _minor(ref.python)
         if py != ref_py:
-            _fail(r, "python", f"Python {r.python} on {r.spec.name} but {ref.python} on the "
-                  f"master {ref.spec.name}: use the same Python {ref_py} everywhere.")
+            _fail(r, "python", f"Python {r.python} on {r.spec.name} but {ref.python} on "
+                  f"{where}: use the same Python {ref_py} everywhere.")
         if r.torch and ref.torch and r.torch != ref.torch:
-            _fail(r, "torch", f"torch {r.torch} on {r.spec.name} but {ref.torch} on the master "
-                  f"{ref.spec.name}: install the same version everywhere.")
+            _fail(r, "torch", f"torch {r.torch} on {r.spec.name} but {ref.torch} on {where}: "
+                  "install the same version everywhere.")
 
 
 def _minor(version: Optional[str]) -> str:

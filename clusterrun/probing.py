@@ -164,6 +164,6 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
             return reply
     stderr_thread.join(1)
     err = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-    why = "no answer within %g s" % timeout if reader.is_alive() else f"exit status {code}"
+    why = f"no answer within {timeout:g} s" if reader.is_alive() else f"exit status {code}"
     raise ProbeError("error", f"{spec.name}: {program} failed ({why})"
                      + (": " + " | ".join(err) if err else "."))

@@ -3,7 +3,9 @@ forwarding), or a local transport for hosts that are this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import math
 import os
 import socket
@@ -19,6 +21,10 @@ import paramiko
 from clusterrun import hostkeys
 from clusterrun.errors import UnreachableError
 from clusterrun.inventory import HostSpec
+
+# paramiko logs every failed handshake with a traceback from its own thread; with no handler
+# configured, Python prints that to stderr. Each failure is already reported as one sentence.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -202,8 +208,8 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
                             "Check the spelling, ~/.ssh/config, or use the IP address.")
     if isinstance(exc, paramiko.AuthenticationException):
         return ConnectError("auth", f"{where}: authentication failed ({exc}). Make sure your "
-                            "public key is in ~/.ssh/authorized_keys for that user on the host, and "
-                            "set `user:` / `identity_file:` in the inventory if they differ.")
+                            "public key is in ~/.ssh/authorized_keys for that user on the host, "
+                            "and set `user:` / `identity_file:` in the inventory if they differ.")
     if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in str(exc).lower():
         return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s (connect "
                             "timeout). The host is down, a firewall drops the port, or the address "
@@ -234,7 +240,9 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
 class LocalProcess:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
-        assert proc.stdin and proc.stdout and proc.stderr
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         self._stdin = proc.stdin
         self._out = proc.stdout.fileno()
         self._err = proc.stderr.fileno()
@@ -244,10 +252,8 @@ class LocalProcess:
         self._stdin.flush()
 
     def close_stdin(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already gone: the reader has exited
             self._stdin.close()
-        except OSError:
-            pass  # already gone: the reader has exited
 
     def recv(self, size: int) -> bytes:
         return os.read(self._out, size)

@@ -50,7 +50,8 @@ def load(path: Path) -> Located:
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path}: YAML syntax error: {exc}.") from None
     if node is None:
-        raise InventoryError(f"{path}:1: the inventory is empty; it needs at least a `hosts:` list.")
+        raise InventoryError(f"{path}:1: the inventory is empty; it needs at least a `hosts:` "
+                             "list.")
     return _convert(path, node)
 
 
@@ -65,8 +66,9 @@ def _convert(path: Path, node: Node) -> Located:
             if key in out:
                 first = out[key].line
                 raise InventoryError(
-                    f"{path}:{key_node.start_mark.line + 1}: duplicate key `{key}` (first set on "
-                    f"line {first}); YAML would silently keep only the last one. Remove one of them."
+                    f"{path}:{key_node.start_mark.line + 1}: duplicate key `{key}` (first set "
+                    f"on line {first}); YAML would silently keep only the last one. Remove one of "
+                    "them."
                 )
             # A value in a mapping is located at its key: a list or a mapping starts on the
             # lines below it, but messages about `key:` must point at `key:`.
