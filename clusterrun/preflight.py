@@ -219,12 +219,23 @@ def _master_addr(inv: Inventory, report: HostReport, session: ProbeSession,
     if all(h.local for h in inv.hosts):
         return "127.0.0.1"
     facts = report.facts
+    if report.spec.interface != AUTO:
+        # The master's own address on its data interface (the one the inventory names). If
+        # that interface is unusable, _pick_interface says so; fall back to the SSH address.
+        own = next((i for i in facts.get("interfaces", []) if i["name"] == report.spec.interface),
+                   None)
+        if own is not None and own.get("up") and first_ipv4(own):
+            return str(first_ipv4(own))
     server = facts.get("ssh_server_address")
     if server and session.ask("route", addr=server).get("local"):
         return server  # the address the controller reached the master on
     for spec in inv.hosts:  # a local master: the address facing the first remote host
         if not spec.local:
-            peer = socket.gethostbyname(getattr(transports.get(spec.name), "address", spec.host))
+            try:
+                peer = socket.gethostbyname(
+                    getattr(transports.get(spec.name), "address", spec.host))
+            except OSError:
+                continue  # an ~/.ssh/config alias this machine cannot resolve: try the next
             src = session.ask("route", addr=peer).get("src")
             if src:
                 return src

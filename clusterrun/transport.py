@@ -133,8 +133,10 @@ class SshTransport:
         try:
             cxn.open()
         except BaseException as exc:
+            ssh = cxn.client.get_transport()
+            stalled = ssh is not None and not getattr(ssh, "initial_kex_done", True)
             cxn.close()
-            raise _classify(spec, cxn, known_hosts, self.options, exc) from None
+            raise _classify(spec, cxn, known_hosts, self.options, exc, stalled=stalled) from None
         transport = cxn.client.get_transport()
         if transport is not None:
             # Keeps NAT and firewalls from dropping an idle connection; loss is detected by the
@@ -190,9 +192,16 @@ class SshTransport:
                 self._cxn = None
 
 
+# What paramiko says when its handshake wait (bounded by the connect timeout) ends before the
+# server's banner or key exchange arrived: start_client() returns as if it had succeeded, and
+# the next step finds no session.
+_STALLED = frozenset({"No existing session", "Negotiation failed."})
+
+
 def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options: SshOptions,
-              exc: BaseException) -> ConnectError:
-    """Turn whatever paramiko raised into one sentence naming the host, the cause and the fix."""
+              exc: BaseException, *, stalled: bool = False) -> ConnectError:
+    """Turn whatever paramiko raised into one sentence naming the host, the cause and the fix.
+    ``stalled``: the SSH handshake had not finished when it failed."""
     where = f"{spec.name} ({cxn.user}@{cxn.host}:{cxn.port})"
     timeout = options.connect_timeout
     if isinstance(exc, ConnectError):
@@ -203,6 +212,11 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
         msg = hostkeys.changed_key_message(
             hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
         return ConnectError("hostkey", f"{spec.name}: {msg}")
+    if stalled and isinstance(exc, paramiko.SSHException) and str(exc) in _STALLED:
+        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s: the TCP "
+                            "connection opened but the SSH handshake did not finish (connect "
+                            "timeout). Something other than sshd may hold that port, or the host "
+                            "is overloaded.")
     if isinstance(exc, socket.gaierror):
         return ConnectError("dns", f"{where}: cannot resolve the host name ({exc.strerror}). "
                             "Check the spelling, ~/.ssh/config, or use the IP address.")
@@ -214,23 +228,31 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
         return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s (connect "
                             "timeout). The host is down, a firewall drops the port, or the address "
                             "is wrong.")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
-        if codes <= {errno.ECONNREFUSED}:
-            return ConnectError("refused", f"{where}: connection refused. Is sshd running and "
-                                "listening on that port?")
-        return ConnectError("unreachable", f"{where}: cannot connect ({exc}).")
-    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return ConnectError("unreachable", f"{where}: no route to host ({exc.strerror}). Check the "
-                            "address and the network between this machine and the host.")
-    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
-        return ConnectError("refused", f"{where}: connection refused. Is sshd running and "
-                            "listening on that port?")
+    network = _network_error(where, exc)
+    if network is not None:
+        return network
     if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
         return ConnectError("error", f"{where}: SSH failed: {exc or type(exc).__name__}.")
     if isinstance(exc, KeyboardInterrupt):
         raise exc
     return ConnectError("error", f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
+
+
+def _network_error(where: str, exc: BaseException) -> Optional[ConnectError]:
+    """A TCP-level failure: refused, or no route."""
+    refused = ConnectError("refused", f"{where}: connection refused. Is sshd running and "
+                           "listening on that port?")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes <= {errno.ECONNREFUSED}:
+            return refused
+        return ConnectError("unreachable", f"{where}: cannot connect ({exc}).")
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return ConnectError("unreachable", f"{where}: no route to host ({exc.strerror}). Check the "
+                            "address and the network between this machine and the host.")
+    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+        return refused
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -231,13 +231,22 @@ def test_master_addr_on_a_second_network(tmp_path: Path) -> None:
                 assert f"{second['node1']}:{report['master_port']}" in \
                     checks(got)["data_path"]["detail"]
 
-        # The same hosts with master_addr auto stay on the first network.
+        # The same hosts with master_addr auto stay on the first network...
         doc.pop("master_addr")
         inv.write_text(yaml.safe_dump(doc))
         cp, report = check_json(inv)
         assert cp.returncode == 0, cp.stdout
         assert {h["name"]: h["interface"] for h in report["hosts"]} == {
             h.name: h.ifname for h in sb.hosts}
+
+        # ...unless the master's interface is set: auto is then its address on that interface.
+        doc["hosts"][0]["interface"] = nics["node1"].ifname
+        inv.write_text(yaml.safe_dump(doc))
+        cp, report = check_json(inv)
+        assert cp.returncode == 0, cp.stdout
+        assert report["master_addr"] == second["node1"]
+        assert {h["name"]: h["interface"] for h in report["hosts"]} == {
+            n: nic.ifname for n, nic in nics.items()}
     finally:
         sandbox.down(root)
 
@@ -316,7 +325,7 @@ def test_changed_host_key_is_refused_and_nothing_runs(cluster: Cluster, tmp_path
         assert known.read_bytes() == before
         # The connections reached node2's sshd, and none was ever authenticated.
         attempts = log.read_bytes()[offset:].decode(errors="replace")
-        assert "Connection closed by" in attempts
+        assert re.search(r"Connection (closed|reset) by", attempts), attempts
         assert "Accepted publickey" not in attempts
         assert cluster.run_on("node2", "sh", "-c", f"ls {marker} 2>/dev/null || true") == ""
         assert cluster.run_on("node1", "ls", marker).strip() == marker  # the others ran it
@@ -556,10 +565,15 @@ def test_exec_on_all_32_hosts_in_parallel(cluster: Cluster, tmp_path: Path) -> N
     for name in names:
         assert f"{name}: {name} says hi" in lines
         assert f"{name}: oops" in lines
-    assert len(lines) == 64
+    # Every line is whole and prefixed: nothing from two hosts mixed into one line. (There may
+    # be more lines than ours: root's login shell here runs `pyenv init`, which complains when
+    # 32 shells rehash at once.)
+    prefixes = {line.split(": ", 1)[0] for line in lines}
+    assert prefixes == set(names)
+    assert all(line.count(" says hi") <= 1 for line in lines)
     assert cp.stderr.strip() == "node[1-32]: exit 0"
-    # Every host sleeps 1 s: one after another that is at least 32 s.
-    assert elapsed < 12, elapsed
+    # Every host sleeps 1 s: one host after another takes at least 32 s.
+    assert elapsed < 20, elapsed
 
 
 def test_exec_failures_give_the_largest_status_and_a_folded_summary(
