@@ -135,8 +135,9 @@ def launch(inventory_path: str, script: str, args: tuple[str, ...],
         nproc_per_node=nproc_per_node, master_port=master_port,
         env=tuple(parse_env(env_pairs).items()), check=not no_check, sync=not no_sync,
         dry_run=dry_run, detach=detach, name=name, grace=grace, lease=lease, excludes=excludes)
-    status = launching.run(inv, script, args, make_options(connect_timeout, accept_new_host_keys),
-                           opts, home())
+    status = launching.run(inv, script, args,
+                           ssh=make_options(connect_timeout, accept_new_host_keys), opts=opts,
+                           home=home())
     raise SystemExit(status)
 
 
@@ -191,7 +192,8 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     """
     import re
 
-    from clusterrun import logs as logview_cmd, runs
+    from clusterrun import logs as logview_cmd
+    from clusterrun import runs
     from clusterrun.console import Printer
     from clusterrun.logview import Filter
 
@@ -207,9 +209,10 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
         raise ClusterrunError(f"run {run.id} has no node {', '.join(sorted(unknown))}; its "
                               f"nodes: {', '.join(sorted(known))}.", exit_status=ExitStatus.USAGE)
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
-    status = logview_cmd.show(run, flt, tail, follow,
-                              make_options(connect_timeout, accept_new_host_keys), Printer(),
-                              lambda text: click.echo(f"clusterrun: {text}", err=True))
+    status = logview_cmd.show(run, flt, tail=tail, follow=follow,
+                              ssh=make_options(connect_timeout, accept_new_host_keys),
+                              printer=Printer(),
+                              say=lambda text: click.echo(f"clusterrun: {text}", err=True))
     raise SystemExit(status)
 
 

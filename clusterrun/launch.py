@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from clusterrun import checkview, outcome, plan as planning, planview, preflight, runs, sync
+from clusterrun import checkview, outcome, planview, preflight, runs, sync
+from clusterrun import plan as planning
 from clusterrun.console import Printer
 from clusterrun.errors import ExitStatus, PreflightError, UnreachableError
 from clusterrun.inventory import Inventory
@@ -93,7 +94,7 @@ def _preflight(inv: Inventory, ssh: SshOptions, opts: LaunchOptions,
     return report
 
 
-def run(inv: Inventory, script_arg: str, args: tuple[str, ...], ssh: SshOptions,
+def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptions,
         opts: LaunchOptions, home: Path, out: Optional[TextIO] = None,
         err: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
@@ -111,12 +112,12 @@ def run(inv: Inventory, script_arg: str, args: tuple[str, ...], ssh: SshOptions,
         if opts.dry_run:
             out.write("\n".join(planview.dry_run(plan)) + "\n")
             return int(ExitStatus.SUCCESS)
-        return execute(plan, inv, report, home, opts, out, err)
+        return execute(plan, inv, report, home=home, opts=opts, out=out, err=err)
     finally:
         report.close()
 
 
-def execute(plan: planning.LaunchPlan, inv: Inventory, report: preflight.CheckReport,
+def execute(plan: planning.LaunchPlan, inv: Inventory, report: preflight.CheckReport, *,
             home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
             err: Optional[TextIO] = None) -> int:
     """Run a plan on hosts the preflight ``report`` has connections to."""
@@ -142,7 +143,7 @@ def execute(plan: planning.LaunchPlan, inv: Inventory, report: preflight.CheckRe
             raise
     mirror = Mirror(run_dir)
     view = LogView(Printer(out))
-    session = Session(plan, report.transports, specs, mirror, view, say)
+    session = Session(plan, report.transports, specs, mirror=mirror, view=view, notify=say)
     with Interrupts(say) as interrupts:
         session.start()
         if plan.detach:
@@ -202,8 +203,8 @@ def _finish(plan: planning.LaunchPlan, run_dir: runs.RunDir, session: Session,
     stopped = any(n.state == "stopped" for n in nodes)
     status = outcome.exit_status(root, interrupted, stopped)
     logs = verify_mirrors(run_dir, nodes)
-    runs.write_json(run_dir.file("summary.json"),
-                    outcome.summary(run_dir, nodes, root, status, interrupted, logs))
+    runs.write_json(run_dir.file("summary.json"), outcome.summary(
+        run_dir, nodes, root=root, status=status, interrupted=interrupted, checks=logs))
     if interrupted is not None or (stopped and root is None):
         state = "stopped"
     elif root is None:

@@ -40,12 +40,12 @@ def replay_from(run: RunDir, view: LogView, positions: dict[tuple[str, str], int
     complete = data[: data.rfind(b"\n") + 1]
     for raw in complete.splitlines():
         node, name, end = raw.decode().split("\t")
-        _feed(run, view, positions, node, name, int(end))
+        _feed(run, view, positions, node, name, end=int(end))
     return offset + len(complete)
 
 
 def _feed(run: RunDir, view: LogView, positions: dict[tuple[str, str], int], node: str,
-          name: str, end: Optional[int]) -> None:
+          name: str, *, end: Optional[int]) -> None:
     start = positions.get((node, name), 0)
     path = run.mirror(node, name)
     try:
@@ -68,11 +68,11 @@ def replay(run: RunDir, view: LogView) -> tuple[dict[tuple[str, str], int], int]
     if nodes_dir.is_dir():
         for node_dir in sorted(nodes_dir.iterdir()):
             for path in sorted(node_dir.iterdir()):
-                _feed(run, view, positions, node_dir.name, path.name, None)
+                _feed(run, view, positions, node_dir.name, path.name, end=None)
     return positions, offset
 
 
-def show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOptions,
+def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
          printer: Printer, say: Callable[[str], None]) -> int:
     lock = None
     if live_state(run) is not None:
@@ -84,13 +84,14 @@ def show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOp
             remote_runs.follow(run, ssh, mirror, None, say, keep_following=False)
             mirror.close()
     try:
-        return _show(run, flt, tail, follow, ssh, printer, say, lock)
+        return _show(run, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
+                     lock=lock)
     finally:
         if lock is not None:
             os.close(lock)
 
 
-def _show(run: RunDir, flt: Filter, tail: Optional[int], follow: bool, ssh: SshOptions,
+def _show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
           printer: Printer, say: Callable[[str], None], lock: Optional[int]) -> int:
     if tail is not None:
         collector = Collector(tail)

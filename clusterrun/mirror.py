@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Iterator, Optional, Union
+from collections.abc import Iterator
+from typing import Any, Optional, Union
 
 from clusterrun.runs import RunDir, make_node_dir, open_private
 from clusterrun.transport import Process

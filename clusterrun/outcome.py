@@ -134,7 +134,7 @@ def _node_text(node: NodeOutcome) -> str:
     return f"{state} (torchrun {describe_code(code)})" if code is not None else state
 
 
-def summary(run: RunDir, nodes: list[NodeOutcome], root: Optional[Failure], status: int,
+def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], status: int,
             interrupted: Optional[int], checks: dict[str, Any]) -> dict[str, Any]:
     """summary.json: machine-readable, secrets never included (nothing here holds env)."""
     return {

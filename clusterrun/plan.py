@@ -7,9 +7,10 @@ import os
 import re
 import secrets as pysecrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from clusterrun import ranks
 from clusterrun.errors import UsageError

@@ -37,6 +37,6 @@ def dry_run(plan: LaunchPlan) -> list[str]:
         lines.append(f"  command:   {command.join(node.argv)}")
     lines.append("")
     lines.append("The command runs without a shell: arguments and environment values arrive "
-                 "byte-exact. Secrets (names with TOKEN, SECRET, PASSWORD, KEY) are masked here and "
-                 "travel on the supervisor's stdin, never on a command line.")
+                 "byte-exact. Secrets (names with TOKEN, SECRET, PASSWORD, KEY) are masked here "
+                 "and travel on the supervisor's stdin, never on a command line.")
     return lines

@@ -81,7 +81,7 @@ def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, A
 
 
 def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
-           say: Callable[[str], None], keep_following: bool = True) -> dict[str, dict[str, Any]]:
+           say: Callable[[str], None], *, keep_following: bool = True) -> dict[str, dict[str, Any]]:
     """Fetch every node's files from where the mirror ends: what is there now, or with
     ``keep_following`` until each node's run has ended and everything is here. Returns each
     node's final event."""

@@ -9,9 +9,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from clusterrun.errors import UsageError
 
@@ -145,8 +146,8 @@ def resolve(home: Path, run_id: Optional[str]) -> RunDir:
         return matches[0]
     if not matches:
         raise UsageError(f"no run {run_id!r} in {runs_root(home)}; `clusterrun ps` lists them.")
-    raise UsageError(f"{run_id!r} matches {len(matches)} runs ({', '.join(r.id for r in matches[:4])}"
-                     "...); give more of the id.")
+    shown = ", ".join(r.id for r in matches[:4])
+    raise UsageError(f"{run_id!r} matches {len(matches)} runs ({shown}...); give more of the id.")
 
 
 def pid_alive(pid: Optional[int]) -> bool:

@@ -8,6 +8,7 @@ the supervisors themselves). Heartbeats flow both ways on the same channel.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -38,7 +39,7 @@ def request(plan: LaunchPlan, node: NodePlan, mode: str = "run") -> dict[str, An
 
 class Session:
     def __init__(self, plan: LaunchPlan, transports: dict[str, Transport],
-                 specs: dict[str, HostSpec], mirror: Mirror, view: LogView,
+                 specs: dict[str, HostSpec], *, mirror: Mirror, view: LogView,
                  notify: Callable[[str], None]) -> None:
         self.plan = plan
         self.transports = transports
@@ -93,7 +94,7 @@ class Session:
 
     def _heartbeats(self) -> None:
         while not self.all_done():
-            for name, proc in list(self.procs.items()):
+            for name in list(self.procs):
                 if not self.nodes[name].done:
                     self._send(name, {"op": "hb"})
             time.sleep(HEARTBEAT)
@@ -102,10 +103,9 @@ class Session:
         proc = self.procs.get(name)
         if proc is None:
             return
-        try:
+        # If the write fails, the stream's end tells us what happened to that host.
+        with contextlib.suppress(OSError, EOFError):
             proc.write(json.dumps(op).encode() + b"\n")
-        except (OSError, EOFError):
-            pass  # the stream's end tells us what happened to that host
 
     # -- watching ------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterrun import launch, plan as planning
+from clusterrun import launch
+from clusterrun import plan as planning
 from clusterrun.inventory import Inventory
 from clusterrun.preflight import CheckReport
 
@@ -15,4 +16,4 @@ SCRIPT = Path(__file__).resolve().parent / "smoke_payload" / "allreduce.py"
 def run(inv: Inventory, report: CheckReport, home: Path) -> int:
     opts = launch.LaunchOptions(nproc_per_node=1, name="smoke", grace=5.0)
     plan = planning.build(inv, report, SCRIPT, [], name="smoke", nproc_override=1, grace=5.0)
-    return launch.execute(plan, inv, report, home, opts)
+    return launch.execute(plan, inv, report, home=home, opts=opts)

@@ -13,8 +13,8 @@ import os
 import posixpath
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from clusterrun import command, group
 from clusterrun.errors import ClusterrunError

@@ -7,6 +7,7 @@ noticed. Deselect the cluster tests explicitly with `-m "not cluster"` where no 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,10 +77,8 @@ class Cluster:
         """Clean strays between tests, so one test's leftovers never fail another."""
         for name in names:
             for pid in self.pids(name):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def _cmdline(pid: int) -> str:

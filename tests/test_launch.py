@@ -3,6 +3,7 @@ what happened on the hosts (files the ranks wrote there, processes left there)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -155,7 +156,7 @@ def _start_sleepers(cluster: Cluster, tmp_path: Path, payload: Path,
 def test_ctrl_c_stops_every_host(cluster: Cluster, home: Path, tmp_path: Path, payload: Path,
                                  clean: None) -> None:
     test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
-    proc, out, err = _start_sleepers(cluster, tmp_path, payload, test_dir)
+    proc, _out, err = _start_sleepers(cluster, tmp_path, payload, test_dir)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
     code = proc.wait(60)  # type: ignore[attr-defined]
@@ -172,7 +173,7 @@ def test_ctrl_c_stops_every_host(cluster: Cluster, home: Path, tmp_path: Path, p
 def test_sigkilled_controller_leaves_nothing(cluster: Cluster, home: Path, tmp_path: Path,
                                              payload: Path, clean: None) -> None:
     test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
-    proc, out, err = _start_sleepers(cluster, tmp_path, payload, test_dir)
+    proc, _out, _err = _start_sleepers(cluster, tmp_path, payload, test_dir)
     proc.kill()  # type: ignore[attr-defined]
     # The lease is 30 s and the grace 5 s here; the SSH channel's EOF usually ends it at once.
     assert cluster.wait_no_processes(HOSTS3, 60) == {}
@@ -221,10 +222,8 @@ def test_secrets_stay_off_command_lines_and_out_of_logs(cluster: Cluster, home: 
     while proc.poll() is None:
         for name in ("node1", "node2"):
             for pid in cluster.pids(name):
-                try:
+                with contextlib.suppress(OSError):  # it may have exited meanwhile
                     seen_cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-                except OSError:
-                    pass
         time.sleep(0.1)
     out.join()
     err.join()

@@ -21,7 +21,8 @@ def test_first_failure_in_time_is_the_root_cause_and_teardown_exits_are_not() ->
     a.rank_exits[0] = {"code": 1, "t": 100.5}  # its peer vanished: a consequence
     c.rank_exits[5] = {"code": 143, "t": 99.0, "stopping": True}  # stopped by us: not a cause
     found = outcome.failures([a, b, c])
-    assert [f.detail for f in found] == ["b rank 3 exited with code 3", "a rank 0 exited with code 1"]
+    assert [f.detail for f in found] == ["b rank 3 exited with code 3",
+                                         "a rank 0 exited with code 1"]
     assert outcome.exit_status(found[0], None, False) == 3
 
 

@@ -16,6 +16,7 @@ It arrives on stdin (see clusterrun/command.py) followed by one JSON request lin
 Frames on stdout: b"J <json>\\n" for events, b"D <json>\\n" + raw bytes for file data.
 """
 
+import contextlib
 import ctypes
 import glob
 import hashlib
@@ -67,10 +68,8 @@ def make_private_dir(path):
         parts.append(head)
         head = os.path.dirname(head)
     for part in reversed(parts):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(part, 0o700)
-        except FileExistsError:
-            pass
     if os.path.islink(path) or not os.path.isdir(path):
         raise OSError("%s is not a directory" % path)
     os.chmod(path, 0o700)
@@ -223,10 +222,8 @@ def descendants(root):
 
 def signal_all(pids, sig):
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):  # already gone
             os.kill(pid, sig)
-        except OSError:
-            pass
 
 
 class Job:
@@ -286,8 +283,8 @@ class Job:
                 os.dup2(null, 0)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
-                os.execvpe(req["argv"][0], req["argv"], env)
-            except BaseException as exc:  # noqa: BLE001 - the child must never return
+                os.execvpe(req["argv"][0], req["argv"], env)  # noqa: S606 - an argv, no shell
+            except BaseException as exc:
                 os.write(2, ("clusterrun: cannot start %s: %s\n" % (req["argv"][0], exc)).encode())
             os._exit(127)
         os.close(log)
@@ -578,7 +575,7 @@ def mode_stop(req):
                 time.sleep(2)
         torchrun = state.get("torchrun_pid")
         if torchrun and start_time(torchrun) == state.get("torchrun_start"):
-            signal_all(descendants(torchrun) + [torchrun], signal.SIGKILL)
+            signal_all([*descendants(torchrun), torchrun], signal.SIGKILL)
         result["state"] = read_json(path)
     OUT.write(b"J " + json.dumps(result).encode() + b"\n")
     OUT.flush()
