@@ -76,8 +76,9 @@ def changed_key_message(hostname: str, got: paramiko.PKey, expected: paramiko.PK
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    lock_path = path.with_name(path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    """An exclusive flock on the file's directory: the file itself is replaced by a rename, so
+    it cannot carry the lock, and a lock file would be left lying next to it."""
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -106,15 +106,16 @@ def setup(args: argparse.Namespace) -> tuple[int, int, int, torch.device, str]:
     else:
         device = torch.device("cpu")
 
+    # Printed before joining, so a rank stuck at rendezvous still shows that it started.
+    say(
+        f"[start] rank {rank} local_rank {local_rank} world_size {world_size} "
+        f"backend {backend} device {device} host {socket.gethostname()} pid {os.getpid()}"
+    )
     dist.init_process_group(
         backend=backend,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=args.timeout_s),
-    )
-    say(
-        f"[start] rank {rank} local_rank {local_rank} world_size {world_size} "
-        f"backend {backend} device {device} host {socket.gethostname()} pid {os.getpid()}"
     )
     return rank, local_rank, world_size, device, backend
 
@@ -161,7 +162,8 @@ def load_mnist_data(
         sys.exit("--dataset mnist needs torchvision: pip install torchvision (or use digits)")
 
     # One download per host: local rank 0 fetches, everybody else waits, then all read it.
-    # (Every rank must reach the barrier, whichever branch it takes.)
+    # (Every rank must reach the barrier, whichever branch it takes.) If --data-dir is on a
+    # filesystem shared by all hosts, download on global rank 0 only instead.
     if local_rank == 0:
         datasets.MNIST(data_dir, train=True, download=True)
         datasets.MNIST(data_dir, train=False, download=True)
@@ -276,7 +278,11 @@ def train_one_epoch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, sampler: DistributedSampler, device: torch.device
+    model: nn.Module,
+    loader: DataLoader,
+    sampler: DistributedSampler,
+    n_total: int,
+    device: torch.device,
 ) -> float:
     """Exact accuracy over the whole test set, whatever the number of ranks.
 
@@ -286,7 +292,7 @@ def evaluate(
     The bare module (``model.module``) is used so eval runs no collective in forward.
     """
     model.eval()
-    n_valid = len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))
+    n_valid = len(range(sampler.rank, n_total, sampler.num_replicas))  # unpadded share
     stats = torch.zeros(2, dtype=torch.float64, device=device)  # [correct, total]
     seen = 0
     for xb, yb in loader:
@@ -344,7 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for epoch in range(start_epoch, args.epochs):
         train_sampler.set_epoch(epoch)  # else every epoch reuses the same shuffle
         loss = train_one_epoch(model, train_loader, opt, device)
-        acc = evaluate(model.module, test_loader, test_sampler, device)
+        acc = evaluate(model.module, test_loader, test_sampler, len(test_ds), device)
         if rank == 0:
             say(f"epoch {epoch + 1} loss {loss:.4f} test accuracy {acc:.3f}")
             if not args.no_checkpoint:
@@ -353,7 +359,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         barrier(device)
 
     if start_epoch >= args.epochs:  # resumed a finished run: just report
-        acc = evaluate(model.module, test_loader, test_sampler, device)
+        acc = evaluate(model.module, test_loader, test_sampler, len(test_ds), device)
         if rank == 0:
             say(f"already trained {start_epoch} epochs; test accuracy {acc:.3f}")
 
