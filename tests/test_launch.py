@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterrun import sandbox
 from clusterrun.plan import payload_dir
 from tests.conftest import REPO, TEST_PAYLOADS, Cluster, run_cli, start_cli
 
@@ -143,11 +144,12 @@ def test_failed_rank_tears_down_every_host(cluster: Cluster, home: Path, tmp_pat
     assert "node1" in terms and "node3" in terms
 
 
-def _start_sleepers(cluster: Cluster, tmp_path: Path, payload: Path,
-                    test_dir: str) -> tuple[object, Reader, Reader]:
+def _start_sleepers(cluster: Cluster, tmp_path: Path, payload: Path, test_dir: str,
+                    *options: str) -> tuple[object, Reader, Reader]:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3)
     proc = start_cli("launch", "--grace", "5", "--nproc-per-node", "2", "--env",
-                     f"TEST_DIR={test_dir}", "--env", "SLEEP=600", str(inv), str(payload))
+                     f"TEST_DIR={test_dir}", "--env", "SLEEP=600", *options, str(inv),
+                     str(payload))
     out, err = Reader(proc.stdout), Reader(proc.stderr)
     out.wait_for(r"report rank \d on", count=6)
     return proc, out, err
@@ -168,6 +170,68 @@ def test_ctrl_c_stops_every_host(cluster: Cluster, home: Path, tmp_path: Path, p
     assert len(records) == 6
     terms = sum(cluster.run_on(n, "sh", "-c", f"ls {test_dir}").count(".term") for n in HOSTS3)
     assert terms == 6
+
+
+def test_second_ctrl_c_kills_at_once(cluster: Cluster, home: Path, tmp_path: Path,
+                                     payload: Path, clean: None) -> None:
+    """Ranks that ignore SIGTERM would get the whole grace period (here 60 s); a second Ctrl-C
+    does not wait for it."""
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc, _out, err = _start_sleepers(cluster, tmp_path, payload, test_dir, "--grace", "60",
+                                      "--env", "IGNORE_TERM=1")
+    proc.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
+    err.wait_for("press Ctrl-C again")
+    time.sleep(1)
+    assert cluster.wait_no_processes(["node1"], 0) != {}  # still in its grace period
+    proc.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
+    second = time.monotonic()
+    assert proc.wait(30) == 130, err.text  # type: ignore[attr-defined]
+    assert cluster.wait_no_processes(HOSTS3, 5) == {}
+    assert time.monotonic() - second < 10
+
+
+def run_processes(cluster: Cluster, name: str, run_id: str) -> list[str]:
+    """The run's processes on a host: its ranks and torchrun (by the run id in their
+    environment) and its supervisor (the program clusterrun ships on stdin)."""
+    found = []
+    for pid in cluster.pids(name):
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if f"CLUSTERRUN_RUN_ID={run_id}".encode() in environ or b"<clusterrun>" in cmdline:
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+    return found
+
+
+def test_partitioned_host_is_lost_and_ends_its_own_run(cluster: Cluster, home: Path,
+                                                       tmp_path: Path, payload: Path,
+                                                       clean: None) -> None:
+    """A partition closes nothing, so only missed heartbeats reveal it: the controller declares
+    the host lost and stops the others; the host's supervisor ends the run there when its
+    lease runs out."""
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc, _out, err = _start_sleepers(cluster, tmp_path, payload, test_dir, "--lease", "8",
+                                      "--grace", "3")
+    run_id = next((home / "runs").iterdir()).name
+    assert run_processes(cluster, "node3", run_id)
+    sandbox.partition(cluster.sb, "node3")
+    cut = time.monotonic()
+    try:
+        code = proc.wait(60)  # type: ignore[attr-defined]
+        detected = time.monotonic() - cut
+        assert code == 5, err.text
+        assert 7 < detected < 20, detected
+        assert "root cause: node3 was lost: no word from it" in err.text
+        assert cluster.wait_no_processes(["node1", "node2"], 10) == {}
+        # Still cut off: the supervisor there has ended the run on its own (lease 8 + grace 3).
+        deadline = cut + 8 + 3 + 10
+        while run_processes(cluster, "node3", run_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run_processes(cluster, "node3", run_id) == []
+    finally:
+        sandbox.heal(cluster.sb, "node3")
+    state = json.loads(cluster.read("node3", f"/tmp/clusterrun/runs/{run_id}/node3/state.json"))
+    assert state["state"] == "lost" and "no heartbeat" in state["reason"]
 
 
 def test_sigkilled_controller_leaves_nothing(cluster: Cluster, home: Path, tmp_path: Path,

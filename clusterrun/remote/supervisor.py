@@ -515,7 +515,10 @@ def mode_run(req):
     streamer.end(state=state["state"], exit_code=code, reason=state.get("reason"),
                  ranks=state["ranks"], checksums=state["checksums"])
     if pipe is None:
-        streamer.finished.wait(600)
+        # The controller gets the logs' last bytes and the final event. Unless it is the very
+        # reason the run ended: then nobody may be reading, and the job is already gone.
+        lost = (job.stop_reason or "").startswith("lifeline")
+        streamer.finished.wait(5 if lost else 600)
 
 
 def mode_tail(req):
@@ -598,3 +601,6 @@ def main():
 
 
 main()
+# Not sys.exit: flushing stdout at shutdown would block for good if the controller stopped
+# reading (partitioned away); everything meant for it has been written or given up on.
+os._exit(0)

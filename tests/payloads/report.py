@@ -4,6 +4,7 @@ host, prints one line, and can fail or sleep on request (a fault schedule from t
     TEST_DIR      where to write rank-<RANK>.json on the host (default /tmp/clusterrun-test)
     FAIL_RANK     the global rank that exits with FAIL_CODE after FAIL_AFTER seconds
     SLEEP         seconds every other rank sleeps before exiting 0
+    IGNORE_TERM   if set, ranks ignore SIGTERM (only SIGKILL ends them)
 """
 
 import json
@@ -34,7 +35,7 @@ def on_term(signum, _frame):
     sys.exit(0)
 
 
-signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("IGNORE_TERM") else on_term)
 print(f"report rank {rank} on {socket.gethostname()}", flush=True)
 if os.environ.get("FAIL_RANK") == str(rank):
     time.sleep(float(os.environ.get("FAIL_AFTER", "1")))
