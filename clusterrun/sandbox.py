@@ -316,7 +316,8 @@ def _build(root: Path, state: dict[str, Any], n: int) -> None:
                                      netns=h["netns"]), hosts)
     with net.step("start sshd"):
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-        procs = {h["name"]: sshd.start(root, state["view"], h) for h in hosts}
+        shared = sshd.shared_under_tmp(state["python"])
+        procs = {h["name"]: sshd.start(root, state["view"], h, shared) for h in hosts}
     sshd.wait_ready(root, hosts, procs)
     with net.step("write known_hosts and inventory"):
         keys = [sshd.pubkey(root / h["name"] / (_KEY + ".pub")) for h in hosts]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,17 @@ def bind_target(path: str) -> str | None:
     return real if os.path.isfile(real) else None
 
 
-def start(root: Path, view: str, host: dict[str, Any]) -> subprocess.Popen[bytes]:
+def shared_under_tmp(python: str) -> list[str]:
+    """What of the controller's Python lives under /tmp (a venv in a checkout there, say): the
+    hosts' own /tmp would hide it, but they share this machine's filesystem for everything else,
+    so it is mounted back at the same path."""
+    candidates = {os.path.dirname(os.path.dirname(os.path.abspath(python))),
+                  os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    return sorted(p for p in candidates if p.startswith("/tmp/"))
+
+
+def start(root: Path, view: str, host: dict[str, Any],
+          shared: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """Start the host's sshd in its namespace, with its own hostname and mounts."""
     # sshd reads its files through a view of root under /run, because root may itself lie
     # under /tmp, which the host's own /tmp covers.
@@ -82,7 +93,12 @@ def start(root: Path, view: str, host: dict[str, Any]) -> subprocess.Popen[bytes
     resolv_target = bind_target("/etc/resolv.conf")
     if resolv_target is not None:
         script.append(f"mount --bind {q(home + '/resolv.conf')} {q(resolv_target)}")
-    script += [f"mount --bind {q(home + '/tmp')} /tmp", f"exec {shlex.join(sshd)}"]
+    for path in shared:  # bound into the host's /tmp first, then carried along by --rbind
+        inside = f"{home}/tmp/{os.path.relpath(path, '/tmp')}"
+        (root / host["name"] / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,
+                                                                         exist_ok=True)
+        script.append(f"mount --bind {q(path)} {q(inside)}")
+    script += [f"mount --rbind {q(home + '/tmp')} /tmp", f"exec {shlex.join(sshd)}"]
     argv = ["ip", "netns", "exec", host["netns"], "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c", "\n".join(script)]
     with open(root / host["name"] / "sshd.log", "ab") as log:

@@ -322,3 +322,9 @@ def test_require_support_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sys, "platform", "darwin")
     with pytest.raises(SandboxError, match=re.escape("needs Linux")):
         sandbox.require_support()
+
+
+def test_a_python_under_tmp_is_shared_with_the_hosts() -> None:
+    """The hosts' own /tmp would hide a venv in a checkout under /tmp (as CI may have)."""
+    assert sandbox_sshd.shared_under_tmp("/tmp/ci/.venv/bin/python") == ["/tmp/ci/.venv"]
+    assert sandbox_sshd.shared_under_tmp("/usr/bin/python3") == []
