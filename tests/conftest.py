@@ -73,6 +73,20 @@ class Cluster:
                 return {n: [_cmdline(pid) for pid in p] for n, p in left.items()}
             time.sleep(0.25)
 
+    def run_processes(self, name: str, run_id: str, *, supervisors: bool = False) -> list[str]:
+        """Command lines of a run's processes on a host: its torchrun and ranks (by the run id in
+        their environment) and, if asked, any clusterrun supervisor (the program clusterrun
+        ships on stdin; only meaningful while one run is on the host)."""
+        found = []
+        for pid in self.pids(name):
+            with contextlib.suppress(OSError):  # it may have exited meanwhile
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if (f"CLUSTERRUN_RUN_ID={run_id}".encode() in environ
+                        or (supervisors and b"<clusterrun>" in cmdline)):
+                    found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+        return found
+
     def kill_all(self, names: Sequence[str]) -> None:
         """Clean strays between tests, so one test's leftovers never fail another."""
         for name in names:
@@ -97,6 +111,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(sb)
     finally:
         sandbox.down(root)
+
+
+def copy_payload(tmp_path: Path, name: str, folder: str = "job") -> Path:
+    """A test payload in a directory of its own: that directory is what gets synced."""
+    target = tmp_path / folder / name
+    target.parent.mkdir(exist_ok=True)
+    target.write_text((TEST_PAYLOADS / name).read_text())
+    return target
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> Path:
+    return copy_payload(tmp_path, "report.py")
+
+
+@pytest.fixture
+def spam(tmp_path: Path) -> Path:
+    return copy_payload(tmp_path, "spam.py", "spam")
+
+
+@pytest.fixture
+def clean(cluster: Cluster) -> Iterator[None]:
+    """Kill whatever a test left on the hosts it uses, so it cannot fail the next test."""
+    yield
+    cluster.kill_all(cluster.names[:4])
 
 
 @pytest.fixture

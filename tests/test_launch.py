@@ -11,34 +11,17 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from clusterrun import sandbox
 from clusterrun.plan import payload_dir
-from tests.conftest import REPO, TEST_PAYLOADS, Cluster, run_cli, start_cli
+from tests.conftest import REPO, Cluster, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 
 HOSTS3 = ["node1", "node2", "node3"]
-
-
-@pytest.fixture
-def payload(tmp_path: Path) -> Path:
-    """The report payload in a directory of its own (what gets synced)."""
-    folder = tmp_path / "job"
-    folder.mkdir()
-    target = folder / "report.py"
-    target.write_text((TEST_PAYLOADS / "report.py").read_text())
-    return target
-
-
-@pytest.fixture
-def clean(cluster: Cluster) -> Iterator[None]:
-    yield
-    cluster.kill_all(cluster.names[:4])
 
 
 def rank_records(cluster: Cluster, names: list[str], test_dir: str) -> dict[int, dict]:
@@ -190,19 +173,6 @@ def test_second_ctrl_c_kills_at_once(cluster: Cluster, home: Path, tmp_path: Pat
     assert time.monotonic() - second < 10
 
 
-def run_processes(cluster: Cluster, name: str, run_id: str) -> list[str]:
-    """The run's processes on a host: its ranks and torchrun (by the run id in their
-    environment) and its supervisor (the program clusterrun ships on stdin)."""
-    found = []
-    for pid in cluster.pids(name):
-        with contextlib.suppress(OSError):
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if f"CLUSTERRUN_RUN_ID={run_id}".encode() in environ or b"<clusterrun>" in cmdline:
-                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
-    return found
-
-
 def test_partitioned_host_is_lost_and_ends_its_own_run(cluster: Cluster, home: Path,
                                                        tmp_path: Path, payload: Path,
                                                        clean: None) -> None:
@@ -213,7 +183,7 @@ def test_partitioned_host_is_lost_and_ends_its_own_run(cluster: Cluster, home: P
     proc, _out, err = _start_sleepers(cluster, tmp_path, payload, test_dir, "--lease", "8",
                                       "--grace", "3")
     run_id = next((home / "runs").iterdir()).name
-    assert run_processes(cluster, "node3", run_id)
+    assert cluster.run_processes("node3", run_id, supervisors=True)
     sandbox.partition(cluster.sb, "node3")
     cut = time.monotonic()
     try:
@@ -225,9 +195,10 @@ def test_partitioned_host_is_lost_and_ends_its_own_run(cluster: Cluster, home: P
         assert cluster.wait_no_processes(["node1", "node2"], 10) == {}
         # Still cut off: the supervisor there has ended the run on its own (lease 8 + grace 3).
         deadline = cut + 8 + 3 + 10
-        while run_processes(cluster, "node3", run_id) and time.monotonic() < deadline:
+        while (left := cluster.run_processes("node3", run_id, supervisors=True)) and (
+                time.monotonic() < deadline):
             time.sleep(0.5)
-        assert run_processes(cluster, "node3", run_id) == []
+        assert left == []
     finally:
         sandbox.heal(cluster.sb, "node3")
     state = json.loads(cluster.read("node3", f"/tmp/clusterrun/runs/{run_id}/node3/state.json"))

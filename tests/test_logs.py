@@ -12,32 +12,16 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_PAYLOADS, Cluster, run_cli, start_cli
+from tests.conftest import Cluster, run_cli, start_cli
 from tests.test_launch import Reader
 
 pytestmark = pytest.mark.cluster
 
 LINE = re.compile(r"^\[(node\d+) r(\d+)\] r(\d+) (\d{7}) (\d+\.\d+) x+$")
-
-
-@pytest.fixture
-def spam(tmp_path: Path) -> Path:
-    folder = tmp_path / "spam"
-    folder.mkdir()
-    target = folder / "spam.py"
-    target.write_text((TEST_PAYLOADS / "spam.py").read_text())
-    return target
-
-
-@pytest.fixture
-def clean(cluster: Cluster) -> Iterator[None]:
-    yield
-    cluster.kill_all(cluster.names[:4])
 
 
 def numbered(text: str) -> dict[int, list[int]]:
@@ -170,27 +154,14 @@ def _detach(inv: Path, payload: Path, *env: str) -> str:
 
 
 def _running(cluster: Cluster, names: list[str], run_id: str) -> int:
-    """Processes of this run (by its id in their environment) on these hosts."""
-    count = 0
-    for name in names:
-        for pid in cluster.pids(name):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if f"CLUSTERRUN_RUN_ID={run_id}".encode() in environ:
-                count += 1
-    return count
+    return sum(len(cluster.run_processes(name, run_id)) for name in names)
 
 
-def test_detach_ps_logs_stop(cluster: Cluster, home: Path, tmp_path: Path,
+def test_detach_ps_logs_stop(cluster: Cluster, home: Path, tmp_path: Path, payload: Path,
                              clean: None) -> None:
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "report.py").write_text((TEST_PAYLOADS / "report.py").read_text())
     inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"])
     started = time.monotonic()
-    run_id = _detach(inv, folder / "report.py", "SLEEP=600")
+    run_id = _detach(inv, payload, "SLEEP=600")
     assert time.monotonic() - started < 60
     assert _ps(home)[run_id]["state"] == "running"
     deadline = time.monotonic() + 60
@@ -211,21 +182,18 @@ def test_detach_ps_logs_stop(cluster: Cluster, home: Path, tmp_path: Path,
 
 
 def test_concurrent_runs_on_the_same_hosts(cluster: Cluster, home: Path, tmp_path: Path,
-                                           clean: None) -> None:
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "report.py").write_text((TEST_PAYLOADS / "report.py").read_text())
+                                           payload: Path, clean: None) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", ["node3", "node4"])
     # Two attached runs at once both succeed: their own ports, directories and worlds.
-    first = start_cli("launch", "--env", "SLEEP=3", str(inv), str(folder / "report.py"))
-    second = start_cli("launch", "--env", "SLEEP=3", str(inv), str(folder / "report.py"))
+    first = start_cli("launch", "--env", "SLEEP=3", str(inv), str(payload))
+    second = start_cli("launch", "--env", "SLEEP=3", str(inv), str(payload))
     outs = [p.communicate(timeout=180) for p in (first, second)]
     assert first.returncode == 0 and second.returncode == 0, outs
     ports = {re.search(r"master \S+:(\d+)", err).group(1) for _, err in outs}
     assert len(ports) == 2
     # Stopping one leaves the other running.
-    keep = _detach(inv, folder / "report.py", "SLEEP=600")
-    drop = _detach(inv, folder / "report.py", "SLEEP=600")
+    keep = _detach(inv, payload, "SLEEP=600")
+    drop = _detach(inv, payload, "SLEEP=600")
     deadline = time.monotonic() + 60
     while min(_running(cluster, ["node3", "node4"], r) for r in (keep, drop)) < 4:
         assert time.monotonic() < deadline, "both runs should be up"
