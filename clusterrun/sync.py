@@ -34,6 +34,22 @@ class SyncError(ClusterrunError):
         self.kind = kind
 
 
+def gitignored(root: Path) -> tuple[str, ...]:
+    """The simple patterns of a .gitignore in the script's directory: what git leaves out
+    (checkpoints, datasets) is not code, and copying a stale local checkpoint over a host's
+    newer one would be worse than useless. Negations (`!`) and anchors are not interpreted."""
+    try:
+        lines = (root / ".gitignore").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ()
+    out = []
+    for raw in lines:
+        line = raw.strip()
+        if line and not line.startswith(("#", "!")):
+            out.append(line.strip("/") or line)
+    return tuple(out)
+
+
 def _excluded(rel: str, patterns: Sequence[str]) -> bool:
     parts = rel.split("/")
     return any(fnmatch.fnmatch(part, pat) for part in parts for pat in patterns) or any(
@@ -119,7 +135,7 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
          facts: dict[str, dict], excludes: Sequence[str]) -> dict[str, str]:
     """Copy the script's directory to every remote host; return per host how it went."""
     src = plan.script.parent
-    patterns = tuple(DEFAULT_EXCLUDES) + tuple(excludes)
+    patterns = tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
     local = manifest(src, patterns)
     files = sorted(local)
     force_sftp = os.environ.get("CLUSTERRUN_SYNC") == "sftp"

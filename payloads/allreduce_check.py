@@ -130,10 +130,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 f"busbw {busbw:.3f} GB/s"
             )
 
-    # Final barrier, then teardown: nobody leaves while a peer still talks to it, and Gloo's
-    # worker threads release the last all_reduce's tensors before the interpreter exits.
+    # Final barrier, then teardown: nobody leaves while a peer still talks to it.
     dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
     dist.destroy_process_group()
+    if backend == "gloo":
+        # torch 2.13: Gloo's worker threads outlive destroy_process_group() and may still be
+        # releasing the last all_reduce's tensor, which takes the GIL; exiting at that moment
+        # aborts the process ("terminate called without an active exception"). Giving up the
+        # GIL briefly lets them finish.
+        time.sleep(0.05)
     return 0 if ok else 1
 
 

@@ -52,3 +52,4 @@ def test_remote_python_runs_the_shipped_program_from_stdin() -> None:
     reply = json.loads(out.stdout)
     assert reply == {"root": "/nonexistent-dir", "manifest": {}}
     assert "files.py" not in cmd and "manifest" not in cmd  # the program is not on argv
+
