@@ -51,9 +51,5 @@ class UnreachableError(ClusterrunError):
     exit_status = ExitStatus.UNREACHABLE
 
 
-class NodeLostError(ClusterrunError):
-    exit_status = ExitStatus.NODE_LOST
-
-
 class SandboxError(ClusterrunError):
     """The local sandbox cluster cannot be built or removed here."""

@@ -100,16 +100,6 @@ class Inventory:
     def master(self) -> HostSpec:
         return next(h for h in self.hosts if h.master)
 
-    def select(self, names: list[str]) -> Inventory:
-        """The same inventory restricted to some hosts (the master stays master if kept)."""
-        wanted = set(names)
-        unknown = wanted - {h.name for h in self.hosts}
-        if unknown:
-            raise InventoryError(f"{self.path}: no host named {', '.join(sorted(unknown))}.")
-        hosts = tuple(h for h in self.hosts if h.name in wanted)
-        if not any(h.master for h in hosts):
-            hosts = (_replace(hosts[0], master=True), *hosts[1:])
-        return Inventory(self.path, hosts, self.master_addr, self.master_port)
 
 
 def _replace(spec: HostSpec, **changes: Any) -> HostSpec:

@@ -11,12 +11,10 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from clusterrun.runs import RunDir, make_node_dir, open_private
 from clusterrun.transport import Process
-
-Frame = Union[tuple[str, dict[str, Any]], tuple[str, dict[str, Any], bytes]]
 
 
 class ProtocolError(Exception):

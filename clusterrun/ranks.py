@@ -12,11 +12,6 @@ def in_rank_order(hosts: Sequence[HostSpec]) -> list[HostSpec]:
     return sorted(hosts, key=lambda h: not h.master)  # stable: inventory order after the master
 
 
-def node_ranks(hosts: Sequence[HostSpec]) -> dict[str, int]:
-    """Host name -> node rank."""
-    return {h.name: rank for rank, h in enumerate(in_rank_order(hosts))}
-
-
 def global_ranks(nprocs: Sequence[int]) -> list[range]:
     """Per node (in rank order), the global ranks of its processes, given each node's process
     count. torchrun assigns them the same way with a static rendezvous."""

@@ -327,11 +327,3 @@ def test_empty_defaults_and_env_sections_are_allowed(tmp_path: Path) -> None:
 def test_ipv6_hosts(tmp_path: Path) -> None:
     inv = inventory.load(write(tmp_path, "hosts:\n  - host: fd00::11\n  - host: fe80::1%eth0\n"))
     assert [h.name for h in inv.hosts] == ["fd00--11", "fe80--1-eth0"]
-
-
-def test_select_keeps_or_moves_the_master(tmp_path: Path) -> None:
-    inv = inventory.load(write(tmp_path, "hosts:\n  - host: h1\n  - host: h2\n  - host: h3\n"))
-    assert inv.select(["h1", "h3"]).master.name == "h1"
-    assert inv.select(["h3", "h2"]).master.name == "h2"  # inventory order, first one
-    with pytest.raises(InventoryError, match="no host named h9"):
-        inv.select(["h9"])
