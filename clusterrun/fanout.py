@@ -5,17 +5,14 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from clusterrun import command, group
 from clusterrun.console import Printer
 from clusterrun.errors import ExitStatus
-from clusterrun.framing import LineFramer
 from clusterrun.inventory import HostSpec, Inventory
-from clusterrun.transport import Process, SshOptions, connect
-
-# Partial lines (a prompt, a progress bar) show after this long without a newline.
-PARTIAL_LINE_SECONDS = 1.0
+from clusterrun.logview import LogView
+from clusterrun.transport import SshOptions, connect
 
 
 @dataclass(frozen=True)
@@ -23,60 +20,42 @@ class ExecResult:
     code: int  # the command's exit status; 128+N when killed by signal N, -1 unknown
 
 
-def stream(proc: Process, spec: HostSpec, printer: Printer, stderr: bool) -> threading.Thread:
-    """Copy one of a process's outputs to the printer, one prefixed line at a time."""
-    framer = LineFramer()
-    recv = proc.recv_stderr if stderr else proc.recv
-    lock = threading.Lock()
-    done = threading.Event()
-    prefix = f"{spec.name}:"
-
-    def pump() -> None:
-        while True:
-            try:
-                chunk = recv(65536)
-            except OSError:
-                chunk = b""
-            with lock:
-                if not chunk:
-                    tail = framer.close()
-                    if tail:
-                        printer.line(spec.name, prefix, tail)
-                    done.set()
-                    return
-                for text in framer.feed(chunk):
-                    printer.line(spec.name, prefix, text)
-
-    def ticker() -> None:
-        while not done.wait(PARTIAL_LINE_SECONDS):
-            with lock:
-                text = framer.flush()
-                if text is not None:
-                    printer.line(spec.name, prefix, text)
-
-    threading.Thread(target=ticker, daemon=True).start()
-    thread = threading.Thread(target=pump, daemon=True, name=f"clusterrun-out-{spec.name}")
-    thread.start()
-    return thread
+def _pump(recv: Callable[[int], bytes], view: LogView, node: str, name: str) -> None:
+    while True:
+        try:
+            chunk = recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        view.feed(node, name, chunk)
 
 
 def run(inv: Inventory, cmd: str, options: SshOptions, printer: Printer,
         timeout: Optional[float] = None) -> list[group.HostResult[ExecResult]]:
+    # pdsh's `host: line`; stdout and stderr are framed apart so their lines never mix.
+    view = LogView(printer, label=lambda node, _stream: f"{node}:")
+
     def one(spec: HostSpec) -> ExecResult:
         transport = connect(spec, options)
         try:
             proc = transport.run(command.remote_shell(spec.setup, cmd))
             proc.close_stdin()
-            readers = [stream(proc, spec, printer, stderr=False),
-                       stream(proc, spec, printer, stderr=True)]
+            readers = [threading.Thread(target=_pump, args=(recv, view, spec.name, stream),
+                                        daemon=True)
+                       for recv, stream in ((proc.recv, "stdout"), (proc.recv_stderr, "stderr"))]
+            for reader in readers:
+                reader.start()
             code = proc.wait()
             for reader in readers:
                 reader.join(5)
+            view.close(spec.name)
             return ExecResult(code if code is not None else -1)
         finally:
             transport.close()
 
-    return group.run(one, list(inv.hosts), timeout)
+    with view.ticking():
+        return group.run(one, list(inv.hosts), timeout)
 
 
 def fold(names: list[str]) -> str:

@@ -80,18 +80,16 @@ def _preflight(inv: Inventory, ssh: SshOptions, opts: LaunchOptions,
     report = preflight.run(inv, ssh, data_path=opts.check, keep_connections=True)
     if report.ok:
         return report
-    if report.unreachable or not opts.check:
-        checkview.render_plain(report, err)
+    checkview.render_plain(report, err)
     if report.unreachable:
         report.close()
         names = ", ".join(h.spec.name for h in report.unreachable)
         raise UnreachableError(f"cannot reach {names}; nothing was started (see above).")
     if opts.check:
-        checkview.render_plain(report, err)
         report.close()
         raise PreflightError("preflight failed; nothing was started. Fix the problems above, "
                              "or launch anyway with --no-check.")
-    return report
+    return report  # --no-check: the problems are shown, the launch goes on
 
 
 def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptions,

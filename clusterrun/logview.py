@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from clusterrun.console import Printer
 from clusterrun.framing import LineFramer
@@ -45,16 +47,18 @@ class LogView:
     """Feeds chunks per (node, file) to line framers and prints complete lines; a partial line
     (a prompt, a progress bar) shows after a quiet second."""
 
-    def __init__(self, printer: Printer, flt: Optional[Filter] = None) -> None:
+    def __init__(self, printer: Printer, flt: Optional[Filter] = None,
+                 label: Callable[[str, str], str] = prefix) -> None:
         self.printer = printer
         self.filter = flt or Filter()
+        self.label = label  # (node, file) -> the line prefix
         self._framers: dict[tuple[str, str], LineFramer] = {}
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def _emit(self, node: str, name: str, text: str) -> None:
         if self.filter.wants_line(text):
-            self.printer.line(node, prefix(node, name), text)
+            self.printer.line(node, self.label(node, name), text)
 
     def feed(self, node: str, name: str, data: bytes) -> None:
         if not self.filter.wants_file(node, name):
@@ -73,6 +77,22 @@ class LogView:
                     text = framer.flush()
                     if text is not None:
                         self._emit(*key, text)
+
+    @contextlib.contextmanager
+    def ticking(self, every: float = 0.25) -> Iterator[LogView]:
+        """Partial lines show on time while the body runs (for callers with no loop of
+        their own that could call tick())."""
+        done = threading.Event()
+
+        def run() -> None:
+            while not done.wait(every):
+                self.tick()
+
+        threading.Thread(target=run, daemon=True, name="clusterrun-tick").start()
+        try:
+            yield self
+        finally:
+            done.set()
 
     def close(self, node: Optional[str] = None) -> None:
         """End of stream (for one node, or all): print what is left."""

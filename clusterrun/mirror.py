@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from clusterrun.runs import RunDir, make_node_dir, open_private
@@ -52,6 +52,20 @@ def frames(proc: Process) -> Iterator[tuple[dict[str, Any], Optional[bytes]]]:
         if not chunk:
             eof = True
         buf.extend(chunk)
+
+
+def receive(node: str, proc: Process, mirror: Mirror,
+            on_event: Callable[[dict[str, Any]], None],
+            on_data: Optional[Callable[[str, str, bytes], None]] = None) -> None:
+    """Copy a supervisor's stream into the mirror until it ends: events go to ``on_event``,
+    the bytes the mirror did not have yet to ``on_data(node, file, bytes)``."""
+    for header, data in frames(proc):
+        if data is None:
+            on_event(header)
+            continue
+        fresh = mirror.append(node, header["f"], header["o"], data)
+        if fresh and on_data is not None:
+            on_data(node, header["f"], fresh)
 
 
 class Mirror:

@@ -3,17 +3,18 @@ following its log files by byte offset (`logs -f`)."""
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun import command, group
 from clusterrun.inventory import HostSpec
 from clusterrun.logview import LogView
-from clusterrun.mirror import Mirror, ProtocolError, frames
+from clusterrun.mirror import Mirror, receive
 from clusterrun.probing import call, drain
 from clusterrun.runs import RunDir, pid_alive
-from clusterrun.transport import SshOptions, connect
+from clusterrun.transport import SshOptions, Transport, connect
+
+T = TypeVar("T")
 
 FINAL_STATES = ("succeeded", "failed", "stopped", "lost")
 
@@ -31,21 +32,31 @@ def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
     return out
 
 
-def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
-    """Per node, the supervisor's state.json there (or why it could not be read)."""
-    def one(spec: HostSpec) -> dict[str, Any]:
-        node = nodes[spec.name]
-        transport = connect(spec, ssh)
-        try:
-            reply = call(transport, spec, "supervisor.py",
-                         {"mode": "status", "rundir": node["rundir"]}, timeout=30)
-        finally:
-            transport.close()
-        return reply.get("state") or {"state": "missing"}
-
+def _each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
+               deadline: Optional[float]) -> list[group.HostResult[T]]:
+    """``fn(transport, spec, plan entry)`` on every node of a run at once, over a connection
+    made for it and closed after."""
     pairs = host_specs(run)
     nodes = {spec.name: node for spec, node in pairs}
-    results = group.run(one, [spec for spec, _ in pairs], ssh.connect_timeout + 30)
+
+    def one(spec: HostSpec) -> T:
+        transport = connect(spec, ssh)
+        try:
+            return fn(transport, spec, nodes[spec.name])
+        finally:
+            transport.close()
+
+    return group.run(one, [spec for spec, _ in pairs], deadline)
+
+
+def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
+    """Per node, the supervisor's state.json there (or why it could not be read)."""
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+        reply = call(transport, spec, "supervisor.py",
+                     {"mode": "status", "rundir": node["rundir"]}, timeout=30)
+        return reply.get("state") or {"state": "missing"}
+
+    results = _each_node(run, ssh, one, ssh.connect_timeout + 30)
     return {r.spec.name: (r.value if r.value is not None else
                           {"state": "unknown", "reason": r.failure.message if r.failure else ""})
             for r in results}
@@ -63,18 +74,12 @@ def combined_state(per_node: dict[str, dict[str, Any]]) -> Optional[str]:
 
 
 def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Any]:
-    def one(spec: HostSpec) -> dict[str, Any]:
-        transport = connect(spec, ssh)
-        try:
-            return call(transport, spec, "supervisor.py",
-                        {"mode": "stop", "rundir": nodes[spec.name]["rundir"], "grace": grace,
-                         "force": force}, timeout=grace + 30)
-        finally:
-            transport.close()
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+        return call(transport, spec, "supervisor.py",
+                    {"mode": "stop", "rundir": node["rundir"], "grace": grace, "force": force},
+                    timeout=grace + 30)
 
-    pairs = host_specs(run)
-    nodes = {spec.name: node for spec, node in pairs}
-    results = group.run(one, [spec for spec, _ in pairs], ssh.connect_timeout + grace + 40)
+    results = _each_node(run, ssh, one, ssh.connect_timeout + grace + 40)
     return {r.spec.name: (r.value if r.value is not None else {"error": r.failure.message
                                                                if r.failure else "unknown"})
             for r in results}
@@ -87,43 +92,25 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     node's final event."""
     ends: dict[str, dict[str, Any]] = {}
 
-    def one(spec: HostSpec) -> None:
-        node = nodes[spec.name]
-        transport = connect(spec, ssh)
-        try:
-            proc = transport.run(command.remote_python(spec.python, spec.setup))
-            drain(proc)
-            proc.write(command.program_input("supervisor.py", {
-                "mode": "tail", "rundir": node["rundir"], "follow": keep_following,
-                "offsets": mirror.offsets(spec.name)}))
-            for header, data in frames(proc):
-                if data is None:
-                    if header.get("ev") == "end":
-                        ends[spec.name] = header
-                    continue
-                fresh = mirror.append(spec.name, header["f"], header["o"], data)
-                if fresh and view is not None:
-                    view.feed(spec.name, header["f"], fresh)
-            proc.close()
-        finally:
-            transport.close()
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
+        proc = transport.run(command.remote_python(spec.python, spec.setup))
+        drain(proc)
+        proc.write(command.program_input("supervisor.py", {
+            "mode": "tail", "rundir": node["rundir"], "follow": keep_following,
+            "offsets": mirror.offsets(spec.name)}))
 
-    pairs = host_specs(run)
-    nodes = {spec.name: node for spec, node in pairs}
-    done = threading.Event()
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("ev") == "end":
+                ends[spec.name] = event
 
-    def ticker() -> None:
-        while view is not None and not done.wait(0.25):
-            view.tick()
+        receive(spec.name, proc, mirror, on_event, view.feed if view is not None else None)
+        proc.close()
 
-    threading.Thread(target=ticker, daemon=True).start()
-    try:
-        results = group.run(one, [spec for spec, _ in pairs], None)
-    except ProtocolError as exc:
-        say(f"log stream broken: {exc}")
-        results = []
-    finally:
-        done.set()
+    if view is None:
+        results = _each_node(run, ssh, one, None)
+    else:
+        with view.ticking():
+            results = _each_node(run, ssh, one, None)
     for r in results:
         if r.failure is not None:
             say(f"{r.spec.name}: cannot fetch its logs: {r.failure.message}")

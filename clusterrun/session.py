@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from clusterrun import command, group
 from clusterrun.inventory import HostSpec
 from clusterrun.logview import LogView
-from clusterrun.mirror import Mirror, ProtocolError, frames
+from clusterrun.mirror import Mirror, ProtocolError, receive
 from clusterrun.outcome import NodeOutcome, failures
 from clusterrun.plan import LaunchPlan, NodePlan
 from clusterrun.probing import drain
@@ -79,15 +79,16 @@ class Session:
                              name="clusterrun-heartbeat").start()
 
     def _read(self, name: str, proc: Process) -> None:
+        def on_event(event: dict[str, Any]) -> None:
+            self.last_frame[name] = time.monotonic()
+            self.events.put((name, event))
+
+        def on_data(node: str, file: str, data: bytes) -> None:
+            self.last_frame[name] = time.monotonic()
+            self.view.feed(node, file, data)
+
         try:
-            for header, data in frames(proc):
-                self.last_frame[name] = time.monotonic()
-                if data is None:
-                    self.events.put((name, header))
-                    continue
-                fresh = self.mirror.append(name, header["f"], header["o"], data)
-                if fresh:
-                    self.view.feed(name, header["f"], fresh)
+            receive(name, proc, self.mirror, on_event, on_data)
         except (ProtocolError, OSError, ValueError, KeyError) as exc:
             self.events.put((name, {"ev": "broken", "error": str(exc)}))
         self.events.put((name, {"ev": "eof"}))
@@ -182,10 +183,11 @@ class Session:
                 on_interrupt(interrupts[seen], first)
                 self.stop_all(force=not first)
                 seen += 1
-            if self.stopping_since is None and failures(list(self.nodes.values())):
-                self.notify(f"{failures(list(self.nodes.values()))[0].detail}; stopping every "
-                            "node")
-                self.stop_all()
+            if self.stopping_since is None:
+                found = failures(list(self.nodes.values()))
+                if found:
+                    self.notify(f"{found[0].detail}; stopping every node")
+                    self.stop_all()
             self.check_timers(self.plan.lease)
             self.view.tick()
         while True:  # what is already queued (e.g. each node's end-of-stream)
