@@ -61,7 +61,8 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
     """
     from rich.console import Console
 
-    from clusterrun import checkview, preflight
+    from clusterrun.preflight import checks as preflight
+    from clusterrun.preflight import view as checkview
 
     inv = inventory.load(inventory_path)
     options = make_options(connect_timeout, accept_new_host_keys)
@@ -77,7 +78,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
         status = ExitStatus.UNREACHABLE if report.unreachable else ExitStatus.PREFLIGHT
         raise SystemExit(int(status))
     if smoke:
-        from clusterrun import smoke as smoke_test
+        from clusterrun.launch import smoke as smoke_test
 
         try:
             raise SystemExit(smoke_test.run(inv, report, home()))
@@ -127,8 +128,8 @@ def launch(inventory_path: str, script: str, args: tuple[str, ...],
     stopped. Exit status: 0 success; the root-cause rank's exit code; 2 usage; 3 preflight
     failed; 4 host unreachable; 5 node lost; 130 Ctrl-C; 143 SIGTERM.
     """
-    from clusterrun import launch as launching
-    from clusterrun.plan import parse_env
+    from clusterrun.launch import launcher as launching
+    from clusterrun.plan.build import parse_env
 
     inv = inventory.load(inventory_path)
     opts = launching.LaunchOptions(
@@ -156,7 +157,7 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     clusterrun exec inv.yaml -- 'nvidia-smi | head -5'. Exits with the largest exit status of
     the hosts, or 4 when a host could not be reached.
     """
-    from clusterrun import fanout
+    from clusterrun import exec as fanout
     from clusterrun.console import Printer
 
     inv = inventory.load(inventory_path)
@@ -192,10 +193,10 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     """
     import re
 
-    from clusterrun import logs as logview_cmd
-    from clusterrun import runs
     from clusterrun.console import Printer
-    from clusterrun.logview import Filter
+    from clusterrun.logs import show as logview_cmd
+    from clusterrun.logs.view import Filter
+    from clusterrun.runs import store as runs
 
     try:
         grep = re.compile(pattern) if pattern else None
@@ -230,7 +231,7 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     import json
     import time
 
-    from clusterrun import logs as logs_cmd
+    from clusterrun.runs import status as logs_cmd
 
     rows = logs_cmd.ps_rows(home(), make_options(connect_timeout, accept_new_host_keys),
                             refresh_remote=not local_only)
@@ -260,7 +261,8 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
 
     Only this run's processes are touched: other runs on the same hosts go on.
     """
-    from clusterrun import remote_runs, runs
+    from clusterrun.runs import remote as remote_runs
+    from clusterrun.runs import store as runs
 
     run = runs.resolve(home(), run_id)
     results = remote_runs.stop(run, make_options(connect_timeout, accept_new_host_keys), grace,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun import sandbox
-from clusterrun.plan import payload_dir
+from clusterrun.plan.build import payload_dir
 from tests.conftest import REPO, Cluster, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster

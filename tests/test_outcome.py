@@ -3,9 +3,9 @@ clusterrun's own teardown did not cause."""
 
 from __future__ import annotations
 
-from clusterrun import outcome
-from clusterrun.fanout import fold
-from clusterrun.plan import NodePlan
+from clusterrun.launch import outcome
+from clusterrun.plan.model import NodePlan
+from clusterrun.transport.parallel import fold
 
 
 def node(name: str, rank: int) -> outcome.NodeOutcome:

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import plan as planning
 from clusterrun.errors import UsageError
 from clusterrun.inventory import HostSpec, Inventory
-from clusterrun.preflight import CheckReport, HostReport
+from clusterrun.plan import build as planning
+from clusterrun.plan import secrets
+from clusterrun.preflight.report import CheckReport, HostReport
 
 
 def report(tmp_path: Path, gpus: int = 0) -> tuple[Inventory, CheckReport]:
@@ -62,7 +63,7 @@ def test_each_host_gets_its_own_interface_and_environment(tmp_path: Path) -> Non
     assert env["a"]["CUDA_VISIBLE_DEVICES"] == "2,3" and "CUDA_VISIBLE_DEVICES" not in env["b"]
     assert env["b"]["A"] == "2"  # --env wins over the inventory
     public = plan.public()
-    assert public["nodes"][1]["env"]["HF_TOKEN"] == planning.MASK
+    assert public["nodes"][1]["env"]["HF_TOKEN"] == secrets.MASK
     assert "t0ken" not in repr(public)
     assert all(n.cwd.startswith("/home/u/clusterrun/code/") for n in plan.nodes)
     assert len({n.rundir for n in plan.nodes}) == 3
@@ -70,9 +71,9 @@ def test_each_host_gets_its_own_interface_and_environment(tmp_path: Path) -> Non
 
 def test_secret_names_are_recognised() -> None:
     for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "api_key"):
-        assert planning.is_secret(name)
+        assert secrets.is_secret(name)
     for name in ("NCCL_DEBUG", "OMP_NUM_THREADS", "PATH"):
-        assert not planning.is_secret(name)
+        assert not secrets.is_secret(name)
 
 
 @pytest.mark.parametrize("pair", ["NOEQUALS", "1BAD=x", "=x", "A B=c"])

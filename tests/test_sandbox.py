@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterrun import sandbox, sandbox_net, sandbox_sshd
+from clusterrun import sandbox
 from clusterrun.errors import SandboxError
+from clusterrun.sandbox import net as sandbox_net
+from clusterrun.sandbox import sshd as sandbox_sshd
 
 pytestmark = pytest.mark.cluster
 

@@ -1,0 +1,6 @@
+"""The host inventory: which hosts, how each is reached, and with what settings."""
+
+from clusterrun.inventory.hosts import AUTO, HostSpec, Inventory
+from clusterrun.inventory.load import load
+
+__all__ = ["AUTO", "HostSpec", "Inventory", "load"]

@@ -1,0 +1,66 @@
+"""The inventory's hosts as frozen dataclasses, defaults applied. No network here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+AUTO = "auto"
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+DEFAULTS: dict[str, Any] = {
+    "user": None,
+    "port": None,
+    "identity_file": None,
+    "known_hosts": "~/.ssh/known_hosts",
+    "python": None,  # python3 on remote hosts; this very interpreter on local ones
+    "setup": None,
+    "workdir": "~/clusterrun",
+    "nproc_per_node": AUTO,
+    "interface": AUTO,
+    "env": {},
+}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host as the inventory describes it, defaults applied."""
+
+    host: str
+    name: str
+    master: bool
+    line: int
+    user: Optional[str] = None  # None: ~/.ssh/config, else the local user
+    port: Optional[int] = None  # None: ~/.ssh/config, else 22
+    identity_file: Optional[str] = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    python: str = "python3"
+    setup: Optional[str] = None
+    workdir: str = "~/clusterrun"
+    nproc_per_node: Union[int, str] = AUTO
+    interface: str = AUTO
+    env: tuple[tuple[str, str], ...] = ()
+    gpus: Optional[tuple[int, ...]] = None
+
+    @property
+    def local(self) -> bool:
+        """True for this machine itself: reached without SSH."""
+        return self.host in LOCAL_HOSTS
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: tuple[HostSpec, ...]
+    master_addr: str = AUTO  # or an IP address
+    master_port: Optional[int] = None  # None: a free port checked on the master
+
+    @property
+    def master(self) -> HostSpec:
+        return next(h for h in self.hosts if h.master)

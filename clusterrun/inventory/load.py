@@ -1,0 +1,318 @@
+"""Reading an inventory: YAML -> validated HostSpecs, every problem reported with its line."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from clusterrun.errors import InventoryError
+from clusterrun.inventory import yaml_lines
+from clusterrun.inventory.hosts import AUTO, DEFAULTS, LOCAL_HOSTS, HostSpec, Inventory
+from clusterrun.inventory.yaml_lines import Located
+
+_HOST_SETTINGS = (
+    "user",
+    "port",
+    "identity_file",
+    "known_hosts",
+    "python",
+    "setup",
+    "workdir",
+    "nproc_per_node",
+    "interface",
+    "env",
+)
+_HOST_ONLY = ("host", "name", "master", "gpus")
+_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts")
+
+# The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
+# would read as syntax or an option. Host names and aliases are letters, digits, '.', '_', '-'.
+_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$")
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+# Names end up in local file paths and log prefixes.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What the Linux kernel accepts as an interface name (dev_valid_name): 1-15 bytes, no '/', ':'
+# or whitespace, not '.' or '..'. Such a name may still hold '$' or ';': it is quoted everywhere.
+_IFNAME_RE = re.compile(r"^[^/:\s]{1,15}$")
+# An IPv6 zone in a host address: an interface name or index, nothing a shell would read.
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+def _replace(spec: HostSpec, **changes: Any) -> HostSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)
+
+
+class _Checker:
+    """Collects every problem in the file so one run shows them all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.problems: list[tuple[int, str]] = []
+
+    def fail(self, line: int, message: str) -> None:
+        self.problems.append((line, message))
+
+    def raise_if_any(self) -> None:
+        if not self.problems:
+            return
+        lines = [f"{self.path}:{line}: {msg}" for line, msg in sorted(self.problems)]
+        raise InventoryError("\n".join(lines))
+
+    def keys(self, loc: Located, allowed: tuple[str, ...], where: str) -> dict[str, Located]:
+        if not isinstance(loc.value, dict):
+            self.fail(loc.line, f"{where} must be a mapping of `key: value` lines.")
+            return {}
+        for key, val in loc.value.items():
+            if key not in allowed:
+                hint = _closest(key, allowed)
+                fix = f" Did you mean `{hint}`?" if hint else ""
+                self.fail(val.line, f"{where}: unknown key `{key}`.{fix} Known keys: "
+                          f"{', '.join(allowed)}.")
+        return {k: v for k, v in loc.value.items() if k in allowed}
+
+
+def _closest(word: str, options: tuple[str, ...]) -> Optional[str]:
+    import difflib
+
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _str(chk: _Checker, loc: Located, what: str, pattern: Optional[re.Pattern[str]] = None,
+         rule: str = "") -> Optional[str]:
+    value = loc.value
+    if not isinstance(value, str) or not value:
+        chk.fail(loc.line, f"{what} must be a non-empty string, got {_show(value)}"
+                 f"{'; quote it' if value is not None else ''}.")
+        return None
+    if pattern is not None and not pattern.fullmatch(value):
+        chk.fail(loc.line, f"{what} {value!r} is not allowed: {rule}")
+        return None
+    return value
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "a mapping"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
+    value = loc.value
+    if isinstance(value, str) and value.strip().isdigit():
+        chk.fail(loc.line, f"{what}: {value!r} is a string; write the number without quotes "
+                 f"({what}: {value.strip()}).")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        chk.fail(loc.line, f"{what}: {value!r} is not a valid port; use a number from 1 to 65535.")
+        return None
+    return value
+
+
+def _nproc(chk: _Checker, loc: Located) -> Union[int, str, None]:
+    value = loc.value
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        chk.fail(loc.line, f"nproc_per_node: {value!r} must be a positive integer or `auto`.")
+        return None
+    return value
+
+
+def _interface(chk: _Checker, loc: Located) -> Optional[str]:
+    return _str(chk, loc, "interface", _IFNAME_RE,
+                "an interface name is 1-15 characters without '/', ':' or spaces, or `auto`.")
+
+
+def _env(chk: _Checker, loc: Located) -> Optional[dict[str, str]]:
+    if loc.value is None:  # `env:` with every entry commented out
+        return {}
+    if not isinstance(loc.value, dict):
+        chk.fail(loc.line, "env must be a mapping of NAME: value.")
+        return None
+    out: dict[str, str] = {}
+    for key, val in loc.value.items():
+        if not _ENV_KEY_RE.fullmatch(key):
+            chk.fail(val.line, f"env: {key!r} is not a valid environment variable name "
+                     "(letters, digits and '_', not starting with a digit).")
+            continue
+        raw = val.value
+        if isinstance(raw, bool) or raw is None or isinstance(raw, (list, dict)):
+            chk.fail(val.line, f"env: {key} must be a string or number, got {_show(raw)}; "
+                     "quote it, e.g. \"true\" or \"\".")
+            continue
+        out[key] = str(raw)
+    return out
+
+
+def _path(chk: _Checker, loc: Located, what: str) -> Optional[str]:
+    value = _str(chk, loc, what)
+    if value is not None and ("\0" in value or "\n" in value):
+        chk.fail(loc.line, f"{what} must not contain NUL or newline characters.")
+        return None
+    return value
+
+
+_HOST_RULE = ("use a host name, an IP address or an ~/.ssh/config alias: letters, digits, '.', "
+              "'_' and '-', not starting with '-' (no spaces, quotes or shell characters).")
+_USER_RULE = ("a user name is letters, digits, '.', '_' and '-', not starting with '-'.")
+
+
+def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
+    """Parse the keys a host and `defaults` share; absent keys are absent from the result."""
+    parsers: dict[str, Callable[[Located], Any]] = {
+        "user": lambda v: _str(chk, v, "user", _USER_RE, _USER_RULE),
+        "port": lambda v: _port(chk, v, "port"),
+        "identity_file": lambda v: _path(chk, v, "identity_file"),
+        "known_hosts": lambda v: _path(chk, v, "known_hosts"),
+        "python": lambda v: _path(chk, v, "python"),
+        "setup": lambda v: _str(chk, v, "setup"),
+        "workdir": lambda v: _path(chk, v, "workdir"),
+        "nproc_per_node": lambda v: _nproc(chk, v),
+        "interface": lambda v: AUTO if v.value == AUTO else _interface(chk, v),
+        "env": lambda v: _env(chk, v),
+    }
+    return {key: parsers[key](loc) for key, loc in found.items() if key in parsers}
+
+
+def _ip_host(value: str) -> bool:
+    """An IP address; an IPv6 zone (``fe80::1%eth0``) must be an interface name, since
+    ``ipaddress`` accepts any text there (``fe80::1%x;$(id)``)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    _, _, zone = value.partition("%")
+    return not zone or _ZONE_RE.fullmatch(zone) is not None
+
+
+def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> Optional[HostSpec]:
+    where = f"hosts[{index}]"
+    if isinstance(loc.value, str):  # `- 10.0.0.11` shorthand
+        loc = Located({"host": loc}, loc.line)
+    found = chk.keys(loc, _HOST_ONLY + _HOST_SETTINGS, where)
+    if not found and not isinstance(loc.value, dict):
+        return None
+    if "host" not in found:
+        chk.fail(loc.line, f"{where}: missing `host:` (the SSH address or ~/.ssh/config alias).")
+        return None
+    host = _address(chk, found["host"], where)
+    if host is None:
+        return None
+    name = host
+    if "name" in found:
+        name = _str(chk, found["name"], f"{where}.name", _NAME_RE,
+                    "a name is letters, digits, '.', '_' and '-' (at most 63), not starting "
+                    "with '.' or '-'.") or host
+    elif not _NAME_RE.fullmatch(host):  # an IPv6 address: ':' and '%' make poor file names
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", host)
+    master = False
+    if "master" in found:
+        if not isinstance(found["master"].value, bool):
+            chk.fail(found["master"].line, f"{where}.master must be true or false.")
+        else:
+            master = found["master"].value
+    gpus = None
+    if "gpus" in found:
+        gpus = _gpus(chk, found["gpus"], where)
+    settings = dict(defaults)
+    own = _settings(chk, found)
+    if "env" in own and own["env"] is not None:
+        own["env"] = {**(defaults.get("env") or {}), **own["env"]}
+    settings.update({k: v for k, v in own.items() if v is not None})
+    env = tuple(sorted((settings.pop("env") or {}).items()))
+    if settings.get("python") is None:
+        settings["python"] = sys.executable if host in LOCAL_HOSTS else "python3"
+    return HostSpec(host=host, name=name, master=master, line=loc.line, gpus=gpus, env=env,
+                    **settings)
+
+
+def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
+    host = loc.value
+    if isinstance(host, str) and "@" in host:
+        chk.fail(loc.line, f"{where}.host {host!r}: put the user in `user:`, not in the host.")
+        return None
+    if not (isinstance(host, str) and (_HOST_RE.fullmatch(host) or _ip_host(host))):
+        if isinstance(host, str):
+            chk.fail(loc.line, f"{where}.host {host!r} is not allowed: {_HOST_RULE}")
+        else:
+            chk.fail(loc.line, f"{where}.host must be a string, got {_show(host)}; quote it.")
+        return None
+    return host
+
+
+def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:
+    items = loc.value if isinstance(loc.value, list) else None
+    values = [i.value for i in items] if items is not None else None
+    if (values is None or not values
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values)
+            or len(set(values)) != len(values)):
+        chk.fail(loc.line, f"{where}.gpus must be a list of distinct GPU indices, e.g. [0, 1].")
+        return None
+    return tuple(values)
+
+
+def load(path: Union[str, Path]) -> Inventory:
+    """Read and validate an inventory; raise InventoryError listing every problem with its line."""
+    path = Path(path)
+    root = yaml_lines.load(path)
+    chk = _Checker(path)
+    top = chk.keys(root, _TOP_KEYS, "inventory")
+    chk.raise_if_any()
+    defaults = dict(DEFAULTS)
+    if "defaults" in top and top["defaults"].value is not None:  # None: all commented out
+        found = chk.keys(top["defaults"], _HOST_SETTINGS, "defaults")
+        defaults.update({k: v for k, v in _settings(chk, found).items() if v is not None})
+    master_addr = AUTO
+    if "master_addr" in top and top["master_addr"].value != AUTO:
+        loc = top["master_addr"]
+        if not (isinstance(loc.value, str) and _ip_host(loc.value)):
+            chk.fail(loc.line, f"master_addr: {loc.value!r} must be `auto` or an IP address "
+                     "(the master's address on the network the ranks should use).")
+        else:
+            master_addr = loc.value
+    master_port = None
+    if "master_port" in top and top["master_port"].value != AUTO:
+        master_port = _port(chk, top["master_port"], "master_port")
+    hosts_loc = top.get("hosts")
+    if hosts_loc is None or not isinstance(hosts_loc.value, list) or not hosts_loc.value:
+        line = hosts_loc.line if hosts_loc else root.line
+        chk.fail(line, "`hosts:` must be a non-empty list, e.g.\n  hosts:\n    - host: 10.0.0.11")
+        chk.raise_if_any()
+    assert hosts_loc is not None
+    specs = [_host(chk, i, loc, defaults) for i, loc in enumerate(hosts_loc.value)]
+    chk.raise_if_any()
+    hosts = [s for s in specs if s is not None]
+    _check_unique(chk, hosts)
+    chk.raise_if_any()
+    if not any(h.master for h in hosts):
+        hosts[0] = _replace(hosts[0], master=True)
+    return Inventory(path, tuple(hosts), master_addr, master_port)
+
+
+def _check_unique(chk: _Checker, hosts: list[HostSpec]) -> None:
+    masters = [h for h in hosts if h.master]
+    if len(masters) > 1:
+        lines = ", ".join(str(h.line) for h in masters)
+        chk.fail(masters[1].line, f"more than one host has `master: true` (lines {lines}); "
+                 "mark exactly one, or none to make the first host the master.")
+    names: dict[str, HostSpec] = {}
+    addrs: dict[tuple[str, Optional[int]], HostSpec] = {}
+    for h in hosts:
+        key = (h.host, h.port)
+        if key in addrs and not h.local:
+            chk.fail(h.line, f"host {h.host!r} is listed twice (also line {addrs[key].line}); "
+                     "two launches on one machine would fight over its GPUs and ports. Remove one.")
+            continue  # its name clashes too, most likely: one message is enough
+        addrs.setdefault(key, h)
+        if h.name in names:
+            chk.fail(h.line, f"the name {h.name!r} is already used by the host on line "
+                     f"{names[h.name].line}; give each host its own `name:`.")
+        names.setdefault(h.name, h)

@@ -1,0 +1,228 @@
+"""`clusterrun launch`: check, plan, sync, start, stream, tear down, report."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+from clusterrun.console import Printer
+from clusterrun.errors import ExitStatus, PreflightError, UnreachableError
+from clusterrun.inventory import Inventory
+from clusterrun.launch import outcome, sync
+from clusterrun.launch.session import Session
+from clusterrun.logs.mirror import Mirror
+from clusterrun.logs.view import LogView
+from clusterrun.plan import build as planning
+from clusterrun.plan import view as planview
+from clusterrun.plan.model import LaunchPlan
+from clusterrun.preflight import checks as preflight
+from clusterrun.preflight import view as checkview
+from clusterrun.preflight.report import CheckReport
+from clusterrun.runs import store as runs
+from clusterrun.transport import SshOptions
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    nproc_per_node: Optional[int] = None
+    master_port: Optional[int] = None
+    env: tuple[tuple[str, str], ...] = ()
+    check: bool = True
+    sync: bool = True
+    dry_run: bool = False
+    detach: bool = False
+    name: Optional[str] = None
+    grace: float = 15.0
+    lease: float = 30.0
+    excludes: tuple[str, ...] = ()
+
+
+def _sayer(err: TextIO) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        err.write(f"clusterrun: {text}\n")
+        err.flush()
+
+    return say
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM become entries in a list the watch loop reads; a signal handler
+    must not take locks the interrupted code may hold."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.received: list[int] = []
+        self.say = say
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+    def announce(self, signum: int, first: bool) -> None:
+        name = signal.Signals(signum).name
+        if first:
+            self.say(f"{name}: stopping the run on every node (SIGTERM, then SIGKILL after the "
+                     "grace period); press Ctrl-C again to kill at once")
+        else:
+            self.say(f"{name} again: killing the run on every node now")
+
+
+def _preflight(inv: Inventory, ssh: SshOptions, opts: LaunchOptions,
+               err: TextIO) -> CheckReport:
+    report = preflight.run(inv, ssh, data_path=opts.check, keep_connections=True)
+    if report.ok:
+        return report
+    checkview.render_plain(report, err)
+    if report.unreachable:
+        report.close()
+        names = ", ".join(h.spec.name for h in report.unreachable)
+        raise UnreachableError(f"cannot reach {names}; nothing was started (see above).")
+    if opts.check:
+        report.close()
+        raise PreflightError("preflight failed; nothing was started. Fix the problems above, "
+                             "or launch anyway with --no-check.")
+    return report  # --no-check: the problems are shown, the launch goes on
+
+
+def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptions,
+        opts: LaunchOptions, home: Path, out: Optional[TextIO] = None,
+        err: Optional[TextIO] = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    script = planning.script_path(script_arg)
+    extra_env = dict(opts.env)
+    if opts.master_port is not None:
+        inv = dataclasses.replace(inv, master_port=opts.master_port)
+    report = _preflight(inv, ssh, opts, err)
+    try:
+        plan = planning.build(inv, report, script, args, name=opts.name,
+                              nproc_override=opts.nproc_per_node, extra_env=extra_env,
+                              sync=opts.sync, grace=opts.grace, lease=opts.lease,
+                              detach=opts.detach)
+        if opts.dry_run:
+            out.write("\n".join(planview.dry_run(plan)) + "\n")
+            return int(ExitStatus.SUCCESS)
+        return execute(plan, inv, report, home=home, opts=opts, out=out, err=err)
+    finally:
+        report.close()
+
+
+def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, *,
+            home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
+            err: Optional[TextIO] = None) -> int:
+    """Run a plan on hosts the preflight ``report`` has connections to."""
+    out = out or sys.stdout
+    say = _sayer(err or sys.stderr)
+    run_dir = runs.create(home, plan.run_id)
+    runs.write_json(run_dir.file("plan.json"), dict(plan.public(), inventory=str(inv.path)))
+    run_dir.update_state(id=plan.run_id, name=plan.name, state="starting", detached=plan.detach,
+                         controller_pid=os.getpid(), started_at=runs.now(),
+                         hosts=[n.name for n in plan.nodes], inventory=str(inv.path))
+    lock = run_dir.lock_fd("mirror.lock")  # held while this process writes the mirrors
+    for line in planview.banner(plan):
+        say(line)
+    specs = {h.spec.name: h.spec for h in report.hosts}
+    if plan.sync and any(not n.local for n in plan.nodes):
+        facts = {h.spec.name: h.facts for h in report.hosts}
+        try:
+            for name, how in sync.sync(plan, report.transports, specs, facts,
+                                       opts.excludes).items():
+                say(f"{name}: {plan.script.parent.name}/ {how}")
+        except sync.SyncError:
+            run_dir.update_state(state="failed", ended_at=runs.now(), reason="sync failed")
+            raise
+    mirror = Mirror(run_dir)
+    view = LogView(Printer(out))
+    session = Session(plan, report.transports, specs, mirror=mirror, view=view, notify=say)
+    with Interrupts(say) as interrupts:
+        session.start()
+        if plan.detach:
+            return _detached(plan, run_dir, session, say)
+        run_dir.update_state(state="running")
+        session.watch(interrupts.received, interrupts.announce)
+    view.close()
+    mirror.close()
+    status = _finish(plan, run_dir, session, interrupts.received, say)
+    if lock is not None:
+        os.close(lock)
+    return status
+
+
+def _detached(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
+              say: Callable[[str], None]) -> int:
+    session.watch_start()
+    lost = [n for n in session.nodes.values() if n.lost is not None]
+    if lost:
+        for node in lost:
+            say(f"{node.plan.name}: {node.lost}")
+        session.stop_all()
+        run_dir.update_state(state="failed", ended_at=runs.now(), reason="a node did not start")
+        say(f"the run did not start everywhere; stop what did start with `clusterrun stop "
+            f"{plan.run_id}`")
+        return int(ExitStatus.NODE_LOST)
+    run_dir.update_state(state="running", controller_pid=None)
+    say(f"run {plan.run_id} started on {len(plan.nodes)} nodes and runs on without this "
+        f"terminal. Follow it: clusterrun logs -f {plan.run_id}   end it: clusterrun stop "
+        f"{plan.run_id}")
+    return int(ExitStatus.SUCCESS)
+
+
+def verify_mirrors(run_dir: runs.RunDir, nodes: list[outcome.NodeOutcome]) -> dict[str, Any]:
+    """Compare every host's log files (size, SHA-256 from its supervisor) with the mirrors."""
+    checked: dict[str, Any] = {"files": 0, "identical": 0, "differ": []}
+    for node in nodes:
+        remote = (node.end or {}).get("checksums") or {}
+        for name, (size, digest) in sorted(remote.items()):
+            checked["files"] += 1
+            path = run_dir.mirror(node.plan.name, name)
+            data = path.read_bytes() if path.exists() else b""  # never sent: it was empty
+            local = hashlib.sha256(data).hexdigest() if len(data) == size else None
+            if local == digest:
+                checked["identical"] += 1
+            else:
+                checked["differ"].append(f"{node.plan.name}/{name}")
+    return checked
+
+
+def _finish(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
+            interrupts: list[int], say: Callable[[str], None]) -> int:
+    nodes = list(session.nodes.values())
+    found = outcome.failures(nodes)
+    root = found[0] if found else None
+    interrupted = interrupts[0] if interrupts else None
+    stopped = any(n.state == "stopped" for n in nodes)
+    status = outcome.exit_status(root, interrupted, stopped)
+    logs = verify_mirrors(run_dir, nodes)
+    runs.write_json(run_dir.file("summary.json"), outcome.summary(
+        run_dir, nodes, root=root, status=status, interrupted=interrupted, checks=logs))
+    if interrupted is not None or (stopped and root is None):
+        state = "stopped"
+    elif root is None:
+        state = "succeeded"
+    else:
+        state = "lost" if root.code is None else "failed"
+    run_dir.update_state(state=state, ended_at=runs.now(), exit_status=status)
+    if status != 0:
+        for line in outcome.report(run_dir, nodes, root, interrupted, stopped):
+            say(line)
+    if logs["differ"]:
+        say(f"logs: {len(logs['differ'])} file(s) differ from the hosts' copies: "
+            f"{', '.join(logs['differ'][:5])} (the hosts keep the originals)")
+    else:
+        say(f"logs: {logs['identical']} files, identical on the hosts and in {run_dir.path}")
+    say(f"run {plan.run_id} {state} (exit {status})")
+    return status

@@ -1,0 +1,171 @@
+"""Copying the script's directory to every host, and proving each host has the same bytes.
+
+rsync over the same SSH settings moves only changed files and is what users already trust for
+this; where rsync is missing on either side, changed files go over SFTP. Either way every file's
+SHA-256 on the host is compared with this machine's afterwards.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import posixpath
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from clusterrun.errors import ClusterrunError
+from clusterrun.inventory import HostSpec
+from clusterrun.plan.model import LaunchPlan
+from clusterrun.transport import SshTransport, Transport, parallel, shell
+from clusterrun.transport.programs import call
+
+DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
+                    ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints")
+SYNC_SECONDS = 600.0
+
+
+class SyncError(ClusterrunError):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def gitignored(root: Path) -> tuple[str, ...]:
+    """The simple patterns of a .gitignore in the script's directory: what git leaves out
+    (checkpoints, datasets) is not code, and copying a stale local checkpoint over a host's
+    newer one would be worse than useless. Negations (`!`) and anchors are not interpreted."""
+    try:
+        lines = (root / ".gitignore").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ()
+    out = []
+    for raw in lines:
+        line = raw.strip()
+        if line and not line.startswith(("#", "!")):
+            out.append(line.strip("/") or line)
+    return tuple(out)
+
+
+def _excluded(rel: str, patterns: Sequence[str]) -> bool:
+    parts = rel.split("/")
+    return any(fnmatch.fnmatch(part, pat) for part in parts for pat in patterns) or any(
+        fnmatch.fnmatch(rel, pat) for pat in patterns)
+
+
+def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """Relative path -> (size, sha256) of every regular file to copy."""
+    out: dict[str, tuple[int, str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+        dirnames[:] = sorted(d for d in dirnames if not _excluded(rel_dir + d, excludes))
+        for name in sorted(filenames):
+            rel = rel_dir + name
+            path = os.path.join(dirpath, name)
+            if _excluded(rel, excludes) or os.path.islink(path) or not os.path.isfile(path):
+                continue
+            digest = hashlib.sha256()
+            size = 0
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+                    size += len(block)
+            out[rel] = (size, digest.hexdigest())
+    return out
+
+
+def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str],
+            mkdir: bool) -> dict[str, tuple[int, str]]:
+    reply = call(transport, spec, "files.py", {"root": dest, "files": files, "mkdir": mkdir},
+                 timeout=SYNC_SECONDS)
+    return {k: (v[0], v[1]) for k, v in reply["manifest"].items()}
+
+
+def _rsync(transport: SshTransport, spec: HostSpec, src: Path, dest: str,
+           excludes: Sequence[str]) -> None:
+    host = f"[{spec.host}]" if ":" in spec.host else spec.host
+    argv = ["rsync", "-a", "--protect-args", "-e", shell.join(transport.ssh_argv())]
+    argv += [f"--exclude={pattern}" for pattern in excludes]
+    argv += ["--", f"{src}/", f"{host}:{dest}/"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_SECONDS,
+                          check=False)
+    if proc.returncode != 0:
+        raise SyncError("error", f"{spec.name}: rsync failed (exit {proc.returncode}): "
+                        f"{proc.stderr.strip()[-500:]}")
+
+
+def _sftp(transport: SshTransport, src: Path, dest: str, files: list[str]) -> None:
+    sftp = transport.sftp()
+    try:
+        made: set[str] = set()
+        for rel in files:
+            target = posixpath.join(dest, rel)
+            parent = posixpath.dirname(target)
+            if parent not in made:
+                _sftp_makedirs(sftp, parent)
+                made.add(parent)
+            tmp = posixpath.join(parent, f".{posixpath.basename(target)}.clusterrun-tmp")
+            local = src / rel
+            with open(local, "rb") as handle:
+                sftp.putfo(handle, tmp, confirm=True)
+            sftp.chmod(tmp, os.stat(local).st_mode & 0o777)
+            sftp.posix_rename(tmp, target)
+    finally:
+        sftp.close()
+
+
+def _sftp_makedirs(sftp: object, path: str) -> None:
+    parts = []
+    head = path
+    while head not in ("", "/"):
+        parts.append(head)
+        head = posixpath.dirname(head)
+    for part in reversed(parts):
+        try:
+            sftp.stat(part)  # type: ignore[attr-defined]
+        except OSError:
+            sftp.mkdir(part, 0o700)  # type: ignore[attr-defined]
+
+
+def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
+         facts: dict[str, dict], excludes: Sequence[str]) -> dict[str, str]:
+    """Copy the script's directory to every remote host; return per host how it went."""
+    src = plan.script.parent
+    patterns = tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
+    local = manifest(src, patterns)
+    files = sorted(local)
+    force_sftp = os.environ.get("CLUSTERRUN_SYNC") == "sftp"
+    have_rsync = shutil.which("rsync") is not None
+
+    def one(spec: HostSpec) -> str:
+        node = next(n for n in plan.nodes if n.name == spec.name)
+        transport = transports[spec.name]
+        assert isinstance(transport, SshTransport)
+        before = _remote(transport, spec, node.cwd, files, mkdir=True)
+        changed = [rel for rel in files if before.get(rel) != local[rel]]
+        method = "unchanged"
+        if changed:
+            use_rsync = have_rsync and facts[spec.name].get("rsync") and not force_sftp
+            method = "rsync" if use_rsync else "sftp"
+            if use_rsync:
+                _rsync(transport, spec, src, node.cwd, patterns)
+            else:
+                _sftp(transport, src, node.cwd, changed)
+        after = _remote(transport, spec, node.cwd, files, mkdir=False)
+        bad = [rel for rel in files if after.get(rel) != local[rel]]
+        if bad:
+            raise SyncError("error", f"{spec.name}: after copying, {len(bad)} file(s) differ "
+                            f"from this machine's: {', '.join(bad[:5])}. Is something else "
+                            f"writing to {node.cwd} on that host?")
+        return f"{method}: {len(changed)} of {len(files)} files copied, all {len(files)} verified"
+
+    remote = [specs[n.name] for n in plan.nodes if not n.local]
+    results = parallel.run(one, remote, SYNC_SECONDS)
+    failed = [r.failure.message for r in results if r.failure is not None]
+    if failed:
+        raise SyncError("error", "copying the script's directory failed:\n  "
+                        + "\n  ".join(failed))
+    return {r.spec.name: r.value or "" for r in results}

@@ -1,0 +1,73 @@
+"""Following a run's log files on its hosts by byte offset (`logs -f`, and fetching a finished
+detached run's logs), or a run another clusterrun process is mirroring."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from clusterrun.inventory import HostSpec
+from clusterrun.logs.mirror import Mirror, receive
+from clusterrun.logs.replay import replay_from
+from clusterrun.logs.view import LogView
+from clusterrun.runs.remote import each_node
+from clusterrun.runs.store import RunDir, pid_alive
+from clusterrun.transport import SshOptions, Transport, shell
+from clusterrun.transport.programs import drain
+
+
+def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
+           say: Callable[[str], None], *, keep_following: bool = True) -> dict[str, dict[str, Any]]:
+    """Fetch every node's files from where the mirror ends: what is there now, or with
+    ``keep_following`` until each node's run has ended and everything is here. Returns each
+    node's final event."""
+    ends: dict[str, dict[str, Any]] = {}
+
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
+        proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        drain(proc)
+        proc.write(shell.program_input("supervisor.py", {
+            "mode": "tail", "rundir": node["rundir"], "follow": keep_following,
+            "offsets": mirror.offsets(spec.name)}))
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("ev") == "end":
+                ends[spec.name] = event
+
+        receive(spec.name, proc, mirror, on_event, view.feed if view is not None else None)
+        proc.close()
+
+    if view is None:
+        results = each_node(run, ssh, one, None)
+    else:
+        with view.ticking():
+            results = each_node(run, ssh, one, None)
+    for r in results:
+        if r.failure is not None:
+            say(f"{r.spec.name}: cannot fetch its logs: {r.failure.message}")
+    if view is not None:
+        view.close()
+    return ends
+
+
+def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
+               offset: int) -> None:
+    """Follow a run another clusterrun process is mirroring (an attached launch): read new
+    entries of its arrivals index as they appear."""
+    while True:
+        offset = replay_from(run, view, positions, offset)
+        view.tick()
+        state = run.state
+        gone = not state.get("ended_at") and not pid_alive(state.get("controller_pid"))
+        if (state.get("ended_at") or gone) and not _growing(run, offset):
+            replay_from(run, view, positions, offset)
+            view.close()
+            return
+        time.sleep(0.2)
+
+
+def _growing(run: RunDir, offset: int) -> bool:
+    try:
+        return run.file("arrivals").stat().st_size > offset
+    except OSError:
+        return False

@@ -1,0 +1,88 @@
+"""Byte-exact local mirrors of a run's remote log files.
+
+Each data frame names a file and the byte offset it starts at. The mirror appends only bytes it
+does not have yet, so a resumed stream (same or overlapping offsets) never duplicates and never
+loses.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Optional
+
+from clusterrun.logs.wire import ProtocolError, frames
+from clusterrun.runs.store import RunDir, make_node_dir, open_private
+from clusterrun.transport import Process
+
+
+class Mirror:
+    """Local copies of one run's remote files, plus the order chunks arrived in (``arrivals``),
+    which `clusterrun logs` replays to show the interleaving the live console showed."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[str, str], int] = {}
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._arrivals = open_private(run.file("arrivals"),
+                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def _fd(self, node: str, name: str) -> int:
+        key = (node, name)
+        if key not in self._fds:
+            make_node_dir(self.run, node)
+            if "/" in name or name.startswith("."):
+                raise ProtocolError(f"refusing a log file name from {node}: {name!r}")
+            fd = open_private(self.run.mirror(node, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._fds[key] = fd
+            self._sizes[key] = os.fstat(fd).st_size
+        return self._fds[key]
+
+    def size(self, node: str, name: str) -> int:
+        with self._lock:
+            self._fd(node, name)
+            return self._sizes[(node, name)]
+
+    def offsets(self, node: str) -> dict[str, int]:
+        """What we already have of a node's files: where a resumed stream starts."""
+        folder = self.run.node_dir(node)
+        if not folder.is_dir():
+            return {}
+        return {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+
+    def append(self, node: str, name: str, offset: int, data: bytes) -> bytes:
+        """Store a chunk that starts at ``offset``; return the part that was new."""
+        with self._lock:
+            fd = self._fd(node, name)
+            have = self._sizes[(node, name)]
+            if offset > have:
+                raise ProtocolError(f"{node}: {name} jumped from byte {have} to {offset}")
+            fresh = data[have - offset:]
+            if fresh:
+                os.write(fd, fresh)
+                self._sizes[(node, name)] = have + len(fresh)
+                os.write(self._arrivals, f"{node}\t{name}\t{have + len(fresh)}\n".encode())
+            return fresh
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            os.close(self._arrivals)
+
+
+def receive(node: str, proc: Process, mirror: Mirror,
+            on_event: Callable[[dict[str, Any]], None],
+            on_data: Optional[Callable[[str, str, bytes], None]] = None) -> None:
+    """Copy a supervisor's stream into the mirror until it ends: events go to ``on_event``,
+    the bytes the mirror did not have yet to ``on_data(node, file, bytes)``."""
+    for header, data in frames(proc):
+        if data is None:
+            on_event(header)
+            continue
+        fresh = mirror.append(node, header["f"], header["o"], data)
+        if fresh and on_data is not None:
+            on_data(node, header["f"], fresh)

@@ -1,0 +1,43 @@
+"""Showing a launch plan (`launch --dry-run`, and the banner of a real launch)."""
+
+from __future__ import annotations
+
+from clusterrun.plan.model import LaunchPlan
+from clusterrun.plan.secrets import masked
+from clusterrun.transport import shell
+
+
+def banner(plan: LaunchPlan) -> list[str]:
+    nodes = len(plan.nodes)
+    return [
+        f"run {plan.run_id}: {nodes} node{'s' * (nodes != 1)}, world size {plan.world_size}, "
+        f"master {plan.master_addr}:{plan.master_port}",
+        *(f"  {n.name}: node_rank {n.node_rank}, ranks {n.ranks.start}-{n.ranks.stop - 1}, "
+          f"interface {n.interface} ({n.address})" for n in plan.nodes),
+        # PyTorch's SECURITY.md: the store executes what it is sent, from anyone who reaches it.
+        f"note: torch's c10d store on {plan.master_addr}:{plan.master_port} is unauthenticated; "
+        "anyone who can reach that port can join or disrupt the job. Use a trusted network.",
+    ]
+
+
+def dry_run(plan: LaunchPlan) -> list[str]:
+    """Per host: node rank, interface, environment (secrets masked) and the exact command."""
+    lines = [f"dry run: nothing was started. {banner(plan)[0]}"]
+    for node in plan.nodes:
+        lines.append("")
+        lines.append(f"{node.name} ({node.host}{', local' if node.local else ''}): node_rank "
+                     f"{node.node_rank}, {node.nproc} process(es), global ranks "
+                     f"{node.ranks.start}-{node.ranks.stop - 1}")
+        lines.append(f"  interface: {node.interface} ({node.address})")
+        lines.append(f"  directory: {node.cwd}")
+        lines.append(f"  run files: {node.rundir}")
+        if node.setup:
+            lines.append(f"  setup:     {node.setup}")
+        for key, value in masked(dict(node.env)).items():
+            lines.append(f"  env:       {key}={value}")
+        lines.append(f"  command:   {shell.join(node.argv)}")
+    lines.append("")
+    lines.append("The command runs without a shell: arguments and environment values arrive "
+                 "byte-exact. Secrets (names with TOKEN, SECRET, PASSWORD, KEY) are masked here "
+                 "and travel on the supervisor's stdin, never on a command line.")
+    return lines

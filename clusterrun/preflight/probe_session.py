@@ -1,0 +1,102 @@
+"""A conversation with the preflight probe (clusterrun/remote/probe.py) on one host."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Any, Optional
+
+from clusterrun.inventory import HostSpec
+from clusterrun.transport import shell
+from clusterrun.transport.base import Transport
+from clusterrun.transport.programs import ProgramError, drain
+
+_EOF = object()
+
+
+class ProbeSession:
+    """Starts the probe, then asks it questions; every answer has a timeout."""
+
+    def __init__(self, transport: Transport, spec: HostSpec, timeout: float) -> None:
+        self.spec = spec
+        self.timeout = timeout
+        self._proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        self._stderr_thread, self._stderr = drain(self._proc)
+        self._lines: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
+        self._proc.write(shell.program_input("probe.py", {"workdir": spec.workdir}))
+        self.facts: dict[str, Any] = self._answer("facts")
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = self._proc.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._lines.put(_EOF)
+                return
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                self._lines.put(line)
+
+    def _answer(self, key: str) -> Any:
+        try:
+            line = self._lines.get(timeout=self.timeout)
+        except queue.Empty:
+            raise ProgramError("timeout", f"{self.spec.name}: the probe gave no answer within "
+                             f"{self.timeout:g} s.") from None
+        if line is _EOF:
+            raise self._died()
+        try:
+            return json.loads(line)[key]
+        except (ValueError, KeyError, TypeError):
+            raise ProgramError("error", f"{self.spec.name}: unexpected output from the probe: "
+                             f"{line[:200]!r}. Does `setup:` print to stdout?") from None
+
+    def _died(self) -> ProgramError:
+        code = self._proc.wait(5)
+        self._stderr_thread.join(2)
+        err = self._stderr.decode("utf-8", "replace").strip()
+        last = err.splitlines()[-5:] if err else []
+        detail = ("\n    " + "\n    ".join(last)) if last else ""
+        if code == 127:
+            return ProgramError("exit", f"{self.spec.name}: the interpreter `{self.spec.python}` "
+                              "was not found there. Set `python:` in the inventory to the host's "
+                              f"Python 3 (or a `setup:` that puts it on PATH).{detail}")
+        if code == shell.SETUP_FAILED:
+            return ProgramError("exit", f"{self.spec.name}: the inventory's `setup:` snippet "
+                                f"failed there; fix it or the host's environment.{detail}")
+        return ProgramError("exit", f"{self.spec.name}: the probe exited with status {code} "
+                          f"before answering.{detail}")
+
+    def ask(self, op: str, **fields: Any) -> Any:
+        try:
+            self._proc.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+        except OSError:
+            raise self._died() from None
+        return self._answer(op)
+
+    def close(self) -> None:
+        try:
+            self._proc.write(b'{"op": "exit"}\n')
+            self._proc.close_stdin()
+        except OSError:
+            pass
+        self._proc.wait(2)
+        self._proc.close()
+
+
+def first_ipv4(iface: Optional[dict[str, Any]]) -> Optional[str]:
+    if not iface:
+        return None
+    for cidr in iface.get("addrs", []):
+        addr = cidr.split("/")[0]
+        if ":" not in addr:
+            return addr
+    return None
+
+

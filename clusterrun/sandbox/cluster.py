@@ -1,0 +1,401 @@
+"""A real multi-host cluster on one Linux machine, for trying and testing clusterrun.
+
+Each host is a network namespace on a shared bridge, running its own OpenSSH sshd inside private
+UTS and mount namespaces, so it has its own hostname, /tmp, /etc/hosts and /etc/resolv.conf.
+Needs Linux and root; `require_support()` says what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterrun.errors import SandboxError
+from clusterrun.sandbox import net, sshd
+
+STATE_FILE = "sandbox.json"
+PARTITION_TABLE = "clusterrun_partition"
+_KEY = sshd.KEY
+
+
+@dataclass(frozen=True)
+class SandboxHost:
+    name: str
+    netns: str
+    ifname: str
+    address: str
+    veth: str  # host side, in the root namespace: `ip link set VETH down` cuts the cable
+    sshd_pid: int
+
+
+@dataclass(frozen=True)
+class SandboxNic:
+    host: str
+    ifname: str
+    address: str
+    veth: str
+
+
+@dataclass(frozen=True)
+class SandboxNetwork:
+    """A network added by add_network(): its own bridge and one more NIC per host."""
+
+    bridge: str
+    subnet: str
+    controller_address: str
+    nics: tuple[SandboxNic, ...]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    root: Path
+    prefix: str
+    bridge: str
+    subnet: str
+    controller_address: str
+    hosts: tuple[SandboxHost, ...]
+    inventory: Path
+    identity_file: Path
+    known_hosts: Path
+    decoy: bool
+    networks: tuple[SandboxNetwork, ...] = ()
+
+    def host(self, name: str) -> SandboxHost:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        names = ", ".join(h.name for h in self.hosts)
+        raise SandboxError(f"no host {name!r} in the sandbox at {self.root} (hosts: {names})")
+
+
+def require_support() -> None:
+    """Raise SandboxError saying exactly what to do when this machine cannot host a sandbox."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxError(
+            f"clusterrun sandbox needs Linux network namespaces, and this is {sys.platform}. "
+            "Run it on a Linux machine or VM where you are root."
+        )
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("it must run as root (it creates network namespaces and bridges and "
+                        "starts sshd): rerun it with sudo")
+    if not os.path.exists("/proc/self/ns/net"):
+        problems.append("this kernel has no network namespaces (CONFIG_NET_NS)")
+    if not os.access(sshd.SSHD, os.X_OK):
+        problems.append(f"{sshd.SSHD} is missing: `apt-get install openssh-server`")
+    for tools, package in (
+        (("ip",), "iproute2"), (("unshare", "nsenter", "mount"), "util-linux"),
+        (("ssh-keygen",), "openssh-client"),
+    ):
+        missing = [tool for tool in tools if shutil.which(tool) is None]
+        if missing:
+            problems.append(f"{'/'.join(missing)} missing: `apt-get install {package}`")
+    if problems:
+        raise SandboxError("clusterrun sandbox cannot run here: " + "; ".join(problems) + ".")
+
+
+def up(n: int, root: Path, *, decoy: bool = False, python: str = sys.executable) -> Sandbox:
+    """Build an n-host sandbox under root (new or empty; made 0700) and return it."""
+    require_support()
+    if not 1 <= n <= net.MAX_HOSTS:
+        raise SandboxError(f"a sandbox has 1 to {net.MAX_HOSTS} hosts, not {n}")
+    root = Path(root).resolve()
+    state: dict[str, Any] = {
+        "version": 1, "status": "building", "created_root": _prepare_root(root),
+        "decoy": decoy, "python": python, "hosts": [], "networks": [],
+    }
+    try:
+        _build(root, state, n)
+    except BaseException as exc:
+        leftovers = _cleanup_after_failure(root, created=state["created_root"])
+        if not isinstance(exc, SandboxError):
+            raise
+        raise SandboxError(f"sandbox up failed: {exc.message}{leftovers}") from exc
+    return _from_state(root, state)
+
+
+def down(root: Path) -> None:
+    """Remove the sandbox at root: processes, namespaces, links, files. Idempotent."""
+    root = Path(root).resolve()
+    if not (root / STATE_FILE).exists():
+        return  # never built, or already removed; a directory without state is not ours to wipe
+    state = _read_state(root)
+    prefix = state["prefix"]
+    links = [state["bridge"]] + [h["veth"] for h in state["hosts"]]
+    for network in state["networks"]:
+        links += [network["bridge"]] + [nic["veth"] for nic in network["nics"]]
+    spaces = {h["netns"] for h in state["hosts"]}
+    errors = net.remove_kernel_objects(prefix, sorted(spaces), links)
+    sshd.reap_children(spaces)
+    with contextlib.suppress(OSError):
+        (net.RUN_DIR / prefix).rmdir()
+    if errors:
+        raise SandboxError(
+            f"sandbox down left things behind (state kept in {root}, run down again): "
+            + "; ".join(errors)
+        )
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if state.get("created_root"):
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
+def load(root: Path) -> Sandbox:
+    root = Path(root).resolve()
+    state = _read_state(root)
+    if state["status"] != "up":
+        raise SandboxError(f"the sandbox at {root} was never completely built; run down on it")
+    return _from_state(root, state)
+
+
+def add_network(sb: Sandbox, *, ifnames: Sequence[str] | None = None) -> dict[str, str]:
+    """Give every host one more NIC on a new bridge and /24; return {host name: new address}."""
+    state = _read_state(sb.root)
+    index = len(state["networks"]) + 1
+    if index > net.MAX_NETWORKS:
+        raise SandboxError(f"a sandbox has at most {net.MAX_NETWORKS} added networks")
+    hosts = state["hosts"]
+    names = list(ifnames) if ifnames is not None else [
+        net.nic_name(k, len(hosts), index) for k in range(1, len(hosts) + 1)
+    ]
+    net.check_new_ifnames(state, names)
+    with net.allocation_lock():
+        subnet = net.free_subnet()
+        entry: dict[str, Any] = {
+            "bridge": net.bridge_name(state["prefix"], index), "subnet": subnet,
+            "controller_address": net.gateway_address(subnet),
+            "nics": [{"host": h["name"], "ifname": name, "address": net.host_address(subnet, k),
+                      "veth": net.veth_name(state["prefix"], k, index)}
+                     for k, (h, name) in enumerate(zip(hosts, names), 1)],
+        }
+        state["networks"].append(entry)
+        _write_state(sb.root, state)  # first, so that down() removes whatever gets built
+        try:
+            _wire_network(hosts, entry)
+        except SandboxError:
+            errors: list[str] = []
+            present = net.link_names()
+            for link in [entry["bridge"]] + [nic["veth"] for nic in entry["nics"]]:
+                if link in present:
+                    net.delete_quietly(["ip", "link", "delete", link], errors)
+            state["networks"].pop()
+            _write_state(sb.root, state)
+            raise
+    return {nic["host"]: nic["address"] for nic in entry["nics"]}
+
+
+def partition(sb: Sandbox, host_name: str) -> None:
+    """Drop every packet in and out of the host except loopback, like a dead switch port."""
+    host = sb.host(host_name)
+    if shutil.which("nft") is None:
+        raise SandboxError("partition needs nft: `apt-get install nftables`")
+    rules = (
+        f"table inet {PARTITION_TABLE}\ndelete table inet {PARTITION_TABLE}\n"
+        f"table inet {PARTITION_TABLE} {{\n"
+        "  chain input { type filter hook input priority 0; policy drop; iif lo accept; }\n"
+        "  chain output { type filter hook output priority 0; policy drop; oif lo accept; }\n"
+        "}\n"
+    )
+    net.run(["ip", "netns", "exec", host.netns, "nft", "-f", "-"], input=rules,
+            step=f"partition {host_name}")
+
+
+def heal(sb: Sandbox, host_name: str) -> None:
+    host = sb.host(host_name)
+    if shutil.which("nft") is None:
+        return  # without nft there can be no partition; heal() often runs in a finally block
+    # Declaring the table first makes the delete succeed whether or not it was partitioned.
+    rules = f"table inet {PARTITION_TABLE}\ndelete table inet {PARTITION_TABLE}\n"
+    net.run(["ip", "netns", "exec", host.netns, "nft", "-f", "-"], input=rules,
+            step=f"heal {host_name}")
+
+
+def pids(sb: Sandbox, host_name: str) -> list[int]:
+    """Every process living in the host, except its sshd listener."""
+    host = sb.host(host_name)
+    return [pid for pid in net.netns_pids(host.netns) if pid != host.sshd_pid]
+
+
+def exec_in(
+    sb: Sandbox, host_name: str, argv: Sequence[str], **subprocess_kwargs: Any
+) -> subprocess.CompletedProcess[Any]:
+    """Run argv on the host: its network, hostname and mounts (its /tmp), as an SSH session sees."""
+    if isinstance(argv, str):
+        raise TypeError("exec_in takes an argument list, not a shell string")
+    host = sb.host(host_name)
+    cmd = ["nsenter", "-t", str(host.sshd_pid), "-m", "-u", "-n", "--", *argv]
+    return subprocess.run(cmd, **subprocess_kwargs)  # noqa: PLW1510 (caller decides on check)
+
+
+def regenerate_host_key(sb: Sandbox, host_name: str) -> None:
+    """Give the host a new host key (known_hosts keeps the old one) and restart its sshd."""
+    host = sb.host(host_name)
+    key = sb.root / host.name / _KEY
+    orig = key.with_name(_KEY + ".orig")
+    with net.step(f"regenerate the host key of {host_name}"):
+        if not orig.exists():
+            os.replace(key, orig)
+            os.replace(key.with_name(_KEY + ".pub"), orig.with_name(_KEY + ".orig.pub"))
+        else:
+            key.unlink(missing_ok=True)
+            key.with_name(_KEY + ".pub").unlink(missing_ok=True)
+        sshd.keygen(key, f"{host.name}@clusterrun-sandbox")
+    sshd.restart(sb.root / host.name, host.netns, host.sshd_pid, host.address)
+
+
+def restore_host_key(sb: Sandbox, host_name: str) -> None:
+    host = sb.host(host_name)
+    key = sb.root / host.name / _KEY
+    orig = key.with_name(_KEY + ".orig")
+    if not orig.exists():
+        return  # the original key was never replaced
+    with net.step(f"restore the host key of {host_name}"):
+        os.replace(orig, key)
+        os.replace(orig.with_name(_KEY + ".orig.pub"), key.with_name(_KEY + ".pub"))
+    sshd.restart(sb.root / host.name, host.netns, host.sshd_pid, host.address)
+
+
+# ---------------------------------------------------------------- building
+
+
+def _prepare_root(root: Path) -> bool:
+    """Create root (0700), or accept an empty directory; return whether we created it."""
+    with net.step(f"prepare {root}"):
+        if (root / STATE_FILE).exists():
+            raise SandboxError(f"a sandbox already exists at {root}; run sandbox down first")
+        created = not root.exists()
+        if created:
+            root.mkdir(mode=0o700, parents=True)
+        elif not root.is_dir() or any(root.iterdir()):
+            raise SandboxError(f"{root} is not an empty directory; pick a new one for the sandbox")
+        root.chmod(0o700)
+        return created
+
+
+def _build(root: Path, state: dict[str, Any], n: int) -> None:
+    with net.allocation_lock():
+        prefix, subnet = net.new_prefix(), net.free_subnet()
+        state.update(
+            prefix=prefix, bridge=net.bridge_name(prefix), subnet=subnet,
+            controller_address=net.gateway_address(subnet), view=str(net.RUN_DIR / prefix),
+            hosts=[{"name": f"node{k}", "netns": net.netns_name(prefix, k),
+                    "ifname": net.nic_name(k, n), "address": net.host_address(subnet, k),
+                    "veth": net.veth_name(prefix, k), "sshd_pid": 0} for k in range(1, n + 1)],
+        )
+        _write_state(root, state)  # before any kernel object exists, so down() finds them all
+        with net.step("create the mount point directory"):
+            (net.RUN_DIR / prefix).mkdir(mode=0o700)
+        # The bridge's address claims the subnet for sandboxes started after the lock is released.
+        net.ip_batch(net.bridge_lines(state["bridge"], state["controller_address"], "24"),
+                     step="create the bridge")
+    hosts = state["hosts"]
+    with net.step("write host files"):
+        sshd.keygen(root / "id_ed25519", "clusterrun-sandbox")
+        shutil.copyfile(root / "id_ed25519.pub", root / "authorized_keys")
+        net.parallel(lambda h: sshd.write_host_files(root, h, hosts), hosts)
+    net.ip_batch([line for h in hosts for line in
+                  [f"netns add {h['netns']}", *net.veth_lines(h["netns"], h["veth"], h["ifname"],
+                                                           state["bridge"])]],
+                 step="create namespaces and veth pairs")
+    net.parallel(lambda h: net.ip_batch(net.inside_lines(h, state), step=f"configure {h['name']}",
+                                     netns=h["netns"]), hosts)
+    with net.step("start sshd"):
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        shared = sshd.shared_under_tmp(state["python"])
+        procs = {h["name"]: sshd.start(root, state["view"], h, shared) for h in hosts}
+    sshd.wait_ready(root, hosts, procs)
+    with net.step("write known_hosts and inventory"):
+        keys = [sshd.pubkey(root / h["name"] / (_KEY + ".pub")) for h in hosts]
+        known = "".join(f"{h['address']} {key}\n" for h, key in zip(hosts, keys))
+        sshd.write_private(root / "known_hosts", known)
+        _write_inventory(root, state)
+        state["status"] = "up"
+        _write_state(root, state)
+
+
+def _wire_network(hosts: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+    plen = entry["subnet"].split("/")[1]
+    net.ip_batch(net.bridge_lines(entry["bridge"], entry["controller_address"], plen),
+                 step="add network: create the bridge")
+    pairs = list(zip(hosts, entry["nics"]))
+    net.ip_batch([line for h, nic in pairs
+                  for line in net.veth_lines(h["netns"], nic["veth"], nic["ifname"],
+                                             entry["bridge"])],
+                 step="add network: create veth pairs")
+
+    def configure(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        host, nic = pair
+        net.ip_batch([f"addr add {nic['address']}/{plen} dev {nic['ifname']}",
+                      f"link set {nic['ifname']} up"],
+                     step=f"add network: configure {host['name']}", netns=host["netns"])
+
+    net.parallel(configure, pairs)
+
+
+def _cleanup_after_failure(root: Path, *, created: bool) -> str:
+    try:
+        down(root)
+        if created and root.exists() and not any(root.iterdir()):
+            root.rmdir()  # failed before the state file existed
+    except (SandboxError, OSError) as exc:
+        return f" (cleanup also failed: {exc}; run sandbox down on {root})"
+    return " (everything it had built was removed)"
+
+
+# ---------------------------------------------------------------- files and state
+
+
+def _write_state(root: Path, state: dict[str, Any]) -> None:
+    sshd.write_private(root / STATE_FILE, json.dumps(state, indent=2) + "\n")
+
+
+def _read_state(root: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads((root / STATE_FILE).read_text())
+    except FileNotFoundError:
+        raise SandboxError(f"no sandbox at {root} ({STATE_FILE} is missing)") from None
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"cannot read {root / STATE_FILE}: {exc}") from None
+    return state
+
+
+def _write_inventory(root: Path, state: dict[str, Any]) -> None:
+    hosts = state["hosts"]
+    doc = {
+        "defaults": {"user": "root", "identity_file": str(root / "id_ed25519"),
+                     "known_hosts": str(root / "known_hosts"), "python": state["python"],
+                     "workdir": "/tmp/clusterrun"},
+        "hosts": [{"host": h["address"], "name": h["name"]} for h in hosts],
+    }
+    header = (f"# clusterrun sandbox: {len(hosts)} hosts in network namespaces on this machine "
+              "(clusterrun sandbox down removes them)\n")
+    text = header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    (root / "inventory.yaml").write_text(text)
+
+
+def _from_state(root: Path, state: dict[str, Any]) -> Sandbox:
+    hosts = tuple(SandboxHost(**{k: h[k] for k in (
+        "name", "netns", "ifname", "address", "veth", "sshd_pid")}) for h in state["hosts"])
+    networks = tuple(
+        SandboxNetwork(nw["bridge"], nw["subnet"], nw["controller_address"],
+                       tuple(SandboxNic(**nic) for nic in nw["nics"]))
+        for nw in state["networks"])
+    return Sandbox(
+        root=root, prefix=state["prefix"], bridge=state["bridge"], subnet=state["subnet"],
+        controller_address=state["controller_address"], hosts=hosts,
+        inventory=root / "inventory.yaml", identity_file=root / "id_ed25519",
+        known_hosts=root / "known_hosts", decoy=state["decoy"], networks=networks)

@@ -1,0 +1,216 @@
+"""One sandbox host's files, keys and sshd (see clusterrun.sandbox)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clusterrun.errors import SandboxError
+from clusterrun.sandbox import net
+
+SSHD = "/usr/sbin/sshd"
+KEY = "ssh_host_ed25519_key"
+READY_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 3.0
+
+# sshd runs as our child; keeping the Popen (by namespace) lets down() reap it, not leave a zombie.
+_children: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
+
+
+def keygen(path: Path, comment: str) -> None:
+    net.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            step=f"generate key {path}")
+
+
+def write_host_files(root: Path, host: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
+    home = root / host["name"]
+    home.mkdir(mode=0o700)
+    (home / "tmp").mkdir()
+    (home / "tmp").chmod(0o1777)
+    names = "".join(f"{h['address']} {h['name']}\n" for h in hosts)
+    (home / "hosts").write_text("127.0.0.1 localhost\n" + names)
+    # No nameserver: this machine's resolver is unreachable from the namespaces, and every
+    # lookup would wait 10-20 s for it; names come from the hosts file, as on a real cluster.
+    (home / "resolv.conf").write_text("options timeout:1 attempts:1\n")
+    keygen(home / KEY, f"{host['name']}@clusterrun-sandbox")
+
+
+def bind_target(path: str) -> str | None:
+    """Where a bind over `path` must go; None when there is nothing to cover.
+
+    /etc/resolv.conf is often a symlink (systemd-resolved); mount follows it, so bind over
+    its target. A missing resolv.conf needs no cover: glibc then asks 127.0.0.1, which fails
+    at once inside the namespace.
+    """
+    real = os.path.realpath(path)
+    return real if os.path.isfile(real) else None
+
+
+def shared_under_tmp(python: str) -> list[str]:
+    """What of the controller's Python lives under /tmp (a venv in a checkout there, say): the
+    hosts' own /tmp would hide it, but they share this machine's filesystem for everything else,
+    so it is mounted back at the same path."""
+    candidates = {os.path.dirname(os.path.dirname(os.path.abspath(python))),
+                  os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    return sorted(p for p in candidates if p.startswith("/tmp/"))
+
+
+def start(root: Path, view: str, host: dict[str, Any],
+          shared: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Start the host's sshd in its namespace, with its own hostname and mounts."""
+    # sshd reads its files through a view of root under /run, because root may itself lie
+    # under /tmp, which the host's own /tmp covers.
+    home = f"{view}/{host['name']}"
+    options = {
+        "UsePAM": "no", "StrictModes": "no", "PidFile": f"{home}/sshd.pid",
+        "HostKey": f"{home}/{KEY}", "ListenAddress": host["address"], "Port": "22",
+        "AuthorizedKeysFile": f"{view}/authorized_keys",
+        "PermitRootLogin": "prohibit-password", "PasswordAuthentication": "no",
+        "KbdInteractiveAuthentication": "no", "MaxStartups": "200", "MaxSessions": "200",
+        "Subsystem": "sftp internal-sftp",  # -f /dev/null also drops the packaged sftp line
+    }
+    sshd = [SSHD, "-D", "-e", "-f", "/dev/null"]
+    for key, value in options.items():
+        sshd += ["-o", f"{key}={value}"]
+    hosts_target = bind_target("/etc/hosts")
+    if hosts_target is None:
+        raise SandboxError("/etc/hosts is missing on this machine; create it (any content)")
+    q = shlex.quote
+    script = [
+        "set -e",
+        f"printf %s {q(host['name'])} > /proc/sys/kernel/hostname",
+        f"mount --bind {q(str(root))} {q(view)}",
+        f"mount --bind {q(home + '/hosts')} {q(hosts_target)}",
+    ]
+    resolv_target = bind_target("/etc/resolv.conf")
+    if resolv_target is not None:
+        script.append(f"mount --bind {q(home + '/resolv.conf')} {q(resolv_target)}")
+    for path in shared:  # bound into the host's /tmp first, then carried along by --rbind
+        inside = f"{home}/tmp/{os.path.relpath(path, '/tmp')}"
+        (root / host["name"] / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,
+                                                                         exist_ok=True)
+        script.append(f"mount --bind {q(path)} {q(inside)}")
+    script += [f"mount --rbind {q(home + '/tmp')} /tmp", f"exec {shlex.join(sshd)}"]
+    argv = ["ip", "netns", "exec", host["netns"], "unshare", "--uts", "--mount",
+            "--propagation", "private", "sh", "-c", "\n".join(script)]
+    with open(root / host["name"] / "sshd.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)  # outlives `sandbox up`, no tty signals
+    _children[proc.pid] = (host["netns"], proc)
+    return proc
+
+
+def wait_ready(root: Path, hosts: list[dict[str, Any]],
+               procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Poll until every sshd has written its pid and accepts TCP; record the pids in hosts."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    pending = {h["name"]: h for h in hosts}
+    while pending:
+        for name, host in list(pending.items()):
+            code = procs[name].poll()
+            if code is not None:
+                raise SandboxError(f"start sshd on {name}: it exited with status {code}; "
+                                   f"{log_tail(root / name / 'sshd.log')}")
+            pid = _read_pid(root / name / "sshd.pid")
+            if pid and accepts(host["address"]):
+                host["sshd_pid"] = pid
+                del pending[name]
+        if pending and time.monotonic() > deadline:
+            first = next(iter(pending))
+            raise SandboxError(
+                f"wait for sshd: {', '.join(pending)} not accepting connections on port 22 "
+                f"after {READY_TIMEOUT:g} s; {first}: {log_tail(root / first / 'sshd.log')}")
+        if pending:
+            time.sleep(0.02)
+    settle([(h["netns"], h["sshd_pid"]) for h in hosts])
+
+
+def settle(listeners: list[tuple[str, int]]) -> None:
+    """Wait (briefly, best effort) until each namespace holds only its sshd listener.
+
+    Each readiness probe makes sshd fork a pre-auth child that lives for tens of
+    milliseconds; callers checking a host for stray processes must not see it.
+    """
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    pending = list(listeners)
+    while pending and time.monotonic() < deadline:
+        pending = [(ns, pid) for ns, pid in pending if set(net.netns_pids(ns)) - {pid}]
+        if pending:
+            time.sleep(0.01)
+
+
+def restart(home: Path, netns: str, pid: int, address: str) -> None:
+    """SIGHUP: sshd re-executes itself in place, same pid and namespaces, rereading its key."""
+    log = home / "sshd.log"
+    if pid not in net.netns_pids(netns):
+        raise SandboxError(f"sshd of {home.name} (pid {pid}) is not running; rebuild the sandbox")
+    before = _listening_count(log)
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not (_listening_count(log) > before and accepts(address)):
+        if time.monotonic() > deadline or pid not in net.netns_pids(netns):
+            raise SandboxError(f"restart sshd on {home.name} failed; {log_tail(log)}")
+        time.sleep(0.02)
+    settle([(netns, pid)])
+
+
+def reap_children(killed_netns: set[str]) -> None:
+    """Collect exit statuses: of the sshds just killed in killed_netns, and of any that ended."""
+    for pid, (netns, proc) in list(_children.items()):
+        if netns in killed_netns:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+        if proc.poll() is not None:
+            del _children[pid]
+
+
+def accepts(address: str) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def pubkey(path: Path) -> str:
+    """`TYPE BASE64` of an OpenSSH public key file, without its comment."""
+    return " ".join(path.read_text().split()[:2])
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write atomically, mode 0600: readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def log_tail(log: Path, lines: int = 5) -> str:
+    try:
+        tail = log.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        tail = []
+    return f"its log {log} ends: " + " | ".join(tail) if tail else f"its log {log} is empty"
+
+
+def _read_pid(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _listening_count(log: Path) -> int:
+    try:
+        return log.read_text(errors="replace").count("Server listening on")
+    except OSError:
+        return 0

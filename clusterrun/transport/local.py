@@ -1,0 +1,74 @@
+"""Reaching this machine itself without sshd (the localhost demo and tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from typing import Optional
+
+from clusterrun.inventory import HostSpec
+from clusterrun.transport.base import Process
+
+
+class LocalProcess:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        self._stdin = proc.stdin
+        self._out = proc.stdout.fileno()
+        self._err = proc.stderr.fileno()
+
+    def write(self, data: bytes) -> None:
+        self._stdin.write(data)
+        self._stdin.flush()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError):  # already gone: the reader has exited
+            self._stdin.close()
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self._out, size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return os.read(self._err, size)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        # Report signal deaths the way a remote shell would (128 + signal number).
+        return 128 - code if code < 0 else code
+
+    def close(self) -> None:
+        self.close_stdin()
+
+
+class LocalTransport:
+    """This machine, without sshd: the command runs under /bin/sh from the home directory, as
+    sshd would run it, in its own session so a Ctrl-C in this terminal does not reach it (a
+    remote host would not get it either: teardown goes through the supervisor)."""
+
+    address = "127.0.0.1"
+
+    def __init__(self, spec: HostSpec) -> None:
+        self.spec = spec
+
+    def connect(self) -> None:
+        return None
+
+    def run(self, command: str) -> Process:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True,
+            restore_signals=True,
+        )
+        return LocalProcess(proc)
+
+    def close(self) -> None:
+        return None
+
+

@@ -1,0 +1,81 @@
+"""Running clusterrun's own programs (clusterrun/remote/*.py) on a host, reading their replies."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from clusterrun.errors import ClusterrunError
+from clusterrun.inventory import HostSpec
+from clusterrun.transport import shell
+from clusterrun.transport.base import Process, Transport
+
+
+class ProgramError(ClusterrunError):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def drain(proc: Process, limit: int = 64 * 1024) -> tuple[threading.Thread, bytearray]:
+    """Read a process's stderr in the background (an unread SSH channel stalls its writer),
+    keeping the last ``limit`` bytes for error messages."""
+    tail = bytearray()
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = proc.recv_stderr(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            tail.extend(chunk)
+            del tail[:-limit]
+
+    thread = threading.Thread(target=pump, daemon=True, name="clusterrun-stderr")
+    thread.start()
+    return thread, tail
+
+
+def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, Any],
+         timeout: float) -> dict[str, Any]:
+    """Run a helper program on a host with one request; return its last JSON reply."""
+    proc = transport.run(shell.remote_python(spec.python, spec.setup))
+    stderr_thread, stderr = drain(proc)
+    out = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = proc.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            out.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.write(shell.program_input(program, request))
+        proc.close_stdin()
+    except OSError:
+        pass
+    reader.join(timeout)
+    code = proc.wait(5 if not reader.is_alive() else 0.1)
+    proc.close()
+    for line in reversed(bytes(out).splitlines()):
+        text = line[2:] if line.startswith(b"J ") else line
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(reply, dict):
+            return reply
+    stderr_thread.join(1)
+    err = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+    why = f"no answer within {timeout:g} s" if reader.is_alive() else f"exit status {code}"
+    raise ProgramError("error", f"{spec.name}: {program} failed ({why})"
+                     + (": " + " | ".join(err) if err else "."))

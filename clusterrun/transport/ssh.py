@@ -1,0 +1,216 @@
+"""Reaching a host over SSH: one paramiko connection per host (through fabric, for ~/.ssh/config),
+strict host keys, timeouts, no agent forwarding; every failure classified into one sentence."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Optional
+
+import fabric
+import paramiko
+
+from clusterrun.inventory import HostSpec
+from clusterrun.transport import hostkeys
+from clusterrun.transport.base import ConnectError, Process, SshOptions
+
+# paramiko logs every failed handshake with a traceback from its own thread; with no handler
+# configured, Python prints that to stderr. Each failure is already reported as one sentence.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+class SshProcess:
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._chan = channel
+
+    def write(self, data: bytes) -> None:
+        self._chan.sendall(data)
+
+    def close_stdin(self) -> None:
+        self._chan.shutdown_write()
+
+    def recv(self, size: int) -> bytes:
+        return self._chan.recv(size)
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self._chan.recv_stderr(size)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        if not self._chan.status_event.wait(timeout):
+            return None
+        # paramiko reports -1 when the server sent no exit status (e.g. killed by a signal).
+        return self._chan.exit_status
+
+    def close(self) -> None:
+        self._chan.close()
+
+
+class SshTransport:
+    """One SSH connection to one host; every command is a new channel on it."""
+
+    def __init__(self, spec: HostSpec, options: SshOptions) -> None:
+        self.spec = spec
+        self.options = options
+        self._cxn: Optional[fabric.Connection] = None
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The address SSH connects to, after ~/.ssh/config (HostName)."""
+        return self._cxn.host if self._cxn is not None else self.spec.host
+
+    def connect(self) -> None:
+        spec = self.spec
+        connect_kwargs: dict[str, object] = {
+            "banner_timeout": self.options.connect_timeout,
+            "auth_timeout": self.options.connect_timeout,
+            "channel_timeout": self.options.connect_timeout,
+        }
+        if spec.identity_file:
+            key = Path(os.path.expanduser(spec.identity_file))
+            if not key.is_file():
+                raise ConnectError("auth", f"{spec.name}: identity_file {key} does not exist. "
+                                   "Fix the path in the inventory or create the key (ssh-keygen).")
+            connect_kwargs["key_filename"] = [str(key)]
+        cxn = fabric.Connection(
+            spec.host, user=spec.user, port=spec.port, forward_agent=False,
+            connect_timeout=self.options.connect_timeout, connect_kwargs=connect_kwargs,
+        )
+        # fabric truncates the timeout to whole seconds, and treats 0 as no timeout at all:
+        # `--connect-timeout 0.5` would wait for TCP's own give-up (minutes) on a dead host.
+        cxn.connect_timeout = self.options.connect_timeout
+        known_hosts = Path(os.path.expanduser(spec.known_hosts))
+        # fabric installs AutoAddPolicy and loads no known_hosts (fabric#2071): replace both.
+        hostkeys.load_into(cxn.client, known_hosts)
+        cxn.client.set_missing_host_key_policy(
+            hostkeys.Policy(known_hosts, self.options.accept_new_host_keys))
+        try:
+            cxn.open()
+        except BaseException as exc:
+            ssh = cxn.client.get_transport()
+            stalled = ssh is not None and not getattr(ssh, "initial_kex_done", True)
+            cxn.close()
+            raise _classify(spec, cxn, known_hosts, self.options, exc, stalled=stalled) from None
+        transport = cxn.client.get_transport()
+        if transport is not None:
+            # Keeps NAT and firewalls from dropping an idle connection; loss is detected by the
+            # supervisor's heartbeats, since paramiko's keepalive never notices a dead peer.
+            transport.set_keepalive(15)
+        self._cxn = cxn
+
+    def run(self, command: str) -> Process:
+        with self._lock:
+            if self._cxn is None:
+                self.connect()
+            assert self._cxn is not None
+            transport = self._cxn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError("error", f"{self.spec.name}: the SSH connection is closed.")
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError("error", f"{self.spec.name}: cannot start a command over SSH: "
+                               f"{exc or type(exc).__name__}.") from None
+        return SshProcess(chan)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._cxn is None:
+                self.connect()
+            assert self._cxn is not None
+            return self._cxn.client.open_sftp()
+
+    def ssh_argv(self) -> list[str]:
+        """An OpenSSH client command line with the same settings, for rsync's -e."""
+        spec = self.spec
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
+                "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
+                "-o", f"ConnectTimeout={max(1, math.ceil(self.options.connect_timeout))}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                "-o", "StrictHostKeyChecking=" + ("accept-new" if self.options.accept_new_host_keys
+                                                  else "yes"),
+                "-o", "UserKnownHostsFile=" + os.path.expanduser(spec.known_hosts)]
+        if spec.user:
+            argv += ["-l", spec.user]
+        if spec.port:
+            argv += ["-p", str(spec.port)]
+        if spec.identity_file:
+            argv += ["-i", os.path.expanduser(spec.identity_file)]
+        return argv
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cxn is not None:
+                self._cxn.close()
+                self._cxn = None
+
+
+# What paramiko says when its handshake wait (bounded by the connect timeout) ends before the
+# server's banner or key exchange arrived: start_client() returns as if it had succeeded, and
+# the next step finds no session.
+_STALLED = frozenset({"No existing session", "Negotiation failed."})
+
+
+def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options: SshOptions,
+              exc: BaseException, *, stalled: bool = False) -> ConnectError:
+    """Turn whatever paramiko raised into one sentence naming the host, the cause and the fix.
+    ``stalled``: the SSH handshake had not finished when it failed."""
+    where = f"{spec.name} ({cxn.user}@{cxn.host}:{cxn.port})"
+    timeout = options.connect_timeout
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, hostkeys.HostKeyError):
+        return ConnectError("hostkey", f"{spec.name}: {exc.message}")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        msg = hostkeys.changed_key_message(
+            hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
+        return ConnectError("hostkey", f"{spec.name}: {msg}")
+    if stalled and isinstance(exc, paramiko.SSHException) and str(exc) in _STALLED:
+        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s: the TCP "
+                            "connection opened but the SSH handshake did not finish (connect "
+                            "timeout). Something other than sshd may hold that port, or the host "
+                            "is overloaded.")
+    if isinstance(exc, socket.gaierror):
+        return ConnectError("dns", f"{where}: cannot resolve the host name ({exc.strerror}). "
+                            "Check the spelling, ~/.ssh/config, or use the IP address.")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return ConnectError("auth", f"{where}: authentication failed ({exc}). Make sure your "
+                            "public key is in ~/.ssh/authorized_keys for that user on the host, "
+                            "and set `user:` / `identity_file:` in the inventory if they differ.")
+    if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in str(exc).lower():
+        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s (connect "
+                            "timeout). The host is down, a firewall drops the port, or the address "
+                            "is wrong.")
+    network = _network_error(where, exc)
+    if network is not None:
+        return network
+    if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+        return ConnectError("error", f"{where}: SSH failed: {exc or type(exc).__name__}.")
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    return ConnectError("error", f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
+
+
+def _network_error(where: str, exc: BaseException) -> Optional[ConnectError]:
+    """A TCP-level failure: refused, or no route."""
+    refused = ConnectError("refused", f"{where}: connection refused. Is sshd running and "
+                           "listening on that port?")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        if codes <= {errno.ECONNREFUSED}:
+            return refused
+        return ConnectError("unreachable", f"{where}: cannot connect ({exc}).")
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return ConnectError("unreachable", f"{where}: no route to host ({exc.strerror}). Check the "
+                            "address and the network between this machine and the host.")
+    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+        return refused
+    return None
+
+
