@@ -2,22 +2,56 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import click
 
-from clusterrun import __version__, inventory
-from clusterrun.errors import ClusterrunError, ExitStatus
+from clusterrun import __version__, inventory, usage
+from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.home import home as state_home
+from clusterrun.runs import names
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def home() -> Path:
-    """Local state: $CLUSTERRUN_HOME, default ~/.clusterrun."""
-    return Path(os.environ.get("CLUSTERRUN_HOME") or os.path.expanduser("~/.clusterrun"))
+def home(*, write: Optional[bool] = None) -> Path:
+    """Local state: $CLUSTERRUN_HOME, default ~/.clusterrun; with ``write`` given, first checked
+    to be usable (readable, and with ``write=True`` writable) by this user."""
+    from clusterrun.runs import store
+
+    path = state_home()
+    if write is not None:
+        store.check_home(path, write=write)
+    return path
+
+
+def note(text: str) -> None:
+    click.echo(f"clusterrun: {text}", err=True)
+
+
+def nproc_value(_ctx: click.Context, _param: click.Parameter,
+                value: Optional[str]) -> Union[int, str, None]:
+    """--nproc-per-node: a positive number of processes, or `auto` (the host's GPUs, else 1)."""
+    if value is None or value == inventory.AUTO:
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise click.BadParameter(f"{value!r} is neither a positive number nor `auto` (= the "
+                             "host's GPUs, else 1).")
+
+
+def load_inventory(path: str) -> inventory.Inventory:
+    """The inventory, and every known_hosts file it names readable, before any host is
+    contacted."""
+    from clusterrun.transport import hostkeys
+
+    inv = inventory.load(path)
+    hostkeys.check_files(h.known_hosts for h in inv.hosts)
+    return inv
 
 
 def ssh_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,7 +81,7 @@ def cli() -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.argument("inventory_path", metavar="INVENTORY")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
@@ -63,40 +97,39 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
 
     from clusterrun.preflight import checks as preflight
     from clusterrun.preflight import view as checkview
+    from clusterrun.transport.pool import Connections
 
-    inv = inventory.load(inventory_path)
-    options = make_options(connect_timeout, accept_new_host_keys)
-    report = preflight.run(inv, options, keep_connections=smoke)
-    if as_json:
-        checkview.render_json(report, sys.stdout)
-    elif sys.stdout.isatty():
-        checkview.render_table(report, Console())
-    else:
-        checkview.render_plain(report, sys.stdout)
-    if not report.ok:
-        report.close()
-        status = ExitStatus.UNREACHABLE if report.unreachable else ExitStatus.PREFLIGHT
-        raise SystemExit(int(status))
-    if smoke:
-        from clusterrun.launch import smoke as smoke_test
+    inv = load_inventory(inventory_path)
+    smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
+    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
+        report = preflight.run(inv, pool)
+        if as_json:
+            checkview.render_json(report, sys.stdout)
+        elif sys.stdout.isatty():
+            checkview.render_table(report, Console())
+        else:
+            checkview.render_plain(report, sys.stdout)
+        if not report.ok:
+            raise SystemExit(int(ExitStatus.PREFLIGHT if not report.unreachable
+                                 else ExitStatus.UNREACHABLE))
+        if smoke_home is not None:
+            from clusterrun.launch import smoke as smoke_test
 
-        try:
-            raise SystemExit(smoke_test.run(inv, report, home()))
-        finally:
-            report.close()
+            raise SystemExit(smoke_test.run(inv, report, pool, smoke_home))
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
-@click.argument("inventory_path", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.argument("inventory_path", metavar="INVENTORY")
 @click.argument("script", metavar="SCRIPT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--nproc-per-node", callback=nproc_value, default=None, metavar="N|auto",
               help="Processes per host (default: the inventory's, `auto` = GPUs or 1).")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
               help="Port of torch's c10d store on the master (default: a free one, checked).")
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
-              help="Extra environment for every rank; repeatable. Values arrive byte-exact.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE|KEY",
+              help="Extra environment for every rank; repeatable. Values arrive byte-exact. "
+                   "KEY alone passes on KEY's value from this shell (for secrets).")
 @click.option("--no-check", is_flag=True,
               help="Launch even if preflight checks fail (hosts must still be reachable).")
 @click.option("--no-sync", is_flag=True,
@@ -114,7 +147,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
               help="A host that hears nothing from this controller for this long ends the run.")
 @ssh_options
 def launch(inventory_path: str, script: str, args: tuple[str, ...],
-           nproc_per_node: Optional[int], master_port: Optional[int],
+           nproc_per_node: Union[int, str, None], master_port: Optional[int],
            env_pairs: tuple[str, ...], no_check: bool, no_sync: bool, excludes: tuple[str, ...],
            dry_run: bool, detach: bool, name: Optional[str], grace: float, lease: float,
            connect_timeout: float, accept_new_host_keys: bool) -> None:
@@ -131,19 +164,26 @@ def launch(inventory_path: str, script: str, args: tuple[str, ...],
     from clusterrun.launch import launcher as launching
     from clusterrun.plan.build import parse_env
 
-    inv = inventory.load(inventory_path)
+    usage.check_launch_words(inventory_path, script, args, click.get_current_context().command,
+                             "clusterrun launch")
+    inv = load_inventory(inventory_path)
+    if nproc_per_node == inventory.AUTO:  # for every host, whatever the inventory says
+        inv = dataclasses.replace(inv, hosts=tuple(
+            dataclasses.replace(h, nproc_per_node=inventory.AUTO) for h in inv.hosts))
+    launch_home = home(write=not dry_run)  # a dry run records nothing
     opts = launching.LaunchOptions(
-        nproc_per_node=nproc_per_node, master_port=master_port,
+        nproc_per_node=nproc_per_node if isinstance(nproc_per_node, int) else None,
+        master_port=master_port,
         env=tuple(parse_env(env_pairs).items()), check=not no_check, sync=not no_sync,
         dry_run=dry_run, detach=detach, name=name, grace=grace, lease=lease, excludes=excludes)
     status = launching.run(inv, script, args,
                            ssh=make_options(connect_timeout, accept_new_host_keys), opts=opts,
-                           home=home())
+                           home=launch_home)
     raise SystemExit(status)
 
 
 @cli.command("exec", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.argument("inventory_path", metavar="INVENTORY")
 @click.argument("cmd", nargs=-1, required=True)
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
@@ -160,7 +200,7 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     from clusterrun import exec as fanout
     from clusterrun.console import Printer
 
-    inv = inventory.load(inventory_path)
+    inv = load_inventory(inventory_path)
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
                          printer, timeout)
@@ -196,19 +236,23 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     from clusterrun.console import Printer
     from clusterrun.logs import show as logview_cmd
     from clusterrun.logs.view import Filter
-    from clusterrun.runs import store as runs
 
     try:
         grep = re.compile(pattern) if pattern else None
     except re.error as exc:
         raise ClusterrunError(f"--grep {pattern!r}: not a valid regular expression ({exc}).",
                               exit_status=ExitStatus.USAGE) from None
-    run = runs.resolve(home(), run_id)
+    run = names.resolve(home(write=False), run_id, note=note)
     known = {n["name"] for n in run.plan.get("nodes", [])}
     unknown = set(nodes) - known
     if unknown:
         raise ClusterrunError(f"run {run.id} has no node {', '.join(sorted(unknown))}; its "
                               f"nodes: {', '.join(sorted(known))}.", exit_status=ExitStatus.USAGE)
+    world = int(run.plan.get("world_size") or 0)
+    missing = sorted(set(ranks_) - set(range(world)))
+    if missing:
+        raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
+                         f"ranks 0-{world - 1}.")
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
     status = logview_cmd.show(run, flt, tail=tail, follow=follow,
                               ssh=make_options(connect_timeout, accept_new_host_keys),
@@ -231,9 +275,9 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     import json
     import time
 
-    from clusterrun.runs import status as logs_cmd
+    from clusterrun.runs import ps as listing
 
-    rows = logs_cmd.ps_rows(home(), make_options(connect_timeout, accept_new_host_keys),
+    rows = listing.ps_rows(home(write=False), make_options(connect_timeout, accept_new_host_keys),
                             refresh_remote=not local_only)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -261,12 +305,17 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
 
     Only this run's processes are touched: other runs on the same hosts go on.
     """
+    from clusterrun.runs import lifecycle
     from clusterrun.runs import remote as remote_runs
-    from clusterrun.runs import store as runs
 
-    run = runs.resolve(home(), run_id)
-    results = remote_runs.stop(run, make_options(connect_timeout, accept_new_host_keys), grace,
-                               force)
+    run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
+    ended = lifecycle.recorded(run)
+    if ended is not None and ended.final:
+        # The one run-state rule: an ended run keeps the state it ended with.
+        click.echo(f"run {run.id} already {ended.value}; nothing to stop")
+        return
+    ssh = make_options(connect_timeout, accept_new_host_keys)
+    results = remote_runs.stop(run, ssh, grace, force)
     failed = []
     for name, result in results.items():
         if "error" in result:
@@ -275,11 +324,17 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
             continue
         final = (result.get("state") or {}).get("state", "not found")
         click.echo(f"{name}: {final}")
-    if not failed and run.state.get("state") in runs.LIVE_STATES:
-        run.update_state(state="stopped", ended_at=runs.now())
-    click.echo(f"run {run.id}: " + ("stopped" if not failed else "NOT stopped on "
-                                    + ", ".join(failed)))
-    raise SystemExit(int(ExitStatus.UNREACHABLE) if failed else 0)
+    if failed:
+        click.echo(f"run {run.id}: NOT stopped on {', '.join(failed)}", err=True)
+        raise SystemExit(int(ExitStatus.UNREACHABLE))
+    if lifecycle.watched(run):
+        click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
+        return
+    state = lifecycle.settle(run, ssh)
+    if not state.final:  # every host answered that it stopped: nothing of it is left
+        state = lifecycle.record(run, lifecycle.RunState.STOPPED,
+                                 exit_status=int(ExitStatus.SIGTERM))
+    click.echo(f"run {run.id} {state.value}")
 
 
 @cli.group(context_settings=CONTEXT)
@@ -317,15 +372,22 @@ def sandbox_down() -> None:
     click.echo(f"sandbox removed ({root})")
 
 
+def _inside(folder: Path, path: str) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the CLI and turn every outcome into an exit status."""
     try:
         status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        click.echo(f"clusterrun: error: {usage.from_click(exc).message}", err=True)
+        sys.exit(ExitStatus.USAGE)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(ExitStatus.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(ExitStatus.SIGINT)
@@ -338,4 +400,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     except BrokenPipeError:
         sys.stderr.close()  # a closed pager or `| head`: not an error worth a traceback
         sys.exit(ExitStatus.SUCCESS)
+    except PermissionError as exc:
+        # Anything in $CLUSTERRUN_HOME that is not ours (a run directory another user made):
+        # the same error as for the directory itself. Anything else is a bug: a traceback.
+        from clusterrun.runs import store
+
+        if not exc.filename or not _inside(state_home(), exc.filename):
+            raise
+        click.echo(f"clusterrun: error: {store.unusable(state_home(), exc.filename).message}",
+                   err=True)
+        sys.exit(ExitStatus.USAGE)
     sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)

@@ -1,55 +1,121 @@
-"""Exit statuses and the exception tree: library code raises, only the CLI exits."""
+"""Every outcome a user can cause, its exit status, and the one exception family that carries it.
+
+Library code raises; only the command line (cli.py) turns an exception into an exit status. The
+table in docs/exit-status.md is checked against ``ExitStatus`` by the test suite.
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import ClassVar
+from typing import Optional
 
 
 class ExitStatus(enum.IntEnum):
     """Every exit status clusterrun itself produces (docs/exit-status.md).
 
-    A failed job exits with its root-cause rank's own code instead, so codes
-    1..255 can also come from the training script; ``summary.json`` tells which.
+    A failed job exits with its root-cause rank's own code instead, so codes 1..255 can also come
+    from the training script; ``summary.json`` tells which.
     """
 
     SUCCESS = 0
     ERROR = 1  # unexpected internal error (a bug: please report it)
-    USAGE = 2  # bad arguments or inventory; nothing was contacted
-    PREFLIGHT = 3  # a host failed a preflight check; nothing was started
+    USAGE = 2  # bad arguments, inventory or local files; nothing was contacted
+    PREFLIGHT = 3  # a host answered but failed a check; nothing was started
     UNREACHABLE = 4  # a host could not be reached, authenticated or trusted
     NODE_LOST = 5  # a node stopped answering or its supervisor died mid-run
+    SYNC = 6  # copying the code to a host failed (rsync/SFTP, disk full); nothing was started
+    TIMEOUT = 124  # `exec --timeout` ran out on some host (as timeout(1) reports it)
     SIGINT = 130  # 128 + SIGINT: Ctrl-C
     SIGTERM = 143  # 128 + SIGTERM
+
+
+class Outcome(enum.Enum):
+    """What happened, in words a user reads (``label``), and the exit status it gives."""
+
+    def __init__(self, label: str, status: ExitStatus) -> None:
+        self.label = label
+        self.status = status
+
+    USAGE = ("usage", ExitStatus.USAGE)
+    INVENTORY = ("inventory", ExitStatus.USAGE)
+    LOCAL_FILES = ("local files", ExitStatus.USAGE)  # $CLUSTERRUN_HOME, known_hosts, keys
+    DNS = ("dns", ExitStatus.UNREACHABLE)
+    REFUSED = ("refused", ExitStatus.UNREACHABLE)
+    CONNECT_TIMEOUT = ("timeout", ExitStatus.UNREACHABLE)
+    UNREACHABLE = ("unreachable", ExitStatus.UNREACHABLE)
+    AUTH = ("auth", ExitStatus.UNREACHABLE)
+    HOST_KEY = ("host key", ExitStatus.UNREACHABLE)
+    CONNECTION_LOST = ("connection lost", ExitStatus.UNREACHABLE)
+    PROBE_FAILED = ("probe failed", ExitStatus.PREFLIGHT)
+    PROBE_TIMEOUT = ("probe timeout", ExitStatus.PREFLIGHT)
+    PREFLIGHT = ("preflight", ExitStatus.PREFLIGHT)
+    SYNC = ("sync", ExitStatus.SYNC)
+    JOB_FAILED = ("job failed", ExitStatus.ERROR)  # the status is the root-cause rank's own
+    NODE_LOST = ("node lost", ExitStatus.NODE_LOST)
+    COMMAND_TIMEOUT = ("command timeout", ExitStatus.TIMEOUT)
+    INTERRUPTED = ("interrupted", ExitStatus.SIGINT)
+    TERMINATED = ("terminated", ExitStatus.SIGTERM)
+    SANDBOX = ("sandbox", ExitStatus.USAGE)  # the local sandbox cannot be built or removed here
+    INTERNAL = ("internal error", ExitStatus.ERROR)
+
+    @property
+    def reached(self) -> bool:
+        """False for the outcomes where the host was never reached (nothing ran there)."""
+        return self.status is not ExitStatus.UNREACHABLE
 
 
 class ClusterrunError(Exception):
     """An error a user can act on: its message is shown as-is, without a traceback."""
 
-    exit_status: ClassVar[int] = ExitStatus.ERROR
+    outcome: Outcome = Outcome.INTERNAL
 
-    def __init__(self, message: str, *, exit_status: int | None = None) -> None:
+    def __init__(self, message: str, *, outcome: Optional[Outcome] = None,
+                 exit_status: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
-        if exit_status is not None:
-            self.exit_status = exit_status
+        if outcome is not None:
+            self.outcome = outcome
+        self._status = exit_status
+
+    @property
+    def exit_status(self) -> int:
+        """The outcome's status; a failed job's own code where one was given."""
+        return int(self._status if self._status is not None else self.outcome.status)
+
+    @property
+    def kind(self) -> str:
+        return self.outcome.label
 
 
 class UsageError(ClusterrunError):
-    exit_status = ExitStatus.USAGE
+    outcome = Outcome.USAGE
 
 
 class InventoryError(UsageError):
     """The inventory file is missing, malformed or fails validation."""
 
+    outcome = Outcome.INVENTORY
+
+
+class LocalFilesError(UsageError):
+    """A file or directory on this machine cannot be used ($CLUSTERRUN_HOME, known_hosts)."""
+
+    outcome = Outcome.LOCAL_FILES
+
 
 class PreflightError(ClusterrunError):
-    exit_status = ExitStatus.PREFLIGHT
+    outcome = Outcome.PREFLIGHT
 
 
 class UnreachableError(ClusterrunError):
-    exit_status = ExitStatus.UNREACHABLE
+    outcome = Outcome.UNREACHABLE
+
+
+class SyncError(ClusterrunError):
+    outcome = Outcome.SYNC
 
 
 class SandboxError(ClusterrunError):
     """The local sandbox cluster cannot be built or removed here."""
+
+    outcome = Outcome.SANDBOX

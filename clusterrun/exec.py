@@ -1,82 +1,250 @@
-"""`clusterrun exec`: one shell command on every host at once, output prefixed per host."""
+"""`clusterrun exec`: one shell command on every host at once, output prefixed per host.
+
+Each host's command runs under a small supervisor (clusterrun/remote/exec.py): its own session,
+stdin as the lifeline, heartbeats both ways. So `--timeout`, Ctrl-C, SIGTERM, a `kill -9` of
+this process or a dead connection end the command on every host and leave nothing behind, and
+a host whose network dies mid-command is reported lost within the lease instead of waited for.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
+import sys
 import threading
-from dataclasses import dataclass
-from typing import Callable, Optional
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from clusterrun.console import Printer
-from clusterrun.errors import ExitStatus
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome
 from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.logs import wire
 from clusterrun.logs.view import LogView
-from clusterrun.transport import SshOptions, connect, parallel, shell
+from clusterrun.transport import Process, SshOptions, connect, parallel, shell
+from clusterrun.transport.programs import drain
+
+HEARTBEAT = 2.0
+LEASE = 30.0
+GRACE = 5.0  # between SIGTERM and SIGKILL when a command is stopped
+MARGIN = 10.0  # how long past its own deadline a host may take to confirm the end
 
 
 @dataclass(frozen=True)
 class ExecResult:
-    code: int  # the command's exit status; 128+N when killed by signal N, -1 unknown
+    code: int  # the command's exit status: 128+N when killed by signal N, 124 timed out
+    state: str = "exited"  # exited, timeout, stopped, lost (as the host's supervisor says)
+    reason: Optional[str] = None
 
 
-def _pump(recv: Callable[[int], bytes], view: LogView, node: str, name: str) -> None:
-    while True:
+@dataclass
+class ExecRun:
+    """What every host did, and whether the user interrupted it."""
+
+    results: parallel.GroupResult[HostSpec, ExecResult]
+    timeout: Optional[float] = None
+    interrupted: Optional[int] = None
+
+    def __iter__(self) -> Iterator[parallel.HostResult[HostSpec, ExecResult]]:
+        return iter(self.results)
+
+
+@dataclass
+class _Control:
+    """Shared by every host's thread: the user's interrupts (filled by the main thread)."""
+
+    interrupts: list[int] = field(default_factory=list)
+
+
+class HostLost(ClusterrunError):
+    outcome = Outcome.NODE_LOST
+
+
+def _send(proc: Process, op: str) -> None:
+    with contextlib.suppress(OSError, EOFError):  # the stream's end says what happened
+        proc.write(json.dumps({"op": op}).encode() + b"\n")
+
+
+class _Host:
+    """One host's supervised command, seen from here."""
+
+    def __init__(self, spec: HostSpec, proc: Process, view: LogView) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.view = view
+        self.end: Optional[wire.End] = None
+        self.error: Optional[str] = None
+        self.last = time.monotonic()
+        self.finished = threading.Event()
+        threading.Thread(target=self._read, daemon=True,
+                         name=f"clusterrun-exec-{spec.name}").start()
+
+    def _read(self) -> None:
         try:
-            chunk = recv(65536)
-        except OSError:
-            return
-        if not chunk:
-            return
-        view.feed(node, name, chunk)
+            for header, data in wire.frames(self.proc):
+                self.last = time.monotonic()
+                if data is not None:
+                    self.view.feed(self.spec.name, str(header["f"]), data)
+                    continue
+                event = wire.parse(header)
+                if isinstance(event, wire.End):
+                    self.end = event
+        except (wire.ProtocolError, OSError, ValueError, KeyError) as exc:
+            self.error = str(exc)
+        self.finished.set()
+
+
+def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, control: _Control,
+         timeout: Optional[float]) -> ExecResult:
+    transport = connect(spec, options)
+    try:
+        proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        _thread, stderr = drain(proc)
+        proc.write(shell.program_input("exec.py", {
+            "command": cmd, "timeout": timeout, "lease": LEASE, "grace": GRACE,
+            "heartbeat": HEARTBEAT}))
+        host = _Host(spec, proc, view)
+        _supervise(host, control, timeout)
+        view.close(spec.name)
+        return _result(host, proc, stderr, timeout)
+    finally:
+        transport.close()
+
+
+def _supervise(host: _Host, control: _Control, timeout: Optional[float]) -> None:
+    """Heartbeats out, stop requests on interrupt, the lease and the deadline watched here."""
+    started = time.monotonic()
+    beat = 0.0
+    asked = 0  # interrupts passed on to this host
+    stop_by = None if timeout is None else started + timeout + GRACE + MARGIN
+    while not host.finished.wait(0.2):
+        now = time.monotonic()
+        if now - beat >= HEARTBEAT:
+            _send(host.proc, "hb")
+            beat = now
+        while asked < len(control.interrupts):
+            _send(host.proc, "stop" if asked == 0 else "kill")
+            asked += 1
+            stop_by = min(stop_by or now + GRACE + MARGIN, now + GRACE + MARGIN)
+        quiet = now - host.last
+        if quiet > LEASE or (stop_by is not None and now > stop_by):
+            host.proc.close()  # if the host can still hear us, its supervisor sees EOF
+            why = (f"no word from it for {quiet:.0f} s (host down or network partitioned; "
+                   "its supervisor ends the command there when its lease runs out)"
+                   if quiet > LEASE else "it did not confirm the end of the command in time")
+            raise HostLost(f"{host.spec.name}: {why}")
+
+
+def _result(host: _Host, proc: Process, stderr: bytearray,
+            timeout: Optional[float]) -> ExecResult:
+    end = host.end
+    if end is None:
+        code = proc.wait(5)
+        tail = bytes(stderr).decode("utf-8", "replace").strip().splitlines()[-3:]
+        why = host.error or (f"exit status {code}" if code is not None else "no answer")
+        if code == shell.SETUP_FAILED:
+            why = "the inventory's setup: failed"
+        raise ClusterrunError(f"{host.spec.name}: could not run the command ({why})"
+                              + (": " + " | ".join(tail) if tail else ""),
+                              outcome=Outcome.PROBE_FAILED)
+    if end.state == "timeout":
+        return ExecResult(int(ExitStatus.TIMEOUT), "timeout", f"timed out after {timeout:g} s")
+    code = end.exit_code if end.exit_code is not None else -1
+    return ExecResult(code, end.state, end.reason)
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM only recorded (a handler must not take locks); read by the hosts'
+    threads."""
+
+    def __init__(self, control: _Control) -> None:
+        self.control = control
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.control.interrupts.append(signum)
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
 
 
 def run(inv: Inventory, cmd: str, options: SshOptions, printer: Printer,
-        timeout: Optional[float] = None) -> list[parallel.HostResult[ExecResult]]:
+        timeout: Optional[float] = None) -> ExecRun:
     # pdsh's `host: line`; stdout and stderr are framed apart so their lines never mix.
     view = LogView(printer, label=lambda node, _stream: f"{node}:")
+    control = _Control()
+    box: dict[str, parallel.GroupResult[HostSpec, ExecResult]] = {}
 
-    def one(spec: HostSpec) -> ExecResult:
-        transport = connect(spec, options)
-        try:
-            proc = transport.run(shell.remote_shell(spec.setup, cmd))
-            proc.close_stdin()
-            readers = [threading.Thread(target=_pump, args=(recv, view, spec.name, stream),
-                                        daemon=True)
-                       for recv, stream in ((proc.recv, "stdout"), (proc.recv_stderr, "stderr"))]
-            for reader in readers:
-                reader.start()
-            code = proc.wait()
-            for reader in readers:
-                reader.join(5)
-            view.close(spec.name)
-            return ExecResult(code if code is not None else -1)
-        finally:
-            transport.close()
+    def every_host() -> None:
+        box["results"] = parallel.run(
+            lambda spec: _one(spec, cmd, options=options, view=view, control=control,
+                              timeout=timeout), list(inv.hosts), None)
 
-    with view.ticking():
-        return parallel.run(one, list(inv.hosts), timeout)
+    worker = threading.Thread(target=every_host, daemon=True, name="clusterrun-exec")
+    told = 0
+    with view.ticking(), _Interrupts(control):
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
+            if told < len(control.interrupts):
+                told = len(control.interrupts)
+                _announce(control.interrupts[-1], told == 1)
+    return ExecRun(box["results"], timeout,
+                   control.interrupts[0] if control.interrupts else None)
 
 
-def summarize(results: list[parallel.HostResult[ExecResult]]) -> tuple[list[str], int]:
+def _announce(signum: int, first: bool) -> None:
+    name = signal.Signals(signum).name
+    text = ("stopping the command on every host (SIGTERM, then SIGKILL); press Ctrl-C again "
+            "to kill at once" if first else "killing the command on every host now")
+    sys.stderr.write(f"clusterrun: {name}: {text}\n")
+    sys.stderr.flush()
+
+
+def _text(result: ExecResult) -> str:
+    if result.state == "timeout":
+        return f"{result.reason} (exit {result.code})"
+    if result.state in ("stopped", "lost"):
+        return f"{result.state} (exit {result.code})"
+    return f"exit {result.code}" if result.code >= 0 else "exit status unknown"
+
+
+def _strip_name(message: str, name: str) -> str:
+    """``node8 (root@10.0.0.8:22): no SSH answer`` -> ``no SSH answer``: the folded line names
+    the hosts in front."""
+    return message.split(": ", 1)[1] if message.startswith(name) and ": " in message else message
+
+
+def summarize(run: ExecRun) -> tuple[list[str], int]:
     """Per-outcome summary lines (hosts folded) and the exit status: the largest remote exit
-    status, as `pdsh -S` and `clush -S` report it, or 4 when a host could not be reached."""
+    status, as `pdsh -S` and `clush -S` report it (124 for a host that timed out), 4 when a
+    host could not be reached, 128+N when interrupted by signal N."""
     by_outcome: dict[str, list[str]] = {}
     worst = 0
     unreachable = False
-    for r in results:
+    for r in run.results:
         if r.failure is not None:
-            by_outcome.setdefault(f"{r.failure.kind}: {_strip_name(r.failure.message, r.spec)}",
-                                  []).append(r.spec.name)
-            unreachable = True
+            text = _strip_name(r.failure.message, r.name)
+            by_outcome.setdefault(f"{r.failure.kind}: {text}", []).append(r.name)
+            unreachable = unreachable or not r.failure.outcome.reached
+            worst = max(worst, int(r.failure.outcome.status))
             continue
         assert r.value is not None
+        by_outcome.setdefault(_text(r.value), []).append(r.name)
         code = r.value.code
-        by_outcome.setdefault(f"exit {code}" if code >= 0 else "exit status unknown",
-                              []).append(r.spec.name)
         worst = max(worst, code if code > 0 else (255 if code < 0 else 0))
-    lines = [f"{parallel.fold(names)}: {outcome}" for outcome, names in sorted(by_outcome.items())]
-    return lines, (ExitStatus.UNREACHABLE if unreachable else worst)
-
-
-def _strip_name(message: str, spec: HostSpec) -> str:
-    return message.split(": ", 1)[1] if message.startswith(spec.name) else message
-
+    lines = [f"{parallel.fold(names)}: {text}" for text, names in sorted(by_outcome.items())]
+    if unreachable:
+        return lines, int(ExitStatus.UNREACHABLE)
+    if run.interrupted is not None:
+        return lines, 128 + run.interrupted
+    return lines, worst

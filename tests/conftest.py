@@ -8,20 +8,25 @@ noticed. Deselect the cluster tests explicitly with `-m "not cluster"` where no 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
 
 from clusterrun import sandbox
+from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.transport.fake import FakeNetwork
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"
@@ -162,3 +167,80 @@ def start_cli(*args: str, cwd: Path | None = None, **kwargs: Any) -> subprocess.
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO, **kwargs)
+
+
+# --- The fast tier: no root, no sshd. The in-memory transport the package ships for tests
+# (clusterrun/transport/fake.py), and the real command line run in this process on top of it.
+
+
+def host_spec(host: str, name: str | None = None, *, master: bool = False,
+              **settings: Any) -> HostSpec:
+    return HostSpec(host, name or host, master=master, line=1, **settings)
+
+
+def fake_inventory(tmp_path: Path, *specs: HostSpec, **top: Any) -> Inventory:
+    hosts = specs if any(s.master for s in specs) else (
+        dataclasses.replace(specs[0], master=True), *specs[1:])
+    return Inventory(tmp_path / "inventory.yaml", tuple(hosts), **top)
+
+
+def write_inventory(path: Path, hosts: list[dict[str, Any]], **top: Any) -> Path:
+    path.write_text(yaml.safe_dump({**top, "hosts": hosts}, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def fake_net(monkeypatch: pytest.MonkeyPatch) -> FakeNetwork:
+    """A fake network that every command in this process connects through."""
+    network = FakeNetwork()
+    monkeypatch.setattr("clusterrun.transport.pool.connect_host", network.connect)
+    return network
+
+
+@pytest.fixture
+def quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preflight's per-host deadlines cut to fractions of a second, for hosts that never
+    answer."""
+    monkeypatch.setattr("clusterrun.preflight.checks.PROBE_SECONDS", 0.5)
+    monkeypatch.setattr("clusterrun.preflight.checks.CONNECT_SECONDS", 0.5)
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`clusterrun ARGS` in this process: (exit status, stdout, stderr)."""
+    from clusterrun.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+class Reader:
+    """Collects a process's output lines as they arrive, with their arrival times."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            if sum(1 for _, line in self.lines if regex.search(line)) >= count:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{count} x {pattern!r} not seen; got:\n" + self.text[-3000:])
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def join(self) -> None:
+        self._thread.join(10)

@@ -327,3 +327,57 @@ def test_empty_defaults_and_env_sections_are_allowed(tmp_path: Path) -> None:
 def test_ipv6_hosts(tmp_path: Path) -> None:
     inv = inventory.load(write(tmp_path, "hosts:\n  - host: fd00::11\n  - host: fe80::1%eth0\n"))
     assert [h.name for h in inv.hosts] == ["fd00--11", "fe80--1-eth0"]
+
+
+# ------------------------------------------------------------------ DNS name lengths
+
+
+@pytest.mark.parametrize(("host", "words"), [
+    ("a" * 64 + ".example.com", ("label", "64 characters", "at most 63")),
+    (".".join(["a" * 50] * 6), ("305 characters", "at most 253")),
+    ("a." * 150, ("300 characters", "at most 253")),
+], ids=["label-64", "name-305", "name-300"])
+def test_host_name_lengths_are_refused_before_any_ssh(
+        host: str, words: tuple[str, ...], tmp_path: Path, listener: socket.socket) -> None:
+    """A 64-character label used to pass validation and then fail inside SSH with an `idna`
+    UnicodeError (exit 3); a 300-character name was refused without saying why."""
+    path = tmp_path / "inventory.yaml"
+    port = listener.getsockname()[1]
+    path.write_text(f"hosts:\n  - host: {LISTEN_HOST}\n    port: {port}\n"
+                    f"  - host: {host}\n    port: {port}\n")
+    cp = run_cli("check", "--connect-timeout", "2", str(path), timeout=30)
+    assert cp.returncode == 2, cp.stderr + cp.stdout
+    assert cp.stderr.startswith(f"clusterrun: error: {path}:4: ")
+    for word in words:
+        assert word in cp.stderr, (word, cp.stderr)
+    assert "Traceback" not in cp.stderr and "idna" not in cp.stderr
+    assert not connection_attempted(listener)
+
+
+def test_longest_valid_names_pass(tmp_path: Path) -> None:
+    label63 = "a" * 63
+    longest = ".".join([label63] * 3 + ["b" * 61])  # 253 characters
+    assert len(longest) == 253
+    inv = inventory.load(write(tmp_path, f"hosts:\n  - host: {label63}.example.com\n"
+                               f"  - host: {longest}\n  - host: {longest}.\n    name: dot\n"))
+    assert [h.host for h in inv.hosts] == [f"{label63}.example.com", longest, f"{longest}."]
+
+
+# ------------------------------------------------------------------ local hosts' workdir
+
+
+def test_local_hosts_keep_their_files_under_clusterrun_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inventories/localhost.yaml used to say `workdir: ~/.clusterrun/local-nodes`, whatever
+    CLUSTERRUN_HOME said."""
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(tmp_path / "home"))
+    inv = inventory.load(repo / "inventories" / "localhost.yaml")
+    assert {h.workdir for h in inv.hosts} == {f"{tmp_path}/home/local-nodes"}
+    monkeypatch.delenv("CLUSTERRUN_HOME")
+    inv = inventory.load(repo / "inventories" / "localhost.yaml")
+    assert {h.workdir for h in inv.hosts} == {"~/.clusterrun/local-nodes"}
+    # A remote host's default stays on that host; an explicit workdir is kept as written.
+    inv = inventory.load(write(tmp_path, "hosts:\n  - host: gpu-a\n  - host: localhost\n"
+                               "    workdir: /scratch/cr\n"))
+    assert [h.workdir for h in inv.hosts] == ["~/clusterrun", "/scratch/cr"]

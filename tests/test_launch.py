@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 
 from clusterrun import sandbox
 from clusterrun.plan.build import payload_dir
-from tests.conftest import REPO, Cluster, run_cli, start_cli
+from tests.conftest import Cluster, Reader, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -34,35 +32,6 @@ def rank_records(cluster: Cluster, names: list[str], test_dir: str) -> dict[int,
                 data["host"] = name
                 records[int(data["env"]["RANK"])] = data
     return records
-
-
-class Reader:
-    """Collects a process's output lines as they arrive, with their arrival times."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    def wait_for(self, pattern: str, count: int = 1, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern)
-        while time.monotonic() < deadline:
-            if sum(1 for _, line in self.lines if regex.search(line)) >= count:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{count} x {pattern!r} not seen; got:\n" + self.text[-3000:])
-
-    @property
-    def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def join(self) -> None:
-        self._thread.join(10)
 
 
 def test_three_hosts_two_processes(cluster: Cluster, home: Path, tmp_path: Path,
@@ -316,12 +285,3 @@ def test_relaunch_copies_only_changed_files(cluster: Cluster, home: Path, tmp_pa
     copy = payload_dir("/tmp/clusterrun", payload.parent)
     assert cluster.read("node2", f"{copy}/data.txt") == "two\n"
 
-
-def test_localhost_inventory_needs_no_sshd(home: Path) -> None:
-    """The README's first command: two local nodes, no SSH, no root."""
-    cp = run_cli("launch", "inventories/localhost.yaml", "payloads/train_digits.py",
-                 "--epochs", "2", timeout=300, cwd=REPO)
-    assert cp.returncode == 0, cp.stderr
-    assert re.search(r"^\[node0 r0\] .*accuracy", cp.stdout, re.M), cp.stdout
-    assert re.search(r"^\[node1 r1\] ", cp.stdout, re.M), cp.stdout
-    assert os.path.isdir(home / "runs")

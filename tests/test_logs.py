@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cluster, run_cli, start_cli
-from tests.test_launch import Reader
+from tests.conftest import Cluster, Reader, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 

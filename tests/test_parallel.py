@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from clusterrun.errors import ClusterrunError
+import pytest
+
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import parallel
 
@@ -26,8 +28,36 @@ def test_results_keep_host_order_and_failures_stay_in_their_slot() -> None:
     results = parallel.run(fn, hosts(5), deadline=5)
     assert [r.spec.name for r in results] == ["h0", "h1", "h2", "h3", "h4"]
     assert [r.value for r in results] == ["H0", "H1", None, None, "H4"]
-    assert results[2].failure == parallel.Failure("error", "h2: broke")
+    assert results[2].failure == parallel.Failure(Outcome.INTERNAL, "h2: broke")
     assert results[3].failure is not None and "ValueError: bug" in results[3].failure.message
+    assert not results.ok
+    assert [r.name for r in results.failed] == ["h2", "h3"]
+    assert results.values() == {"h0": "H0", "h1": "H1", "h4": "H4"}
+
+
+def test_failures_group_by_outcome_and_fold_host_names() -> None:
+    def fn(spec: HostSpec) -> None:
+        if spec.name in ("h1", "h2", "h3"):
+            raise ClusterrunError(f"{spec.name}: connection refused", outcome=Outcome.REFUSED)
+        if spec.name == "h5":
+            raise ClusterrunError(f"{spec.name}: no python", outcome=Outcome.PROBE_FAILED)
+
+    results = parallel.run(fn, hosts(6), deadline=5)
+    assert results.by_outcome() == {Outcome.REFUSED: ["h1", "h2", "h3"],
+                                    Outcome.PROBE_FAILED: ["h5"]}
+    assert results.failure_lines() == ["h[1-3]: refused: connection refused",
+                                       "h5: probe failed: no python"]
+    with pytest.raises(ClusterrunError) as caught:
+        results.raise_if_failed("copying failed")
+    # A host never reached outranks one that answered: the exit status says "unreachable".
+    assert caught.value.outcome is Outcome.REFUSED
+    assert caught.value.exit_status == ExitStatus.UNREACHABLE
+    assert "h5: no python" in caught.value.message
+
+
+def test_maps_over_any_item_with_a_name() -> None:
+    results = parallel.run(lambda n: n * 2, [1, 2, 3], deadline=5, name=lambda n: f"n{n}")
+    assert results.values() == {"n1": 2, "n2": 4, "n3": 6}
 
 
 def test_a_stuck_host_times_out_without_holding_the_others() -> None:
@@ -42,7 +72,8 @@ def test_a_stuck_host_times_out_without_holding_the_others() -> None:
     results = parallel.run(fn, hosts(3), deadline=0.5)
     assert time.monotonic() - start < 2
     assert [r.ok for r in results] == [True, False, True]
-    assert results[1].failure is not None and results[1].failure.kind == "deadline"
+    assert results[1].failure is not None
+    assert results[1].failure.outcome is Outcome.COMMAND_TIMEOUT
     release.set()
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from clusterrun.home import home_setting
+
 AUTO = "auto"
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -17,11 +19,20 @@ DEFAULTS: dict[str, Any] = {
     "known_hosts": "~/.ssh/known_hosts",
     "python": None,  # python3 on remote hosts; this very interpreter on local ones
     "setup": None,
-    "workdir": "~/clusterrun",
+    "workdir": None,  # REMOTE_WORKDIR on remote hosts; local_workdir() on this machine
     "nproc_per_node": AUTO,
     "interface": AUTO,
     "env": {},
 }
+
+
+REMOTE_WORKDIR = "~/clusterrun"
+
+
+def local_workdir() -> str:
+    """Local hosts keep their files beside clusterrun's own state: $CLUSTERRUN_HOME/local-nodes
+    (default ~/.clusterrun/local-nodes), so pointing CLUSTERRUN_HOME elsewhere moves them too."""
+    return f"{home_setting()}/local-nodes"
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class HostSpec:
     known_hosts: str = "~/.ssh/known_hosts"
     python: str = "python3"
     setup: Optional[str] = None
-    workdir: str = "~/clusterrun"
+    workdir: str = REMOTE_WORKDIR
     nproc_per_node: Union[int, str] = AUTO
     interface: str = AUTO
     env: tuple[tuple[str, str], ...] = ()

@@ -10,7 +10,15 @@ from typing import Any, Callable, Optional, Union
 
 from clusterrun.errors import InventoryError
 from clusterrun.inventory import yaml_lines
-from clusterrun.inventory.hosts import AUTO, DEFAULTS, LOCAL_HOSTS, HostSpec, Inventory
+from clusterrun.inventory.hosts import (
+    AUTO,
+    DEFAULTS,
+    LOCAL_HOSTS,
+    REMOTE_WORKDIR,
+    HostSpec,
+    Inventory,
+    local_workdir,
+)
 from clusterrun.inventory.yaml_lines import Located
 
 _HOST_SETTINGS = (
@@ -30,7 +38,10 @@ _TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts")
 
 # The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
 # would read as syntax or an option. Host names and aliases are letters, digits, '.', '_', '-'.
-_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+# DNS (RFC 1035): a name is at most 253 characters (one more for a trailing dot), each
+# dot-separated label 1-63. Longer ones pass a regex and then fail deep inside SSH's resolver.
+_NAME_MAX, _LABEL_MAX = 253, 63
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 # Names end up in local file paths and log prefixes.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
@@ -228,10 +239,18 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
         own["env"] = {**(defaults.get("env") or {}), **own["env"]}
     settings.update({k: v for k, v in own.items() if v is not None})
     env = tuple(sorted((settings.pop("env") or {}).items()))
-    if settings.get("python") is None:
-        settings["python"] = sys.executable if host in LOCAL_HOSTS else "python3"
+    _where_it_runs(settings, local=host in LOCAL_HOSTS)
     return HostSpec(host=host, name=name, master=master, line=loc.line, gpus=gpus, env=env,
                     **settings)
+
+
+def _where_it_runs(settings: dict[str, Any], *, local: bool) -> None:
+    """Defaults that differ on this machine: local hosts run clusterrun's own interpreter and
+    keep their files under $CLUSTERRUN_HOME."""
+    if settings.get("python") is None:
+        settings["python"] = sys.executable if local else "python3"
+    if settings.get("workdir") is None:
+        settings["workdir"] = local_workdir() if local else REMOTE_WORKDIR
 
 
 def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
@@ -245,7 +264,32 @@ def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
         else:
             chk.fail(loc.line, f"{where}.host must be a string, got {_show(host)}; quote it.")
         return None
+    if not _ip_host(host):
+        problem = _dns_length(host)
+        if problem:
+            chk.fail(loc.line, f"{where}.host {_clip(host)!r}: {problem}")
+            return None
     return host
+
+
+def _dns_length(host: str) -> Optional[str]:
+    """What is wrong with a host name's length, in words; None if nothing."""
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > _NAME_MAX:
+        return (f"the name is {len(host)} characters long; a DNS name is at most {_NAME_MAX} "
+                "(a trailing dot aside). Use a shorter name or the host's IP address.")
+    for label in name.split("."):
+        if not label:
+            return "empty label ('..'): a DNS name has no empty parts between its dots."
+        if len(label) > _LABEL_MAX:
+            return (f"the label {_clip(label)!r} is {len(label)} characters long; each "
+                    f"dot-separated label of a DNS name is at most {_LABEL_MAX}. Use a shorter "
+                    "name, an ~/.ssh/config alias or the host's IP address.")
+    return None
+
+
+def _clip(text: str, keep: int = 40) -> str:
+    return text if len(text) <= keep else text[:keep] + "..."
 
 
 def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 
@@ -20,8 +22,6 @@ class Located:
     line: int
 
 
-Node = Union[yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode]
-
 
 def load(path: Path) -> Located:
     """Parse ``path``; raise InventoryError for a missing file, bad YAML or a duplicate key."""
@@ -31,6 +31,16 @@ def load(path: Path) -> Located:
         raise InventoryError(
             f"{path}: no such inventory file. Pass the path of a YAML inventory "
             "(see inventories/ for examples, or `clusterrun sandbox up 2` to make one)."
+        ) from None
+    except IsADirectoryError:
+        found = sorted(p.name for p in path.glob("*.y*ml"))[:3]
+        inside = f" ({', '.join(found)} there?)" if found else ""
+        raise InventoryError(f"{path} is a directory; INVENTORY is the YAML file itself{inside}."
+                             ) from None
+    except PermissionError:
+        raise InventoryError(
+            f"{path}: cannot read the inventory: permission denied ({_owner(path)}). Make it "
+            f"readable for this user (e.g. `chmod a+r {path}`) or pass a copy you can read."
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {exc}.") from None
@@ -55,7 +65,16 @@ def load(path: Path) -> Located:
     return _convert(path, node)
 
 
-def _convert(path: Path, node: Node) -> Located:
+def _owner(path: Path) -> str:
+    try:
+        st = path.stat()
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except (OSError, KeyError):
+        return "a directory on its path is closed to you"
+    return f"it belongs to {owner} with mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def _convert(path: Path, node: yaml.Node) -> Located:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Located] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import signal
 import sys
@@ -12,11 +11,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
 from clusterrun.console import Printer
-from clusterrun.errors import ExitStatus, PreflightError, UnreachableError
+from clusterrun.errors import ClusterrunError, ExitStatus, PreflightError, UnreachableError
 from clusterrun.inventory import Inventory
 from clusterrun.launch import outcome, sync
 from clusterrun.launch.session import Session
-from clusterrun.logs.mirror import Mirror
+from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.logs.view import LogView
 from clusterrun.plan import build as planning
 from clusterrun.plan import view as planview
@@ -24,8 +23,11 @@ from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
+from clusterrun.runs import lifecycle
 from clusterrun.runs import store as runs
+from clusterrun.runs.state import RunState, from_outcome
 from clusterrun.transport import SshOptions
+from clusterrun.transport.pool import Connections
 
 
 @dataclass(frozen=True)
@@ -81,18 +83,16 @@ class Interrupts:
             self.say(f"{name} again: killing the run on every node now")
 
 
-def _preflight(inv: Inventory, ssh: SshOptions, opts: LaunchOptions,
+def _preflight(inv: Inventory, pool: Connections, opts: LaunchOptions,
                err: TextIO) -> CheckReport:
-    report = preflight.run(inv, ssh, data_path=opts.check, keep_connections=True)
+    report = preflight.run(inv, pool, data_path=opts.check)
     if report.ok:
         return report
     checkview.render_plain(report, err)
     if report.unreachable:
-        report.close()
         names = ", ".join(h.spec.name for h in report.unreachable)
         raise UnreachableError(f"cannot reach {names}; nothing was started (see above).")
     if opts.check:
-        report.close()
         raise PreflightError("preflight failed; nothing was started. Fix the problems above, "
                              "or launch anyway with --no-check.")
     return report  # --no-check: the problems are shown, the launch goes on
@@ -107,8 +107,9 @@ def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptio
     extra_env = dict(opts.env)
     if opts.master_port is not None:
         inv = dataclasses.replace(inv, master_port=opts.master_port)
-    report = _preflight(inv, ssh, opts, err)
-    try:
+    # One connection per host, opened by preflight and reused by sync and the supervisors.
+    with Connections(ssh) as pool:
+        report = _preflight(inv, pool, opts, err)
         plan = planning.build(inv, report, script, args, name=opts.name,
                               nproc_override=opts.nproc_per_node, extra_env=extra_env,
                               sync=opts.sync, grace=opts.grace, lease=opts.lease,
@@ -116,20 +117,19 @@ def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptio
         if opts.dry_run:
             out.write("\n".join(planview.dry_run(plan)) + "\n")
             return int(ExitStatus.SUCCESS)
-        return execute(plan, inv, report, home=home, opts=opts, out=out, err=err)
-    finally:
-        report.close()
+        return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err)
 
 
-def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, *,
+def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connections, *,
             home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
             err: Optional[TextIO] = None) -> int:
-    """Run a plan on hosts the preflight ``report`` has connections to."""
+    """Run a plan on the hosts ``pool`` holds connections to (preflight made them)."""
     out = out or sys.stdout
     say = _sayer(err or sys.stderr)
     run_dir = runs.create(home, plan.run_id)
     runs.write_json(run_dir.file("plan.json"), dict(plan.public(), inventory=str(inv.path)))
-    run_dir.update_state(id=plan.run_id, name=plan.name, state="starting", detached=plan.detach,
+    run_dir.update_state(id=plan.run_id, name=plan.name, state=RunState.RUNNING.value,
+                         detached=plan.detach,
                          controller_pid=os.getpid(), started_at=runs.now(),
                          hosts=[n.name for n in plan.nodes], inventory=str(inv.path))
     lock = run_dir.lock_fd("mirror.lock")  # held while this process writes the mirrors
@@ -139,20 +139,20 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, *,
     if plan.sync and any(not n.local for n in plan.nodes):
         facts = {h.spec.name: h.facts for h in report.hosts}
         try:
-            for name, how in sync.sync(plan, report.transports, specs, facts,
+            for name, how in sync.sync(plan, pool.transports, specs, facts,
                                        opts.excludes).items():
                 say(f"{name}: {plan.script.parent.name}/ {how}")
-        except sync.SyncError:
-            run_dir.update_state(state="failed", ended_at=runs.now(), reason="sync failed")
+        except ClusterrunError as exc:  # a host's copy failed, or the host went away meanwhile
+            lifecycle.record(run_dir, RunState.FAILED, reason="copying the code failed",
+                             exit_status=exc.exit_status)
             raise
     mirror = Mirror(run_dir)
     view = LogView(Printer(out))
-    session = Session(plan, report.transports, specs, mirror=mirror, view=view, notify=say)
+    session = Session(plan, pool.transports, specs, mirror=mirror, view=view, notify=say)
     with Interrupts(say) as interrupts:
         session.start()
         if plan.detach:
             return _detached(plan, run_dir, session, say)
-        run_dir.update_state(state="running")
         session.watch(interrupts.received, interrupts.announce)
     view.close()
     mirror.close()
@@ -169,33 +169,20 @@ def _detached(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
     if lost:
         for node in lost:
             say(f"{node.plan.name}: {node.lost}")
-        session.stop_all()
-        run_dir.update_state(state="failed", ended_at=runs.now(), reason="a node did not start")
-        say(f"the run did not start everywhere; stop what did start with `clusterrun stop "
-            f"{plan.run_id}`")
+        stopped = session.stop_started()
+        lifecycle.record(run_dir, RunState.FAILED, reason="a node did not start",
+                         exit_status=int(ExitStatus.NODE_LOST))
+        if stopped:
+            say(f"the run did not start everywhere; stopped it on {', '.join(stopped)}")
+        else:
+            say(f"the run did not start everywhere; stop what did start with `clusterrun "
+                f"stop {plan.run_id}`")
         return int(ExitStatus.NODE_LOST)
     run_dir.update_state(state="running", controller_pid=None)
     say(f"run {plan.run_id} started on {len(plan.nodes)} nodes and runs on without this "
         f"terminal. Follow it: clusterrun logs -f {plan.run_id}   end it: clusterrun stop "
         f"{plan.run_id}")
     return int(ExitStatus.SUCCESS)
-
-
-def verify_mirrors(run_dir: runs.RunDir, nodes: list[outcome.NodeOutcome]) -> dict[str, Any]:
-    """Compare every host's log files (size, SHA-256 from its supervisor) with the mirrors."""
-    checked: dict[str, Any] = {"files": 0, "identical": 0, "differ": []}
-    for node in nodes:
-        remote = (node.end or {}).get("checksums") or {}
-        for name, (size, digest) in sorted(remote.items()):
-            checked["files"] += 1
-            path = run_dir.mirror(node.plan.name, name)
-            data = path.read_bytes() if path.exists() else b""  # never sent: it was empty
-            local = hashlib.sha256(data).hexdigest() if len(data) == size else None
-            if local == digest:
-                checked["identical"] += 1
-            else:
-                checked["differ"].append(f"{node.plan.name}/{name}")
-    return checked
 
 
 def _finish(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
@@ -206,16 +193,12 @@ def _finish(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
     interrupted = interrupts[0] if interrupts else None
     stopped = any(n.state == "stopped" for n in nodes)
     status = outcome.exit_status(root, interrupted, stopped)
-    logs = verify_mirrors(run_dir, nodes)
+    logs = verify(run_dir, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
     runs.write_json(run_dir.file("summary.json"), outcome.summary(
         run_dir, nodes, root=root, status=status, interrupted=interrupted, checks=logs))
-    if interrupted is not None or (stopped and root is None):
-        state = "stopped"
-    elif root is None:
-        state = "succeeded"
-    else:
-        state = "lost" if root.code is None else "failed"
-    run_dir.update_state(state=state, ended_at=runs.now(), exit_status=status)
+    state = lifecycle.record(run_dir, from_outcome(
+        root_lost=None if root is None else root.code is None, interrupted=interrupted is not None,
+        stopped=stopped), ended_at=runs.now(), exit_status=status)
     if status != 0:
         for line in outcome.report(run_dir, nodes, root, interrupted, stopped):
             say(line)
@@ -224,5 +207,5 @@ def _finish(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
             f"{', '.join(logs['differ'][:5])} (the hosts keep the originals)")
     else:
         say(f"logs: {logs['identical']} files, identical on the hosts and in {run_dir.path}")
-    say(f"run {plan.run_id} {state} (exit {status})")
+    say(f"run {plan.run_id} {state.value} (exit {status})")
     return status

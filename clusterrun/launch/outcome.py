@@ -1,5 +1,15 @@
-"""How a run ended: per node outcomes, the root cause (the first failure in time), the report
-that leads with it, and the exit status."""
+"""How a run ended: per node outcomes, the root cause (the first failure in time, without
+trusting any host's clock), the report that leads with it, and the exit status.
+
+Time: every supervisor stamps its events with the seconds since it started, by its own host's
+clocks (a rank's exit is its exit file's mtime minus the supervisor's own wall-clock start, on
+the same host). When a supervisor's first frame (``started``) arrives, this machine notes the
+offset between its own monotonic clock and that supervisor's count (``Clock.handshake``); an
+event's time here is then offset + its count. Hosts' wall clocks are never compared with each
+other or with this machine's, so clocks minutes apart still give the right root cause. (The
+offset includes the first frame's network delay, a few milliseconds, the same for all events
+of that host.) A lost node's time is when this machine gave up on it, on its own clock.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from clusterrun.errors import ExitStatus
+from clusterrun.logs.wire import End, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
 from clusterrun.transport.parallel import fold
@@ -16,15 +27,33 @@ from clusterrun.transport.parallel import fold
 LAST_LINES = 15
 
 
+@dataclass(frozen=True)
+class Clock:
+    """A supervisor's "seconds since I started" on this machine's monotonic clock."""
+
+    offset: float
+
+    @classmethod
+    def handshake(cls, arrived: float, elapsed: float) -> Clock:
+        """``arrived``: this machine's monotonic time when the supervisor's first frame came;
+        ``elapsed``: the supervisor's own count in that frame."""
+        return cls(arrived - elapsed)
+
+    def local(self, elapsed: float) -> float:
+        return self.offset + elapsed
+
+
 @dataclass
 class NodeOutcome:
     plan: NodePlan
-    started: bool = False
-    end: Optional[dict[str, Any]] = None  # the supervisor's final event
+    started: Optional[Started] = None
+    clock: Optional[Clock] = None
+    end: Optional[End] = None  # the supervisor's final event
     lost: Optional[str] = None  # why the controller gave up on this node
-    lost_at: Optional[float] = None
-    rank_exits: dict[int, dict[str, Any]] = field(default_factory=dict)
-    torchrun_exit: Optional[dict[str, Any]] = None
+    lost_at: Optional[float] = None  # this machine's monotonic clock
+    rank_exits: dict[int, RankExit] = field(default_factory=dict)
+    torchrun_exit: Optional[TorchrunExit] = None
+    folded: int = 0  # lines of torchrun's own shutdown output not shown on the console
 
     @property
     def done(self) -> bool:
@@ -34,16 +63,20 @@ class NodeOutcome:
     def state(self) -> str:
         if self.lost is not None:
             return "lost"
-        return (self.end or {}).get("state", "unknown")
+        return self.end.state if self.end is not None else "unknown"
 
 
 @dataclass(frozen=True)
 class Failure:
-    t: float
+    t: float  # this machine's monotonic clock
     node: str
     rank: Optional[int]
     code: Optional[int]  # None: the node was lost
     detail: str
+
+    @property
+    def signal(self) -> Optional[int]:
+        return self.code - 128 if self.code is not None and self.code > 128 else None
 
 
 def describe_code(code: int) -> str:
@@ -56,24 +89,28 @@ def describe_code(code: int) -> str:
     return f"exited with code {code}"
 
 
-def failures(nodes: list[NodeOutcome]) -> list[Failure]:
-    """Failures that happened on their own: not exits caused by clusterrun's own teardown."""
+def node_failures(node: NodeOutcome) -> list[Failure]:
+    """One node's failures that happened on their own: not exits its supervisor's stop caused."""
+    name = node.plan.name
     found: list[Failure] = []
-    for node in nodes:
-        name = node.plan.name
-        ranked = False
+    if node.clock is not None:
         for rank, ev in node.rank_exits.items():
-            if ev["code"] != 0 and not ev.get("stopping"):
-                found.append(Failure(ev["t"], name, rank, ev["code"],
-                                     f"{name} rank {rank} {describe_code(ev['code'])}"))
-                ranked = True
+            if ev.code != 0 and not ev.stopping:
+                found.append(Failure(node.clock.local(ev.elapsed), name, rank, ev.code,
+                                     f"{name} rank {rank} {describe_code(ev.code)}"))
         tr = node.torchrun_exit
-        if tr and tr["code"] != 0 and not tr.get("stopping") and not ranked:
-            found.append(Failure(tr["t"], name, None, tr["code"],
-                                 f"{name}: torchrun {describe_code(tr['code'])}"))
-        if node.lost is not None and node.lost_at is not None:
-            found.append(Failure(node.lost_at, name, None, None, f"{name} was lost: {node.lost}"))
-    return sorted(found, key=lambda f: f.t)
+        if tr is not None and tr.code != 0 and not tr.stopping and not found:
+            found.append(Failure(node.clock.local(tr.elapsed), name, None, tr.code,
+                                 f"{name}: torchrun {describe_code(tr.code)}"))
+    if node.lost is not None and node.lost_at is not None:
+        found.append(Failure(node.lost_at, name, None, None, f"{name} was lost: {node.lost}"))
+    return found
+
+
+def failures(nodes: list[NodeOutcome]) -> list[Failure]:
+    """Every node's own failures, first in time first (ties: by node, then rank)."""
+    found = [f for node in nodes for f in node_failures(node)]
+    return sorted(found, key=lambda f: (f.t, f.node, -1 if f.rank is None else f.rank))
 
 
 def exit_status(root: Optional[Failure], interrupted: Optional[int], stopped: bool) -> int:
@@ -100,8 +137,8 @@ def last_lines(run: RunDir, node: str, rank: Optional[int], count: int = LAST_LI
 
 def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[Failure],
            interrupted: Optional[int], stopped: bool) -> list[str]:
-    """The final report: the root cause first with its last lines, then every node folded by
-    outcome."""
+    """The final report: the root cause first with its last lines, then one line per group of
+    nodes that fared alike."""
     lines: list[str] = []
     if root is not None:
         lines.append(f"root cause: {root.detail}")
@@ -115,41 +152,72 @@ def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[Failure],
                      "every node")
     groups: dict[str, list[str]] = {}
     for node in nodes:
-        groups.setdefault(_node_text(node), []).append(node.plan.name)
+        groups.setdefault(node_text(node, root, interrupted), []).append(node.plan.name)
     for text, names in sorted(groups.items(), key=lambda kv: kv[1]):
         lines.append(f"{fold(names)}: {text}")
+    folded = sorted(n.plan.name for n in nodes if n.folded)
+    if folded:
+        lines.append(f"torchrun's shutdown output (tracebacks, closing signals) folded for "
+                     f"{fold(folded)}: see `clusterrun logs {run.id} --node NAME`")
     return lines
 
 
-def _node_text(node: NodeOutcome) -> str:
+def _after(root: Optional[Failure]) -> str:
+    if root is None:
+        return ""
+    return f" after {root.node} " + ("was lost" if root.code is None else "failed")
+
+
+def node_text(node: NodeOutcome, root: Optional[Failure],
+              interrupted: Optional[int] = None) -> str:
+    """What happened to one node, in a few words (the root cause's node: its own failure)."""
     if node.lost is not None:
         return f"lost ({node.lost})"
-    end = node.end or {}
-    state = end.get("state", "unknown")
-    code = end.get("exit_code")
+    state = node.state
     if state == "succeeded":
         return "succeeded"
+    own = node_failures(node)
+    if state == "failed":
+        what = own[0].detail.replace(f"{node.plan.name} ", "", 1).lstrip(": ") if own else (
+            f"torchrun {describe_code(node.end.exit_code)}"
+            if node.end is not None and node.end.exit_code is not None else "")
+        if root is not None and root.node == node.plan.name:
+            return f"failed ({what})" if what else "failed"
+        return f"failed{_after(root)}" + (f" ({what})" if what else "")
     if state == "stopped":
-        return f"stopped ({end.get('reason') or 'by clusterrun'})"
-    return f"{state} (torchrun {describe_code(code)})" if code is not None else state
+        if root is not None:
+            return f"stopped{_after(root)}"
+        if interrupted is not None:
+            return f"stopped ({signal.Signals(interrupted).name})"
+        return f"stopped ({(node.end.reason if node.end else None) or 'by clusterrun'})"
+    return state
 
 
 def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], status: int,
             interrupted: Optional[int], checks: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: machine-readable, secrets never included (nothing here holds env)."""
+    """summary.json: machine-readable, secrets never included (nothing here holds env). Each
+    node's state and exit code are its own (its supervisor's), never the controller's."""
     return {
         "run_id": run.id,
         "exit_status": status,
         "interrupted": signal.Signals(interrupted).name if interrupted else None,
         "root_cause": None if root is None else {
-            "node": root.node, "rank": root.rank, "code": root.code, "t": root.t,
-            "detail": root.detail},
-        "nodes": [{
-            "name": n.plan.name, "node_rank": n.plan.node_rank,
-            "ranks": [n.plan.ranks.start, n.plan.ranks.stop - 1], "state": n.state,
-            "exit_code": (n.end or {}).get("exit_code"), "reason": n.lost or
-            (n.end or {}).get("reason"),
-            "rank_exits": {str(r): ev["code"] for r, ev in sorted(n.rank_exits.items())},
-        } for n in nodes],
+            "node": root.node, "rank": root.rank, "code": root.code, "signal": root.signal,
+            "detail": root.detail, "lost": root.code is None},
+        "nodes": [_node_summary(n, root, interrupted) for n in nodes],
         "logs": checks,
+    }
+
+
+def _node_summary(n: NodeOutcome, root: Optional[Failure],
+                  interrupted: Optional[int]) -> dict[str, Any]:
+    code = n.end.exit_code if n.end is not None else None
+    return {
+        "name": n.plan.name, "node_rank": n.plan.node_rank,
+        "ranks": [n.plan.ranks.start, n.plan.ranks.stop - 1], "state": n.state,
+        "exit_code": code,
+        "signal": code - 128 if code is not None and code > 128 else None,
+        "reason": n.lost or (n.end.reason if n.end is not None else None),
+        "outcome": node_text(n, root, interrupted),
+        "rank_exits": {str(r): ev.code for r, ev in sorted(n.rank_exits.items())},
     }

@@ -15,22 +15,17 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.transport import SshTransport, Transport, parallel, shell
-from clusterrun.transport.programs import call
+from clusterrun.transport.programs import ProgramError, call
 
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
                     ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints")
 SYNC_SECONDS = 600.0
-
-
-class SyncError(ClusterrunError):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def gitignored(root: Path) -> tuple[str, ...]:
@@ -69,18 +64,25 @@ def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
                 continue
             digest = hashlib.sha256()
             size = 0
-            with open(path, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-                    size += len(block)
+            try:
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+                        size += len(block)
+            except OSError as exc:
+                raise SyncError(f"cannot read {path} to copy it to the hosts: {exc.strerror}. "
+                                "Fix its permissions, or leave it out with --exclude.") from None
             out[rel] = (size, digest.hexdigest())
     return out
 
 
 def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str],
             mkdir: bool) -> dict[str, tuple[int, str]]:
-    reply = call(transport, spec, "files.py", {"root": dest, "files": files, "mkdir": mkdir},
-                 timeout=SYNC_SECONDS)
+    try:
+        reply = call(transport, spec, "files.py", {"root": dest, "files": files, "mkdir": mkdir},
+                     timeout=SYNC_SECONDS)
+    except ProgramError as exc:  # e.g. the workdir's disk is full or read-only
+        raise SyncError(f"{spec.name}: cannot prepare or read {dest}: {exc.message}") from None
     return {k: (v[0], v[1]) for k, v in reply["manifest"].items()}
 
 
@@ -93,7 +95,7 @@ def _rsync(transport: SshTransport, spec: HostSpec, src: Path, dest: str,
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_SECONDS,
                           check=False)
     if proc.returncode != 0:
-        raise SyncError("error", f"{spec.name}: rsync failed (exit {proc.returncode}): "
+        raise SyncError(f"{spec.name}: rsync failed (exit {proc.returncode}): "
                         f"{proc.stderr.strip()[-500:]}")
 
 
@@ -131,7 +133,7 @@ def _sftp_makedirs(sftp: object, path: str) -> None:
 
 
 def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
-         facts: dict[str, dict], excludes: Sequence[str]) -> dict[str, str]:
+         facts: dict[str, dict[str, Any]], excludes: Sequence[str]) -> dict[str, str]:
     """Copy the script's directory to every remote host; return per host how it went."""
     src = plan.script.parent
     patterns = tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
@@ -157,15 +159,12 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         after = _remote(transport, spec, node.cwd, files, mkdir=False)
         bad = [rel for rel in files if after.get(rel) != local[rel]]
         if bad:
-            raise SyncError("error", f"{spec.name}: after copying, {len(bad)} file(s) differ "
+            raise SyncError(f"{spec.name}: after copying, {len(bad)} file(s) differ "
                             f"from this machine's: {', '.join(bad[:5])}. Is something else "
                             f"writing to {node.cwd} on that host?")
         return f"{method}: {len(changed)} of {len(files)} files copied, all {len(files)} verified"
 
     remote = [specs[n.name] for n in plan.nodes if not n.local]
     results = parallel.run(one, remote, SYNC_SECONDS)
-    failed = [r.failure.message for r in results if r.failure is not None]
-    if failed:
-        raise SyncError("error", "copying the script's directory failed:\n  "
-                        + "\n  ".join(failed))
-    return {r.spec.name: r.value or "" for r in results}
+    results.raise_if_failed("copying the script's directory failed; nothing was started")
+    return results.values()

@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable, Optional
 
 from clusterrun.inventory import HostSpec
+from clusterrun.logs import wire
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
@@ -26,13 +27,14 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
         proc = transport.run(shell.remote_python(spec.python, spec.setup))
         drain(proc)
-        proc.write(shell.program_input("supervisor.py", {
-            "mode": "tail", "rundir": node["rundir"], "follow": keep_following,
+        proc.write(shell.program_input("tail.py", {
+            "rundir": node["rundir"], "follow": keep_following,
             "offsets": mirror.offsets(spec.name)}))
 
-        def on_event(event: dict[str, Any]) -> None:
-            if event.get("ev") == "end":
-                ends[spec.name] = event
+        def on_event(raw: dict[str, Any]) -> None:
+            event = wire.parse(raw)
+            if isinstance(event, wire.End):
+                ends[spec.name] = _as_state(event)
 
         receive(spec.name, proc, mirror, on_event, view.feed if view is not None else None)
         proc.close()
@@ -48,6 +50,14 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     if view is not None:
         view.close()
     return ends
+
+
+def _as_state(end: wire.End) -> dict[str, Any]:
+    """A node's final event in the shape of its state.json (what `logs` and `ps` read)."""
+    return {"state": end.state, "exit_code": end.exit_code, "reason": end.reason,
+            "cause": end.cause, "ranks": {str(r): c for r, c in end.ranks.items()},
+            "checksums": end.checksums,
+            "root_cause": end.root_cause.public() if end.root_cause else None}
 
 
 def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],

@@ -7,6 +7,7 @@ loses.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -86,3 +87,20 @@ def receive(node: str, proc: Process, mirror: Mirror,
         fresh = mirror.append(node, header["f"], header["o"], data)
         if fresh and on_data is not None:
             on_data(node, header["f"], fresh)
+
+
+def verify(run: RunDir, checksums: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Compare each node's log files as its supervisor reported them ({file: [size, sha256]})
+    with this machine's mirrors: ``{"files", "identical", "differ": ["node/file", ...]}``."""
+    checked: dict[str, Any] = {"files": 0, "identical": 0, "differ": []}
+    for node, files in sorted(checksums.items()):
+        for name, (size, digest) in sorted((files or {}).items()):
+            checked["files"] += 1
+            path = run.mirror(node, name)
+            data = path.read_bytes() if path.exists() else b""  # never sent: it was empty
+            local = hashlib.sha256(data).hexdigest() if len(data) == size else None
+            if local == digest:
+                checked["identical"] += 1
+            else:
+                checked["differ"].append(f"{node}/{name}")
+    return checked

@@ -4,24 +4,83 @@ showed."""
 from __future__ import annotations
 
 import collections
-from typing import Optional
+from typing import Callable, Optional
 
 from clusterrun.logs.view import LogView
 from clusterrun.runs.store import RunDir
 
+Stream = tuple[str, str]  # (node, line prefix): one file's lines
+Line = tuple[str, str, str]  # (node, prefix, text), as a Printer gets it
+OnChunk = Callable[[str, str], None]
+
 
 class Collector:
-    """A printer stand-in that keeps the last ``n`` lines (for --tail)."""
+    """A printer stand-in that keeps what ``--tail N`` shows: the last N lines across all nodes,
+    in the order they arrived. Lines that arrived together (one chunk per file, as when a live
+    run's files are fetched from its hosts at once) are interleaved as if each file had been
+    written at an even pace over the same time, so every node shows, not just the one whose
+    chunk happened to land last."""
 
     def __init__(self, n: int) -> None:
-        self.lines: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=n)
+        self.n = n
+        self._batches: list[dict[Stream, _Stream]] = [{}]
+        self._files: set[tuple[str, str]] = set()
+
+    def chunk(self, node: str, name: str) -> None:
+        """Called before each chunk is fed: a file seen again starts a new batch."""
+        if (node, name) in self._files:
+            self._batches.append({})
+            self._files = set()
+            self._prune()
+        self._files.add((node, name))
 
     def line(self, key: str, prefix: str, text: str) -> None:
-        self.lines.append((key, prefix, text))
+        stream = self._batches[-1].setdefault((key, prefix), _Stream(self.n))
+        stream.seen += 1
+        stream.lines.append((key, prefix, text))
+
+    def _prune(self) -> None:
+        """Forget batches that the later ones push out of the last N lines."""
+        sizes = [sum(len(s.lines) for s in batch.values()) for batch in self._batches]
+        keep = len(sizes) - 1
+        later = sizes[-1]
+        while keep > 0 and later < self.n:
+            keep -= 1
+            later += sizes[keep]
+        self._batches = [b for i, b in enumerate(self._batches)
+                         if i >= keep and (sizes[i] or i == len(sizes) - 1)]
+
+    @property
+    def lines(self) -> list[Line]:
+        if self.n == 0:
+            return []
+        out: list[Line] = []
+        for batch in self._batches:
+            out.extend(_interleaved(list(batch.values())))
+        return out[-self.n:]
+
+
+class _Stream:
+    """One file's lines in one batch: how many arrived, and the last N of them."""
+
+    def __init__(self, n: int) -> None:
+        self.seen = 0
+        self.lines: collections.deque[Line] = collections.deque(maxlen=n)
+
+
+def _interleaved(streams: list[_Stream]) -> list[Line]:
+    """Lines of files that arrived together, each line placed at its relative position in its
+    own file's batch (the middle of the k-th of m slots)."""
+    keyed = []
+    for order, stream in enumerate(streams):
+        first = stream.seen - len(stream.lines)
+        for i, line in enumerate(stream.lines):
+            keyed.append(((first + i + 0.5) / stream.seen, order, i, line))
+    return [line for *_, line in sorted(keyed, key=lambda k: k[:3])]
 
 
 def replay_from(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
-                offset: int) -> int:
+                offset: int, on_chunk: Optional[OnChunk] = None) -> int:
     """Feed the view what the arrivals index records from byte ``offset`` of the index on, in
     arrival order; returns the new index offset. ``positions`` tracks each file's progress."""
     path = run.file("arrivals")
@@ -34,12 +93,12 @@ def replay_from(run: RunDir, view: LogView, positions: dict[tuple[str, str], int
     complete = data[: data.rfind(b"\n") + 1]
     for raw in complete.splitlines():
         node, name, end = raw.decode().split("\t")
-        _feed(run, view, positions, node, name, end=int(end))
+        _feed(run, view, positions, node, name, end=int(end), on_chunk=on_chunk)
     return offset + len(complete)
 
 
 def _feed(run: RunDir, view: LogView, positions: dict[tuple[str, str], int], node: str,
-          name: str, *, end: Optional[int]) -> None:
+          name: str, *, end: Optional[int], on_chunk: Optional[OnChunk] = None) -> None:
     start = positions.get((node, name), 0)
     path = run.mirror(node, name)
     try:
@@ -50,17 +109,22 @@ def _feed(run: RunDir, view: LogView, positions: dict[tuple[str, str], int], nod
         return
     if data:
         positions[(node, name)] = start + len(data)
+        if on_chunk is not None:
+            on_chunk(node, name)
         view.feed(node, name, data)
 
 
-def replay(run: RunDir, view: LogView) -> tuple[dict[tuple[str, str], int], int]:
-    """Everything mirrored so far, in the order it arrived."""
+def replay(run: RunDir, view: LogView, on_chunk: Optional[OnChunk] = None,
+           ) -> tuple[dict[tuple[str, str], int], int]:
+    """Everything mirrored so far, in the order it arrived; ``on_chunk(node, file)`` before
+    each chunk."""
     positions: dict[tuple[str, str], int] = {}
-    offset = replay_from(run, view, positions, 0)
+    offset = replay_from(run, view, positions, 0, on_chunk)
     # Bytes written to a mirror whose arrival entry never made it (the writer was killed).
     nodes_dir = run.path / "nodes"
     if nodes_dir.is_dir():
         for node_dir in sorted(nodes_dir.iterdir()):
             for path in sorted(node_dir.iterdir()):
-                _feed(run, view, positions, node_dir.name, path.name, end=None)
+                _feed(run, view, positions, node_dir.name, path.name, end=None,
+                      on_chunk=on_chunk)
     return positions, offset

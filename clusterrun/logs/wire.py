@@ -1,17 +1,145 @@
-"""The wire between a host's supervisor and this machine: ``J <json>\\n`` event frames and
-``D <json>\\n<bytes>`` data frames, each naming a file and the byte offset it starts at."""
+"""The wire between clusterrun's programs on a host and this machine, parsed at one place.
+
+A program's stdout is a sequence of ``J <json>\\n`` event frames and ``D <json>\\n<bytes>`` data
+frames (each naming a file and the byte offset it starts at). ``frames`` splits the stream;
+``parse`` turns an event frame into one of the typed events below. Every event carries ``e``,
+the seconds since its supervisor started by that host's own clocks (see launch/outcome.py for
+how they are put on this machine's clock).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from clusterrun.transport import Process
 
 
 class ProtocolError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """A detached run's root cause as the hosts recorded it (the hub's first in arrival order)."""
+
+    node: str
+    rank: Optional[int]
+    code: Optional[int]
+    signal: Optional[int]
+    detail: str
+    lost: bool = False
+
+    def public(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "code": self.code, "signal": self.signal,
+                "detail": self.detail, "lost": self.lost}
+
+
+@dataclass(frozen=True)
+class Started:
+    elapsed: float
+    pid: Optional[int] = None  # the supervisor (for exec: the command)
+    torchrun_pid: Optional[int] = None
+    hostname: str = ""
+    subreaper: bool = False
+    hub_port: Optional[int] = None  # detached master: where its workers' supervisors connect
+
+
+@dataclass(frozen=True)
+class RankExit:
+    elapsed: float  # the rank's exit file's mtime, as seconds since its supervisor started
+    rank: int
+    code: int
+    stopping: bool  # it exited after its supervisor began stopping: not a cause
+
+
+@dataclass(frozen=True)
+class TorchrunExit:
+    elapsed: float
+    code: int
+    stopping: bool
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class End:
+    """A program's final event. Runs: state is succeeded/failed/stopped/lost (or missing,
+    unknown for `logs -f` of a run that is not there); exec: exited/timeout/stopped/lost."""
+
+    elapsed: float
+    state: str
+    exit_code: Optional[int] = None
+    reason: Optional[str] = None
+    cause: Optional[str] = None
+    signal: Optional[int] = None
+    ranks: dict[int, int] = field(default_factory=dict)
+    checksums: dict[str, Any] = field(default_factory=dict)
+    root_cause: Optional[RootCause] = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """`ps`: a run's state.json on a host as it stands (None: no such run there)."""
+
+    state: Optional[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StopResult:
+    found: bool
+    was: Optional[str]
+    state: Optional[dict[str, Any]]
+
+
+Event = Union[Started, RankExit, TorchrunExit, Heartbeat, End, Status, StopResult]
+
+
+def root_cause(raw: Any) -> Optional[RootCause]:
+    if not isinstance(raw, dict) or "node" not in raw:
+        return None
+    return RootCause(node=str(raw["node"]), rank=raw.get("rank"), code=raw.get("code"),
+                     signal=raw.get("signal"), detail=str(raw.get("detail") or ""),
+                     lost=bool(raw.get("lost")))
+
+
+def _float(ev: dict[str, Any]) -> float:
+    return float(ev.get("e") or 0.0)
+
+
+def parse(ev: dict[str, Any]) -> Event:
+    """One event frame's JSON as its typed event."""
+    kind = ev.get("ev")
+    try:
+        if kind == "hb":
+            return Heartbeat(_float(ev))
+        if kind == "started":
+            return Started(_float(ev), pid=ev.get("pid"), torchrun_pid=ev.get("torchrun_pid"),
+                           hostname=str(ev.get("hostname") or ""),
+                           subreaper=bool(ev.get("subreaper")), hub_port=ev.get("hub_port"))
+        if kind == "rank_exit":
+            return RankExit(_float(ev), int(ev["rank"]), int(ev["code"]), bool(ev["stopping"]))
+        if kind == "torchrun_exit":
+            return TorchrunExit(_float(ev), int(ev["code"]), bool(ev["stopping"]))
+        if kind == "end":
+            return End(_float(ev), str(ev.get("state") or "unknown"),
+                       exit_code=ev.get("exit_code"), reason=ev.get("reason"),
+                       cause=ev.get("cause"), signal=ev.get("signal"),
+                       ranks={int(r): int(c) for r, c in (ev.get("ranks") or {}).items()},
+                       checksums=dict(ev.get("checksums") or {}),
+                       root_cause=root_cause(ev.get("root_cause")))
+        if kind == "status":
+            return Status(ev.get("state"))
+        if kind == "stopped":
+            return StopResult(bool(ev.get("found")), ev.get("was"), ev.get("state"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {kind!r} event from a supervisor: {exc}") from None
+    raise ProtocolError(f"unknown event from a supervisor: {str(ev)[:80]}")
 
 
 def frames(proc: Process) -> Iterator[tuple[dict[str, Any], Optional[bytes]]]:
@@ -21,13 +149,18 @@ def frames(proc: Process) -> Iterator[tuple[dict[str, Any], Optional[bytes]]]:
     while True:
         nl = buf.find(b"\n")
         if nl >= 0:
-            kind, header = bytes(buf[:2]), json.loads(bytes(buf[2:nl]))
+            kind = bytes(buf[:2])
+            if kind not in (b"J ", b"D "):
+                raise ProtocolError(f"unexpected output from the supervisor: {bytes(buf[:80])!r}")
+            try:
+                header = json.loads(bytes(buf[2:nl]))
+            except ValueError:
+                raise ProtocolError(f"a garbled frame from the supervisor: "
+                                    f"{bytes(buf[:80])!r}") from None
             if kind == b"J ":
                 del buf[: nl + 1]
                 yield header, None
                 continue
-            if kind != b"D ":
-                raise ProtocolError(f"unexpected output from the supervisor: {bytes(buf[:80])!r}")
             need = nl + 1 + header["n"]
             if len(buf) >= need:
                 data = bytes(buf[nl + 1 : need])

@@ -7,11 +7,11 @@ import os
 import re
 import secrets as pysecrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from clusterrun.errors import UsageError
+from clusterrun.errors import PreflightError, UsageError
 from clusterrun.inventory import AUTO, Inventory
 from clusterrun.plan import ranks
 from clusterrun.plan.model import LaunchPlan, NodePlan
@@ -41,13 +41,24 @@ def payload_dir(workdir: str, script_dir: Path) -> str:
     return f"{workdir}/code/{script_dir.resolve().name or 'root'}-{digest}"
 
 
-def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+def parse_env(pairs: Sequence[str],
+              environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """``--env NAME=VALUE``, or ``--env NAME`` for NAME's value in this machine's environment
+    (``environ``, default os.environ), so a secret need not be typed on a command line."""
+    environ = os.environ if environ is None else environ
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE with a valid variable name, "
-                             "e.g. --env NCCL_DEBUG=INFO.")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE, or NAME alone to pass on "
+                             "its value here, with a valid variable name, e.g. --env "
+                             "NCCL_DEBUG=INFO or --env HF_TOKEN.")
+        if not sep:
+            if key not in environ:
+                raise UsageError(f"--env {key}: {key} is not set in this shell, so there is no "
+                                 f"value to pass on; export it first, or give one with "
+                                 f"--env {key}=VALUE.")
+            value = environ[key]
         out[key] = value
     return out
 
@@ -74,8 +85,8 @@ def build(inv: Inventory, report: CheckReport, script: Path, args: Sequence[str]
           lease: float = 30.0, detach: bool = False) -> LaunchPlan:
     """Everything a launch will do, decided before anything starts."""
     if report.master_addr is None or report.master_port is None:
-        raise UsageError("cannot plan the launch: the master's address or port is unknown "
-                         "(see the preflight report above).")
+        raise PreflightError("cannot plan the launch: the master's address or port is unknown "
+                             "(see the preflight report above).")
     label = run_name(script, name)
     run_id = new_run_id(label)
     hosts = sorted(report.hosts, key=lambda h: h.node_rank)
@@ -122,6 +133,7 @@ def build(inv: Inventory, report: CheckReport, script: Path, args: Sequence[str]
                 (key, getattr(spec, key)) for key in CONNECTION_KEYS)))
     return LaunchPlan(run_id=run_id, name=label, script=script, args=tuple(args),
                       master_addr=report.master_addr, master_port=report.master_port,
+                      lifeline_port=report.lifeline_port,
                       nodes=tuple(nodes), sync=sync, grace=grace, lease=lease, detach=detach)
 
 

@@ -56,6 +56,9 @@ class LaunchPlan:
     grace: float
     lease: float
     detach: bool = False
+    # Proved open from every worker to the master at preflight: detached runs' supervisors keep
+    # their lifeline to the master's supervisor on it. None when the data path was not tested.
+    lifeline_port: Optional[int] = None
     created: float = field(default_factory=time.time)
 
     @property
@@ -68,4 +71,5 @@ class LaunchPlan:
                 "master_port": self.master_port, "nnodes": len(self.nodes),
                 "world_size": self.world_size, "sync": self.sync, "grace": self.grace,
                 "lease": self.lease, "detach": self.detach, "created": self.created,
+                "lifeline_port": self.lifeline_port,
                 "nodes": [n.public() for n in self.nodes]}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.plan.secrets import masked
+from clusterrun.plan.secrets import describe, masked
 from clusterrun.transport import shell
 
 
@@ -38,6 +38,7 @@ def dry_run(plan: LaunchPlan) -> list[str]:
         lines.append(f"  command:   {shell.join(node.argv)}")
     lines.append("")
     lines.append("The command runs without a shell: arguments and environment values arrive "
-                 "byte-exact. Secrets (names with TOKEN, SECRET, PASSWORD, KEY) are masked here "
-                 "and travel on the supervisor's stdin, never on a command line.")
+                 "byte-exact. Secrets are masked here and travel on the supervisor's stdin, never "
+                 "on a command line.")
+    lines.append(describe())
     return lines

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from typing import Any, Optional
+from typing import Any
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
@@ -47,14 +48,16 @@ class ProbeSession:
         try:
             line = self._lines.get(timeout=self.timeout)
         except queue.Empty:
-            raise ProgramError("timeout", f"{self.spec.name}: the probe gave no answer within "
+            raise ProgramError(Outcome.PROBE_TIMEOUT,
+                f"{self.spec.name}: the probe gave no answer within "
                              f"{self.timeout:g} s.") from None
         if line is _EOF:
             raise self._died()
         try:
             return json.loads(line)[key]
         except (ValueError, KeyError, TypeError):
-            raise ProgramError("error", f"{self.spec.name}: unexpected output from the probe: "
+            raise ProgramError(Outcome.PROBE_FAILED,
+                f"{self.spec.name}: unexpected output from the probe: "
                              f"{line[:200]!r}. Does `setup:` print to stdout?") from None
 
     def _died(self) -> ProgramError:
@@ -64,13 +67,16 @@ class ProbeSession:
         last = err.splitlines()[-5:] if err else []
         detail = ("\n    " + "\n    ".join(last)) if last else ""
         if code == 127:
-            return ProgramError("exit", f"{self.spec.name}: the interpreter `{self.spec.python}` "
+            return ProgramError(Outcome.PROBE_FAILED,
+                f"{self.spec.name}: the interpreter `{self.spec.python}` "
                               "was not found there. Set `python:` in the inventory to the host's "
                               f"Python 3 (or a `setup:` that puts it on PATH).{detail}")
         if code == shell.SETUP_FAILED:
-            return ProgramError("exit", f"{self.spec.name}: the inventory's `setup:` snippet "
+            return ProgramError(Outcome.PROBE_FAILED,
+                f"{self.spec.name}: the inventory's `setup:` snippet "
                                 f"failed there; fix it or the host's environment.{detail}")
-        return ProgramError("exit", f"{self.spec.name}: the probe exited with status {code} "
+        return ProgramError(Outcome.PROBE_FAILED,
+            f"{self.spec.name}: the probe exited with status {code} "
                           f"before answering.{detail}")
 
     def ask(self, op: str, **fields: Any) -> Any:
@@ -88,15 +94,3 @@ class ProbeSession:
             pass
         self._proc.wait(2)
         self._proc.close()
-
-
-def first_ipv4(iface: Optional[dict[str, Any]]) -> Optional[str]:
-    if not iface:
-        return None
-    for cidr in iface.get("addrs", []):
-        addr = cidr.split("/")[0]
-        if ":" not in addr:
-            return addr
-    return None
-
-

@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.transport import Transport
-
-CONNECTION_KINDS = frozenset({"dns", "refused", "timeout", "unreachable", "auth", "hostkey",
-                              "deadline"})
 
 
 @dataclass
@@ -30,11 +27,16 @@ class HostReport:
     facts: dict[str, Any] = field(default_factory=dict)
     interface: Optional[str] = None
     address: Optional[str] = None
-    failure_kind: Optional[str] = None  # set when the host could not be probed at all
+    outcome: Optional[Outcome] = None  # set when the host could not be probed at all
 
     @property
     def ok(self) -> bool:
-        return self.failure_kind is None and all(c.ok for c in self.checks)
+        return self.outcome is None and all(c.ok for c in self.checks)
+
+    @property
+    def reached(self) -> bool:
+        """False when the host could not be connected to, authenticated or trusted."""
+        return self.outcome is None or self.outcome.reached
 
     @property
     def gpus(self) -> int:
@@ -57,6 +59,20 @@ class HostReport:
     def add(self, name: str, ok: bool, detail: str) -> None:
         self.checks.append(Check(name, ok, detail))
 
+    def replace(self, check: Check) -> None:
+        """Put ``check`` in place of the one with its name (or add it)."""
+        for i, old in enumerate(self.checks):
+            if old.name == check.name:
+                self.checks[i] = check
+                return
+        self.checks.append(check)
+
+    def fail(self, outcome: Outcome, check: str, detail: str) -> None:
+        """The host could not be probed (not reached, or its probe failed): nothing else runs."""
+        if self.outcome is None:
+            self.outcome = outcome
+        self.add(check, False, detail)
+
     def as_json(self) -> dict[str, Any]:
         return {"host": self.spec.host, "name": self.spec.name, "node_rank": self.node_rank,
                 "ok": self.ok, "interface": self.interface, "address": self.address,
@@ -69,7 +85,9 @@ class CheckReport:
     hosts: list[HostReport]
     master_addr: Optional[str]
     master_port: Optional[int]
-    transports: dict[str, Transport] = field(default_factory=dict, repr=False)
+    # A second port proved open from every worker to the master: detached runs' supervisors
+    # keep their lifeline to the master's supervisor on it.
+    lifeline_port: Optional[int] = None
 
     @property
     def ok(self) -> bool:
@@ -77,12 +95,8 @@ class CheckReport:
 
     @property
     def unreachable(self) -> list[HostReport]:
-        return [h for h in self.hosts if h.failure_kind in CONNECTION_KINDS]
+        return [h for h in self.hosts if not h.reached]
 
     def as_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "master_addr": self.master_addr, "master_port": self.master_port,
                 "hosts": [h.as_json() for h in self.hosts]}
-
-    def close(self) -> None:
-        for transport in self.transports.values():
-            transport.close()

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from clusterrun.preflight.report import CONNECTION_KINDS, CheckReport, HostReport
+from clusterrun.preflight.report import CheckReport, HostReport
 
 
 def _problems(host: HostReport) -> list[str]:
@@ -21,7 +21,7 @@ def _status(host: HostReport) -> str:
     if host.ok:
         return "ok"
     # A host that answered SSH but whose probe failed (no python, a failing setup:) was reached.
-    return "UNREACHABLE" if host.failure_kind in CONNECTION_KINDS else "FAIL"
+    return "FAIL" if host.reached else "UNREACHABLE"
 
 
 def render_json(report: CheckReport, out: TextIO) -> None:

@@ -1,7 +1,7 @@
 """clusterrun preflight probe: runs on a host with the host's own Python (stdlib only, 3.6+).
 
-It arrives on stdin (see clusterrun/command.py), reads one JSON request line, prints the host's
-facts as one JSON line, then answers JSON operations line by line (route, listen, connect,
+It arrives on stdin (see clusterrun/transport/shell.py), reads one JSON request line, prints the
+host's facts as one JSON line, then answers JSON operations line by line (route, listen, connect,
 peers) until stdin closes. It never imports torch: that takes seconds and proves nothing here.
 """
 
@@ -15,8 +15,10 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Any  # noqa: F401 - used in type comments (no annotations: Python 3.6)
 
 SIOCGIFFLAGS = 0x8913
 SIOCGIFADDR = 0x8915
@@ -48,7 +50,7 @@ def _ioctl(sock, request, name):
 
 def interfaces():
     """Every interface with its state and addresses: `ip` when present, else ioctl (IPv4)."""
-    found = {}
+    found = {}  # type: dict[str, Any]
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         for _index, name in socket.if_nameindex():
@@ -152,7 +154,7 @@ def gpu_count():
 def resolve_self(timeout):
     """How long this host takes to look its own name up (torch does it at start-up)."""
     name = socket.gethostname()
-    result = {"hostname": name, "seconds": None, "addresses": [], "error": None}
+    result = {"hostname": name, "seconds": None, "addresses": [], "error": None}  # type: dict[str, Any]
 
     def lookup():
         start = time.monotonic()
@@ -172,16 +174,24 @@ def resolve_self(timeout):
 
 
 def check_workdir(path):
-    """Whether the workdir exists and is writable, or could be created: the probe changes
-    nothing on the host."""
+    """Create the workdir (0700, as the run would) and write a file in it: a directory that
+    looks writable can still refuse (/proc, a read-only mount, a full disk, quotas)."""
     path = os.path.abspath(os.path.expanduser(path))
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return {"path": path, "ok": False, "error": "%s is not a directory" % existing}
-    ok = os.access(existing, os.W_OK | os.X_OK)
-    return {"path": path, "ok": ok, "error": None if ok else "%s is not writable" % existing}
+    old = os.umask(0o077)
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path, prefix=".clusterrun-check-")
+        try:
+            os.write(fd, b"ok\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        return {"path": path, "ok": False, "error": exc.strerror or str(exc)}
+    finally:
+        os.umask(old)
+    return {"path": path, "ok": True, "error": None}
 
 
 def facts(request):
@@ -269,7 +279,7 @@ def serve():
                 listener = Listener(family, op.get("port") or 0)
                 emit({"listen": {"ok": True, "port": listener.port}})
             except OSError as exc:
-                emit({"listen": {"ok": False, "port": op.get("port"),
+                emit({"listen": {"ok": False, "port": op.get("port"), "errno": exc.errno,
                                  "error": exc.strerror or str(exc)}})
         elif kind == "connect":
             emit({"connect": connect(op["addr"], op["port"], op.get("src"),

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun.inventory import HostSpec
+from clusterrun.logs import wire
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, connect, parallel
 from clusterrun.transport.programs import call
 
 T = TypeVar("T")
-
-FINAL_STATES = ("succeeded", "failed", "stopped", "lost")
-
 
 def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
     """Each node's connection settings and plan entry, from plan.json."""
@@ -28,7 +26,7 @@ def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
 
 
 def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
-               deadline: Optional[float]) -> list[parallel.HostResult[T]]:
+               deadline: Optional[float]) -> parallel.GroupResult[HostSpec, T]:
     """``fn(transport, spec, plan entry)`` on every node of a run at once, over a connection
     made for it and closed after."""
     pairs = host_specs(run)
@@ -45,34 +43,30 @@ def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, d
 
 
 def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
-    """Per node, the supervisor's state.json there (or why it could not be read)."""
+    """Per node, the supervisor's state.json there; a host that could not be asked has
+    ``unreachable: True`` and the reason."""
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
-        reply = call(transport, spec, "supervisor.py",
-                     {"mode": "status", "rundir": node["rundir"]}, timeout=30)
-        return reply.get("state") or {"state": "missing"}
+        reply = wire.parse(call(transport, spec, "status.py", {"rundir": node["rundir"]},
+                                timeout=30))
+        if not isinstance(reply, wire.Status):
+            raise wire.ProtocolError(f"{spec.name}: status.py answered {reply}")
+        return reply.state or {"state": "missing"}
 
     results = each_node(run, ssh, one, ssh.connect_timeout + 30)
     return {r.spec.name: (r.value if r.value is not None else
-                          {"state": "unknown", "reason": r.failure.message if r.failure else ""})
+                          {"state": "unknown", "unreachable": True,
+                           "reason": r.failure.message if r.failure else ""})
             for r in results}
-
-
-def combined_state(per_node: dict[str, dict[str, Any]]) -> Optional[str]:
-    """One state for the run from its nodes' states; None while any node is still going."""
-    states = [s.get("state") for s in per_node.values()]
-    if any(s not in FINAL_STATES for s in states):
-        return None
-    for state in ("failed", "lost", "stopped"):
-        if state in states:
-            return state
-    return "succeeded"
 
 
 def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Any]:
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
-        return call(transport, spec, "supervisor.py",
-                    {"mode": "stop", "rundir": node["rundir"], "grace": grace, "force": force},
-                    timeout=grace + 30)
+        reply = wire.parse(call(transport, spec, "stop.py",
+                                {"rundir": node["rundir"], "grace": grace, "force": force},
+                                timeout=grace + 30))
+        if not isinstance(reply, wire.StopResult):
+            raise wire.ProtocolError(f"{spec.name}: stop.py answered {reply}")
+        return {"found": reply.found, "was": reply.was, "state": reply.state}
 
     results = each_node(run, ssh, one, ssh.connect_timeout + grace + 40)
     return {r.spec.name: (r.value if r.value is not None else {"error": r.failure.message

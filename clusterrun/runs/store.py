@@ -8,15 +8,69 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from clusterrun.errors import UsageError
+from clusterrun.errors import LocalFilesError, UsageError
+from clusterrun.home import DEFAULT_HOME
 
 LIVE_STATES = ("starting", "running", "stopping")
+
+
+def unusable(home: Path, path: Union[str, Path]) -> LocalFilesError:
+    """The error for a $CLUSTERRUN_HOME (or a file in it) this user may not use: another user's,
+    or one whose mode shuts its owner out."""
+    user = _user(os.geteuid())
+    try:
+        st = os.stat(home)
+        whose = f"it belongs to {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}"
+    except OSError:
+        whose = "a directory on its path is closed to you"
+    return LocalFilesError(
+        f"cannot use {path}: permission denied for user {user}. clusterrun keeps every run's "
+        f"plan, state and logs in {home} ($CLUSTERRUN_HOME, default {DEFAULT_HOME}), and {whose}. "
+        "Point CLUSTERRUN_HOME at a directory of your own (e.g. `export "
+        "CLUSTERRUN_HOME=$HOME/.clusterrun`), or make this one yours (`sudo chown -R "
+        f"{user} {home} && chmod 700 {home}`).")
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_home(home: Path, *, write: bool) -> None:
+    """Refuse, before anything else happens, a $CLUSTERRUN_HOME this user cannot read (or, with
+    ``write``, write): the error says whose it is and how to get one of one's own."""
+    need = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    for path in (home, runs_root(home)):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            break  # made by the first launch
+        except PermissionError:
+            raise unusable(home, path) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise LocalFilesError(f"{path} is not a directory; clusterrun keeps its runs there "
+                                  "($CLUSTERRUN_HOME). Move it away, or point CLUSTERRUN_HOME "
+                                  "at a directory.")
+        if not os.access(path, need):
+            raise unusable(home, path)
+    if write and not home.exists():
+        # Nothing is created before a run is: a failed preflight or a dry run leaves no trace.
+        # The nearest existing parent must let this user create the home later.
+        parent = home.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise unusable(home, parent)
 
 
 def _private_dir(path: Path) -> None:
@@ -132,22 +186,6 @@ def all_runs(home: Path) -> list[RunDir]:
         return []
     found = [RunDir(p) for p in root.iterdir() if p.is_dir() and (p / "plan.json").exists()]
     return sorted(found, key=lambda r: (r.plan.get("created", 0), r.id), reverse=True)
-
-
-def resolve(home: Path, run_id: Optional[str]) -> RunDir:
-    runs = all_runs(home)
-    if not runs:
-        raise UsageError(f"no runs in {runs_root(home)} yet; start one with `clusterrun launch`.")
-    if run_id is None:
-        return runs[0]
-    exact = [r for r in runs if r.id == run_id]
-    matches = exact or [r for r in runs if r.id.startswith(run_id) or r.id.endswith(run_id)]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise UsageError(f"no run {run_id!r} in {runs_root(home)}; `clusterrun ps` lists them.")
-    shown = ", ".join(r.id for r in matches[:4])
-    raise UsageError(f"{run_id!r} matches {len(matches)} runs ({shown}...); give more of the id.")
 
 
 def pid_alive(pid: Optional[int]) -> bool:

@@ -40,6 +40,10 @@ def write_host_files(root: Path, host: dict[str, Any], hosts: list[dict[str, Any
     # No nameserver: this machine's resolver is unreachable from the namespaces, and every
     # lookup would wait 10-20 s for it; names come from the hosts file, as on a real cluster.
     (home / "resolv.conf").write_text("options timeout:1 attempts:1\n")
+    # A fresh machine's shell setup, not this machine's: sshd runs every command through the
+    # user's shell, which reads ~/.bashrc, and one that does slow or locking work on each login
+    # (pyenv rehash, conda init) would make every SSH session of every host pay for it.
+    (home / "bashrc").write_text("# the shell setup of a clusterrun sandbox host\n")
     keygen(home / KEY, f"{host['name']}@clusterrun-sandbox")
 
 
@@ -93,6 +97,9 @@ def start(root: Path, view: str, host: dict[str, Any],
     resolv_target = bind_target("/etc/resolv.conf")
     if resolv_target is not None:
         script.append(f"mount --bind {q(home + '/resolv.conf')} {q(resolv_target)}")
+    bashrc = bind_target(os.path.expanduser("~/.bashrc"))
+    if bashrc is not None:
+        script.append(f"mount --bind {q(home + '/bashrc')} {q(bashrc)}")
     for path in shared:  # bound into the host's /tmp first, then carried along by --rbind
         inside = f"{home}/tmp/{os.path.relpath(path, '/tmp')}"
         (root / host["name"] / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from clusterrun.errors import UnreachableError
+from clusterrun.errors import Outcome, UnreachableError
 from clusterrun.inventory import HostSpec
 
 
@@ -35,11 +35,9 @@ class Transport(Protocol):
 
 
 class ConnectError(UnreachableError):
-    """Connecting to a host failed; ``kind`` is one of: dns, refused, timeout, unreachable, auth,
-    hostkey, error."""
+    """Connecting to a host, or opening a channel on its connection, failed."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message, outcome=outcome)
 
 

@@ -7,12 +7,12 @@ import fcntl
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import paramiko
 
-from clusterrun.errors import UnreachableError, UsageError
+from clusterrun.errors import LocalFilesError, UnreachableError
 
 GLOBAL_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 _append_lock = threading.Lock()
@@ -27,6 +27,15 @@ def known_host_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
+def check_files(paths: Iterable[str]) -> None:
+    """Read every known_hosts file the inventory names before any host is contacted: a bad line
+    is the user's file to fix (exit 2), not a property of one host."""
+    for raw in sorted(set(paths)):
+        path = Path(os.path.expanduser(raw))
+        if path.is_file():
+            load_into(paramiko.SSHClient(), path)
+
+
 def load_into(client: paramiko.SSHClient, known_hosts: Path) -> None:
     """Load the user's and the system's known_hosts into ``client`` without letting paramiko
     rewrite either file (``SSHClient.load_host_keys`` would save over it on every new key)."""
@@ -36,11 +45,26 @@ def load_into(client: paramiko.SSHClient, known_hosts: Path) -> None:
             continue
         try:
             keys.load(str(path))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise UsageError(
-                f"{path}: cannot read this known_hosts file ({exc}). Fix or remove the bad line; "
-                "`ssh-keygen -F HOST -f FILE` shows a host's entries."
+        # InvalidHostKey (a bad base64 key) derives from Exception alone.
+        except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey,
+                ValueError) as exc:
+            where, why = str(path), str(exc)
+            if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
+                where, why = _locate(path, exc.line), f"the key is not valid base64 ({exc.exc})"
+            raise LocalFilesError(
+                f"{where}: cannot read this known_hosts file: {why}. Fix or remove the bad "
+                "line; `ssh-keygen -F HOST -f FILE` shows a host's entries."
             ) from None
+
+
+def _locate(path: Path, line: str) -> str:
+    """``file:line`` of a bad known_hosts line, for the message."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return str(path)
+    found = next((n for n, text in enumerate(lines, 1) if text.strip() == line.strip()), None)
+    return f"{path}:{found}" if found else str(path)
 
 
 class Policy(paramiko.MissingHostKeyPolicy):

@@ -6,16 +6,17 @@ import json
 import threading
 from typing import Any
 
-from clusterrun.errors import ClusterrunError
+from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import shell
 from clusterrun.transport.base import Process, Transport
 
 
 class ProgramError(ClusterrunError):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    """One of clusterrun's programs on a host failed or gave no answer (the host was reached)."""
+
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message, outcome=outcome)
 
 
 def drain(proc: Process, limit: int = 64 * 1024) -> tuple[threading.Thread, bytearray]:
@@ -77,5 +78,6 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
     stderr_thread.join(1)
     err = stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
     why = f"no answer within {timeout:g} s" if reader.is_alive() else f"exit status {code}"
-    raise ProgramError("error", f"{spec.name}: {program} failed ({why})"
+    raise ProgramError(Outcome.PROBE_TIMEOUT if reader.is_alive() else Outcome.PROBE_FAILED,
+                       f"{spec.name}: {program} failed ({why})"
                      + (": " + " | ".join(err) if err else "."))

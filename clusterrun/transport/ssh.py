@@ -15,6 +15,7 @@ from typing import Optional
 import fabric
 import paramiko
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import hostkeys
 from clusterrun.transport.base import ConnectError, Process, SshOptions
@@ -74,7 +75,8 @@ class SshTransport:
         if spec.identity_file:
             key = Path(os.path.expanduser(spec.identity_file))
             if not key.is_file():
-                raise ConnectError("auth", f"{spec.name}: identity_file {key} does not exist. "
+                raise ConnectError(Outcome.AUTH,
+                    f"{spec.name}: identity_file {key} does not exist. "
                                    "Fix the path in the inventory or create the key (ssh-keygen).")
             connect_kwargs["key_filename"] = [str(key)]
         cxn = fabric.Connection(
@@ -110,12 +112,14 @@ class SshTransport:
             assert self._cxn is not None
             transport = self._cxn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise ConnectError("error", f"{self.spec.name}: the SSH connection is closed.")
+            raise ConnectError(Outcome.CONNECTION_LOST,
+                f"{self.spec.name}: the SSH connection is closed.")
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectError("error", f"{self.spec.name}: cannot start a command over SSH: "
+            raise ConnectError(Outcome.CONNECTION_LOST,
+                f"{self.spec.name}: cannot start a command over SSH: "
                                f"{exc or type(exc).__name__}.") from None
         return SshProcess(chan)
 
@@ -124,7 +128,8 @@ class SshTransport:
             if self._cxn is None:
                 self.connect()
             assert self._cxn is not None
-            return self._cxn.client.open_sftp()
+            client: paramiko.SSHClient = self._cxn.client  # fabric has no type hints
+            return client.open_sftp()
 
     def ssh_argv(self) -> list[str]:
         """An OpenSSH client command line with the same settings, for rsync's -e."""
@@ -166,48 +171,52 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
     if isinstance(exc, ConnectError):
         return exc
     if isinstance(exc, hostkeys.HostKeyError):
-        return ConnectError("hostkey", f"{spec.name}: {exc.message}")
+        return ConnectError(Outcome.HOST_KEY, f"{spec.name}: {exc.message}")
     if isinstance(exc, paramiko.BadHostKeyException):
         msg = hostkeys.changed_key_message(
             hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
-        return ConnectError("hostkey", f"{spec.name}: {msg}")
+        return ConnectError(Outcome.HOST_KEY, f"{spec.name}: {msg}")
     if stalled and isinstance(exc, paramiko.SSHException) and str(exc) in _STALLED:
-        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s: the TCP "
+        return ConnectError(Outcome.CONNECT_TIMEOUT,
+            f"{where}: no SSH answer within {timeout:g} s: the TCP "
                             "connection opened but the SSH handshake did not finish (connect "
                             "timeout). Something other than sshd may hold that port, or the host "
                             "is overloaded.")
     if isinstance(exc, socket.gaierror):
-        return ConnectError("dns", f"{where}: cannot resolve the host name ({exc.strerror}). "
+        return ConnectError(Outcome.DNS, f"{where}: cannot resolve the host name ({exc.strerror}). "
                             "Check the spelling, ~/.ssh/config, or use the IP address.")
     if isinstance(exc, paramiko.AuthenticationException):
-        return ConnectError("auth", f"{where}: authentication failed ({exc}). Make sure your "
+        return ConnectError(Outcome.AUTH, f"{where}: authentication failed ({exc}). Make sure your "
                             "public key is in ~/.ssh/authorized_keys for that user on the host, "
                             "and set `user:` / `identity_file:` in the inventory if they differ.")
     if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in str(exc).lower():
-        return ConnectError("timeout", f"{where}: no SSH answer within {timeout:g} s (connect "
+        return ConnectError(Outcome.CONNECT_TIMEOUT,
+            f"{where}: no SSH answer within {timeout:g} s (connect "
                             "timeout). The host is down, a firewall drops the port, or the address "
                             "is wrong.")
     network = _network_error(where, exc)
     if network is not None:
         return network
     if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
-        return ConnectError("error", f"{where}: SSH failed: {exc or type(exc).__name__}.")
+        return ConnectError(Outcome.UNREACHABLE,
+            f"{where}: SSH failed: {exc or type(exc).__name__}.")
     if isinstance(exc, KeyboardInterrupt):
         raise exc
-    return ConnectError("error", f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
+    return ConnectError(Outcome.UNREACHABLE, f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
 
 
 def _network_error(where: str, exc: BaseException) -> Optional[ConnectError]:
     """A TCP-level failure: refused, or no route."""
-    refused = ConnectError("refused", f"{where}: connection refused. Is sshd running and "
+    refused = ConnectError(Outcome.REFUSED, f"{where}: connection refused. Is sshd running and "
                            "listening on that port?")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         codes = {getattr(e, "errno", None) for e in exc.errors.values()}
         if codes <= {errno.ECONNREFUSED}:
             return refused
-        return ConnectError("unreachable", f"{where}: cannot connect ({exc}).")
+        return ConnectError(Outcome.UNREACHABLE, f"{where}: cannot connect ({exc}).")
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return ConnectError("unreachable", f"{where}: no route to host ({exc.strerror}). Check the "
+        return ConnectError(Outcome.UNREACHABLE,
+            f"{where}: no route to host ({exc.strerror}). Check the "
                             "address and the network between this machine and the host.")
     if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
         return refused

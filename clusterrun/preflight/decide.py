@@ -1,0 +1,163 @@
+"""What preflight decides from the facts the hosts reported: each host's own checks, the master's
+address, each host's interface, and software parity. Pure functions: no network, unit-tested."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.preflight.report import Check, HostReport
+
+SLOW_DNS_SECONDS = 2.0
+
+
+def first_ipv4(iface: Optional[dict[str, Any]]) -> Optional[str]:
+    if not iface:
+        return None
+    for cidr in iface.get("addrs", []):
+        addr = cidr.split("/")[0]
+        if ":" not in addr:
+            return str(addr)
+    return None
+
+
+def owner_of(addr: str, facts: dict[str, Any]) -> Optional[str]:
+    """The interface that holds ``addr`` on this host, if any."""
+    for iface in facts.get("interfaces", []):
+        if any(cidr.split("/")[0] == addr for cidr in iface.get("addrs", [])):
+            return str(iface["name"])
+    return None
+
+
+def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
+    """What one host's facts say on their own: Python, torch, workdir, name lookup, GPUs."""
+    name = spec.name
+    checks = [Check("python", True, f"{facts['python']} ({facts['python_path']})")]
+    torch = facts.get("torch")
+    if torch and torch.get("version"):
+        checks.append(Check("torch", True, f"{torch['version']}"))
+    else:
+        checks.append(Check("torch", False, f"torch is not installed for {facts['python_path']} "
+                            f"on {name}: install it there (pip install torch) or point `python:`/"
+                            "`setup:` at the environment that has it."))
+    workdir = facts.get("workdir") or {}
+    if workdir.get("ok"):
+        checks.append(Check("workdir", True, f"{workdir['path']} (created and written)"))
+    else:
+        checks.append(Check("workdir", False, f"cannot use workdir {workdir.get('path')} on "
+                            f"{name}: {workdir.get('error')}. Set `workdir:` to a directory that "
+                            "user can create and write (the default is ~/clusterrun)."))
+    dns = facts.get("dns") or {}
+    seconds = dns.get("seconds")
+    if dns.get("error") or seconds is None or seconds > SLOW_DNS_SECONDS:
+        why = f"failed ({dns['error']})" if dns.get("error") else f"took {seconds} s"
+        checks.append(Check("dns", True, f"warning: looking up its own name "
+                            f"{dns.get('hostname')!r} {why}; torch does this at start-up, which "
+                            "will be slow. List the hostname in /etc/hosts on every host."))
+    else:
+        checks.append(Check("dns", True, f"{dns.get('hostname')} -> "
+                            f"{', '.join(dns.get('addresses', []))}"))
+    gpus, visible = spec.gpus, int(facts.get("gpus") or 0)
+    if gpus is not None and (visible == 0 or max(gpus) >= visible):
+        checks.append(Check("gpus", True, f"warning: `gpus: {list(gpus)}` but nvidia-smi lists "
+                            f"{visible} GPU(s) on {name}."))
+    else:
+        checks.append(Check("gpus", True, f"{len(gpus) if gpus is not None else visible} "
+                            "visible"))
+    return checks
+
+
+def master_addr_from_facts(inv: Inventory, master: HostSpec,
+                           facts: dict[str, Any]) -> Optional[str]:
+    """The address workers should reach the master on, when the facts alone say it: the
+    inventory's, 127.0.0.1 for an all-local inventory, the master's address on its named
+    interface, or the address the controller reached it on (when the master holds it). None:
+    ask the master which address faces the other hosts."""
+    if inv.master_addr != AUTO:
+        return inv.master_addr
+    if all(h.local for h in inv.hosts):
+        return "127.0.0.1"
+    if master.interface != AUTO:
+        # If that interface is unusable, pick_interface says so; fall back to the SSH address.
+        own = next((i for i in facts.get("interfaces", []) if i["name"] == master.interface),
+                   None)
+        if own is not None and own.get("up") and first_ipv4(own):
+            return first_ipv4(own)
+    server = facts.get("ssh_server_address")
+    if server and owner_of(server, facts):
+        return str(server)
+    return None
+
+
+def describe_interfaces(facts: dict[str, Any]) -> str:
+    parts = []
+    for item in facts.get("interfaces", []):
+        addrs = ", ".join(a for a in item.get("addrs", []) if ":" not in a.split("/")[0])
+        state = "" if item.get("up") else " DOWN"
+        parts.append(f"{item['name']} ({addrs or 'no IPv4'}{state})")
+    return "; ".join(parts)
+
+
+def pick_interface(spec: HostSpec, facts: dict[str, Any], master_addr: str,
+                   route: Optional[dict[str, Any]]) -> tuple[Optional[str], Optional[str], Check]:
+    """(interface, its address, the check saying why) for one host. ``route`` is the host's own
+    answer for the way to ``master_addr`` (unused when the inventory names the interface).
+
+    On the master the route to its own address is `lo`: the answer there is the device that
+    holds the address. A decoy (virbr0, docker0, a NIC on another subnet) never routes to the
+    master, so it is never chosen."""
+    by_name = {i["name"]: i for i in facts.get("interfaces", [])}
+    if spec.interface != AUTO:
+        iface = by_name.get(spec.interface)
+        problem = None
+        if iface is None:
+            problem = "does not exist there"
+        elif not iface.get("up"):
+            problem = "is down"
+        elif first_ipv4(iface) is None:
+            problem = "has no IPv4 address"
+        if problem:
+            return None, None, Check("interface", False, f"interface {spec.interface!r} {problem} "
+                                     f"on {spec.name}. Its interfaces: "
+                                     f"{describe_interfaces(facts)}. Set `interface:` to one of "
+                                     "them, or `auto`.")
+        address = first_ipv4(iface)
+        return spec.interface, address, Check("interface", True, f"{spec.interface} {address} "
+                                              "(from the inventory)")
+    route = route or {}
+    dev = route.get("dev")
+    loopback = master_addr.startswith("127.") or master_addr == "::1"
+    if not dev or (dev == "lo" and not loopback):
+        why = route.get("error") or f"its route to {master_addr} goes through {dev or 'nothing'}"
+        return None, None, Check("interface", False, f"no interface on {spec.name} reaches "
+                                 f"master_addr {master_addr}: {why}. Its interfaces: "
+                                 f"{describe_interfaces(facts)}. Set `interface:` or "
+                                 "`master_addr:`.")
+    role = "holds" if route.get("local") else "routes to"
+    return str(dev), route.get("src"), Check("interface", True, f"{dev} {route.get('src')} "
+                                             f"({role} {master_addr})")
+
+
+def compare_versions(reports: list[HostReport]) -> None:
+    """Every host must run the master's Python (major.minor) and torch; else ranks disagree on
+    pickled objects and collectives, or crash at start-up. Mismatches become failed checks."""
+    probed = [r for r in reports if r.facts]
+    if not probed:
+        return
+    # The master's versions are the reference; when it could not be probed, the first host's.
+    ref = next((r for r in probed if r.spec.master), probed[0])
+    where = f"the master {ref.spec.name}" if ref.spec.master else ref.spec.name
+    for r in probed:
+        if r is ref:
+            continue
+        py, ref_py = _minor(r.python), _minor(ref.python)
+        if py != ref_py:
+            r.replace(Check("python", False, f"Python {r.python} on {r.spec.name} but "
+                            f"{ref.python} on {where}: use the same Python {ref_py} everywhere."))
+        if r.torch and ref.torch and r.torch != ref.torch:
+            r.replace(Check("torch", False, f"torch {r.torch} on {r.spec.name} but {ref.torch} "
+                            f"on {where}: install the same version everywhere."))
+
+
+def _minor(version: Optional[str]) -> str:
+    return ".".join((version or "").split(".")[:2])

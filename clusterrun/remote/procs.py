@@ -1,0 +1,151 @@
+"""Processes on a host: a command in its own session and everything it starts (``Tree``), and
+naming one process for good by pid and start time (stdlib only, Python 3.6+)."""
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORCE_SIGNAL = signal.SIGUSR2  # `clusterrun stop --force`: no grace period
+
+
+def start_time(pid):
+    """A process's start time in clock ticks: with the pid, it names one process for good."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(state):
+    """Whether the supervisor a state file names is still the same live process."""
+    pid = (state or {}).get("supervisor_pid")
+    return bool(pid) and start_time(pid) == state.get("supervisor_start")
+
+
+def observed(state):
+    """A state file as it stands, or "lost" when the supervisor that should still be writing
+    it is gone (the host rebooted, or it was killed)."""
+    if state is not None and not state.get("ended_at") and not alive(state):
+        state = dict(state, state="lost",
+                     reason="the supervisor is gone (host rebooted or it was killed)")
+    return state
+
+
+def descendants(root):
+    """Every live process below ``root`` (by parent links in /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_all(pids, sig):
+    for pid in pids:
+        with contextlib.suppress(OSError):  # already gone
+            os.kill(pid, sig)
+
+
+def become_subreaper():
+    """Orphans of the job are re-parented to us, so nothing it starts escapes our tree."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def status_code(raw):
+    """A wait status as a shell reports it: the exit code, or 128 + the signal number."""
+    return os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 128 + os.WTERMSIG(raw)
+
+
+class Tree:
+    """One command in its own session and every process it starts: start, reap, terminate
+    (SIGTERM, then SIGKILL when the grace period is over), kill."""
+
+    def __init__(self):
+        self.pid = None
+        self.code = None  # the command's exit status once reaped
+        self.kill_at = None  # monotonic time when SIGKILL is due
+        self.subreaper = become_subreaper()
+
+    def start(self, argv, env, cwd, out_fd, err_fd):
+        pid = os.fork()
+        if pid == 0:  # the child: its own session, default signal handling, then the command
+            try:
+                os.setsid()
+                for sig in (*STOP_SIGNALS, signal.SIGPIPE, FORCE_SIGNAL):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.chdir(cwd)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out_fd, 1)
+                os.dup2(err_fd, 2)
+                os.execvpe(argv[0], argv, env)  # noqa: S606 - an argv, no shell
+            except BaseException as exc:
+                os.write(2, ("clusterrun: cannot start %s: %s\n" % (argv[0], exc)).encode())
+            os._exit(127)
+        self.pid = pid
+        return pid
+
+    def reap(self):
+        """Collect exited children (orphans re-parented to us too). True when the command
+        itself has just been reaped."""
+        reaped = False
+        while True:
+            try:
+                pid, raw = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return reaped
+            if pid == 0:
+                return reaped
+            if pid == self.pid:
+                self.code = status_code(raw)
+                reaped = True
+
+    def left(self):
+        return descendants(os.getpid())
+
+    @property
+    def done(self):
+        return self.code is not None and not self.left()
+
+    def terminate(self, grace):
+        """SIGTERM to the command's session (torchrun passes it on to every rank) and to
+        anything else left; SIGKILL after ``grace`` seconds."""
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + grace
+        if self.code is None and self.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGTERM)
+                return
+        signal_all(self.left(), signal.SIGTERM)
+
+    def kill_now(self):
+        self.kill_at = time.monotonic()
+
+    def tick(self):
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            signal_all(self.left(), signal.SIGKILL)

@@ -1,0 +1,16 @@
+"""`clusterrun ps`: one run's state on this host (stdlib only, Python 3.6+)."""
+
+import json
+import os
+import sys
+
+from clusterrun.remote import common, procs
+
+
+def main(req):
+    state = common.read_json(os.path.join(req["rundir"], "state.json"))
+    common.reply({"ev": "status", "state": procs.observed(state)})
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.stdin.buffer.readline()))

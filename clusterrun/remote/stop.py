@@ -1,0 +1,40 @@
+"""`clusterrun stop`: end one run on this host from a new controller (stdlib only, 3.6+).
+
+Asks the run's supervisor (SIGTERM: graceful; SIGUSR2: at once) and waits for it. If the
+supervisor itself is gone, kills what it recorded, checking each process's identity (pid and
+start time) first: never a name pattern.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from clusterrun.remote import common, procs
+
+
+def main(req):
+    path = os.path.join(req["rundir"], "state.json")
+    state = common.read_json(path)
+    result = {"ev": "stopped", "found": state is not None, "was": None, "state": None}
+    if state is not None:
+        result["was"] = procs.observed(state).get("state")
+        deadline = time.monotonic() + float(req.get("grace", 15)) + 10
+        if not state.get("ended_at") and procs.alive(state):
+            sig = procs.FORCE_SIGNAL if req.get("force") else signal.SIGTERM
+            os.kill(state["supervisor_pid"], sig)
+            while time.monotonic() < deadline and procs.alive(state):
+                time.sleep(0.2)
+            if procs.alive(state):
+                os.kill(state["supervisor_pid"], procs.FORCE_SIGNAL)
+                time.sleep(2)
+        torchrun = state.get("torchrun_pid")
+        if torchrun and procs.start_time(torchrun) == state.get("torchrun_start"):
+            procs.signal_all([*procs.descendants(torchrun), torchrun], signal.SIGKILL)
+        result["state"] = procs.observed(common.read_json(path))
+    common.reply(result)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.stdin.buffer.readline()))

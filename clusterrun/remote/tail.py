@@ -1,0 +1,44 @@
+"""`clusterrun logs -f`: stream one run's files on this host by byte offset (stdlib only, 3.6+).
+
+From the offsets the controller already has; with ``follow``, until the run has ended here and
+everything is sent. Ends at once when the follower goes away (EOF on stdin).
+"""
+
+import json
+import os
+import sys
+
+from clusterrun.remote import common, mainloop, procs
+
+FINAL_KEYS = ("state", "exit_code", "reason", "cause", "ranks", "root_cause", "ended_at")
+
+
+def main(req):
+    rundir = req["rundir"]
+    if not os.path.isdir(rundir):
+        common.reply({"ev": "end", "state": "missing"})
+        return
+    path = os.path.join(rundir, "state.json")
+    writer = common.Writer(common.Clock(), rundir, req.get("offsets"),
+                           heartbeat=float(req.get("heartbeat", 2)))
+    writer.start()
+    loop = mainloop.Loop()
+    gone = []
+    mainloop.Lifeline(loop, lambda _msg: None, lambda: gone.append(True))
+    while req.get("follow") and not writer.broken and not gone:
+        state = common.read_json(path) or {}
+        if state.get("ended_at") or not procs.alive(state):
+            break
+        loop.once(0.2)
+    state = procs.observed(common.read_json(path)) or {}
+    final = {k: state.get(k) for k in FINAL_KEYS}
+    final["state"] = state.get("state", "unknown")
+    final["checksums"] = common.checksums(rundir)
+    writer.end(**final)
+    while not gone and not writer.finished.is_set():
+        loop.once(0.2)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.stdin.buffer.readline()))
+    os._exit(0)  # never block on flushing stdout to a follower that is gone

@@ -1,0 +1,188 @@
+"""preflight/decide.py: what preflight concludes from the facts the hosts report. Pure
+functions, so every rule is tested with plain dictionaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from clusterrun.preflight import decide
+from clusterrun.preflight.report import HostReport
+from tests.conftest import fake_inventory, host_spec
+
+
+def iface(name: str, *addrs: str, up: bool = True) -> dict[str, Any]:
+    return {"name": name, "up": up, "addrs": list(addrs)}
+
+
+MASTER_FACTS = {
+    "interfaces": [iface("lo", "127.0.0.1/8", "::1/128"), iface("eth0", "10.0.0.1/24"),
+                   iface("virbr0", "192.168.122.1/24"), iface("docker0", "172.17.0.1/16"),
+                   iface("ib0", "fe80::1/64"), iface("eth1", "10.1.0.1/24", up=False)],
+    "ssh_server_address": "10.0.0.1",
+}
+
+
+# -- master_addr ---------------------------------------------------------------------------
+
+
+def test_master_addr_from_the_inventory_wins(tmp_path: Path) -> None:
+    inv = fake_inventory(tmp_path, host_spec("10.0.0.1"), host_spec("10.0.0.2"),
+                         master_addr="10.5.5.5")
+    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.5.5.5"
+
+
+def test_master_addr_of_an_all_local_inventory_is_loopback(tmp_path: Path) -> None:
+    inv = fake_inventory(tmp_path, host_spec("localhost", "n0"), host_spec("127.0.0.1", "n1"))
+    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "127.0.0.1"
+
+
+def test_master_addr_is_the_address_of_the_masters_named_interface(tmp_path: Path) -> None:
+    inv = fake_inventory(tmp_path, host_spec("gpu-a", interface="virbr0"), host_spec("gpu-b"))
+    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "192.168.122.1"
+
+
+def test_master_addr_falls_back_when_the_named_interface_is_down_or_has_no_ipv4(
+        tmp_path: Path) -> None:
+    for name in ("eth1", "ib0", "nosuch"):
+        inv = fake_inventory(tmp_path, host_spec("gpu-a", interface=name), host_spec("gpu-b"))
+        # The address the controller reached it on, since the master holds it.
+        assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.0.0.1"
+
+
+def test_master_addr_is_the_ssh_address_only_when_the_master_holds_it(tmp_path: Path) -> None:
+    inv = fake_inventory(tmp_path, host_spec("gpu-a"), host_spec("gpu-b"))
+    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.0.0.1"
+    natted = {**MASTER_FACTS, "ssh_server_address": "203.0.113.7"}  # reached through NAT
+    assert decide.master_addr_from_facts(inv, inv.master, natted) is None
+    assert decide.master_addr_from_facts(inv, inv.master, {"interfaces": []}) is None
+
+
+# -- pick_interface ------------------------------------------------------------------------
+
+
+def test_explicit_interface_is_used_with_its_ipv4() -> None:
+    spec = host_spec("gpu-a", interface="eth0")
+    name, addr, check = decide.pick_interface(spec, MASTER_FACTS, "10.0.0.1", None)
+    assert (name, addr, check.ok) == ("eth0", "10.0.0.1", True)
+    assert "from the inventory" in check.detail
+
+
+def test_explicit_interface_missing_down_or_without_ipv4_lists_the_real_ones() -> None:
+    for wanted, problem in (("eth7", "does not exist there"), ("eth1", "is down"),
+                            ("ib0", "has no IPv4 address")):
+        spec = host_spec("gpu-a", interface=wanted)
+        name, addr, check = decide.pick_interface(spec, MASTER_FACTS, "10.0.0.1", None)
+        assert (name, addr, check.ok) == (None, None, False)
+        assert f"interface {wanted!r} {problem} on gpu-a" in check.detail
+        assert "eth0 (10.0.0.1/24)" in check.detail and "eth1 (10.1.0.1/24 DOWN)" in check.detail
+        assert "ib0 (no IPv4)" in check.detail
+
+
+def test_auto_takes_the_device_that_routes_to_the_master() -> None:
+    route = {"dev": "ens5", "src": "10.0.0.2", "local": False}
+    name, addr, check = decide.pick_interface(host_spec("gpu-b"), MASTER_FACTS, "10.0.0.1",
+                                              route)
+    assert (name, addr, check.ok) == ("ens5", "10.0.0.2", True)
+    assert "routes to 10.0.0.1" in check.detail
+
+
+def test_on_the_master_the_device_holding_the_address_is_the_answer() -> None:
+    route = {"dev": "eth0", "src": "10.0.0.1", "local": True}
+    name, _addr, check = decide.pick_interface(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1",
+                                               route)
+    assert name == "eth0" and "holds 10.0.0.1" in check.detail
+
+
+def test_a_route_through_lo_to_a_non_loopback_master_is_refused() -> None:
+    route = {"dev": "lo", "src": "10.0.0.1", "local": False}
+    name, addr, check = decide.pick_interface(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1",
+                                              route)
+    assert (name, addr, check.ok) == (None, None, False)
+    assert "goes through lo" in check.detail and "Set `interface:`" in check.detail
+
+
+def test_lo_is_right_for_a_loopback_master() -> None:
+    route = {"dev": "lo", "src": "127.0.0.1", "local": True}
+    name, addr, check = decide.pick_interface(host_spec("localhost"), MASTER_FACTS,
+                                              "127.0.0.1", route)
+    assert (name, addr, check.ok) == ("lo", "127.0.0.1", True)
+
+
+def test_no_route_says_why() -> None:
+    for route in (None, {}, {"dev": None, "src": None,
+                             "error": "no route to 10.0.0.1 (Network is unreachable)"}):
+        name, _addr, check = decide.pick_interface(host_spec("gpu-b"), MASTER_FACTS,
+                                                   "10.0.0.1", route)
+        assert name is None and not check.ok
+        assert "no interface on gpu-b reaches master_addr 10.0.0.1" in check.detail
+    assert "Network is unreachable" in check.detail
+
+
+def test_decoys_are_never_chosen() -> None:
+    """A decoy never routes to the master, so whatever the host's route says is taken, and
+    that is never virbr0 or docker0 for an address on the cluster's network."""
+    for dev, src in (("eth0", "10.0.0.3"), ("enp3s0", "10.0.0.3")):
+        route = {"dev": dev, "src": src, "local": False}
+        name, _addr, _check = decide.pick_interface(host_spec("gpu-c"), MASTER_FACTS,
+                                                    "10.0.0.1", route)
+        assert name not in ("virbr0", "docker0")
+
+
+# -- host checks and version parity --------------------------------------------------------
+
+
+def facts(**over: Any) -> dict[str, Any]:
+    base = {"python": "3.11.7", "python_path": "/usr/bin/python3",
+            "torch": {"version": "2.4.0"}, "gpus": 2,
+            "workdir": {"path": "/home/u/clusterrun", "ok": True, "error": None},
+            "dns": {"hostname": "gpu-a", "seconds": 0.01, "addresses": ["10.0.0.1"]},
+            "interfaces": MASTER_FACTS["interfaces"]}
+    return {**base, **over}
+
+
+def verdicts(spec_facts: dict[str, Any], **spec: Any) -> dict[str, tuple[bool, str]]:
+    return {c.name: (c.ok, c.detail)
+            for c in decide.host_checks(host_spec("gpu-a", **spec), spec_facts)}
+
+
+def test_host_checks_pass_and_warn() -> None:
+    found = verdicts(facts())
+    assert all(ok for ok, _ in found.values()), found
+    assert found["dns"][1] == "gpu-a -> 10.0.0.1"
+    slow = verdicts(facts(dns={"hostname": "gpu-a", "seconds": 5.0}))
+    assert slow["dns"][0] and slow["dns"][1].startswith("warning:")
+    gpus = verdicts(facts(gpus=1), gpus=(0, 3))
+    assert gpus["gpus"][0] and "warning: `gpus: [0, 3]`" in gpus["gpus"][1]
+
+
+def test_host_checks_fail_without_torch_or_a_writable_workdir() -> None:
+    found = verdicts(facts(torch=None, workdir={"path": "/proc/forbidden", "ok": False,
+                                                "error": "No such file or directory"}))
+    assert not found["torch"][0] and "pip install torch" in found["torch"][1]
+    assert not found["workdir"][0] and "/proc/forbidden" in found["workdir"][1]
+
+
+def report(name: str, python: str, torch: str, master: bool = False) -> HostReport:
+    return HostReport(host_spec(name, master=master), 0,
+                      facts={"python": python, "torch": {"version": torch}})
+
+
+def test_versions_are_compared_with_the_masters() -> None:
+    hosts = [report("w1", "3.10.2", "2.4.0"), report("m", "3.11.7", "2.4.0", master=True),
+             report("w2", "3.11.1", "2.3.1"), HostReport(host_spec("gone"), 3)]
+    decide.compare_versions(hosts)
+    w1, m, w2, gone = ({c.name: c for c in h.checks} for h in hosts)
+    assert not w1["python"].ok and "Python 3.10.2 on w1 but 3.11.7 on the master m" in \
+        w1["python"].detail
+    assert "torch" not in w1 and not m
+    assert "python" not in w2  # the same minor version is enough
+    assert not w2["torch"].ok and "torch 2.3.1 on w2 but 2.4.0 on the master m" in \
+        w2["torch"].detail
+    assert not gone  # a host that was never probed is not compared
+
+
+def test_without_a_probed_master_the_first_host_is_the_reference() -> None:
+    hosts = [report("a", "3.11.7", "2.4.0"), report("b", "3.12.0", "2.4.0")]
+    decide.compare_versions(hosts)
+    assert "3.11.7 on a:" in hosts[1].checks[0].detail and not hosts[0].checks

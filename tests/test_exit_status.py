@@ -1,0 +1,109 @@
+"""docs/exit-status.md and the code cannot drift: both of its tables are read and compared with
+``ExitStatus`` and ``Outcome``, and every status row names the tests that make clusterrun exit
+with it (those tests must exist; rows that can be shown without root must have a fast one)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from clusterrun.errors import ExitStatus, Outcome
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "exit-status.md"
+JOB = "1\u2013255"  # the row of a failed job (an en dash): the root-cause rank's own status
+
+# Every row of the status table -> the tests that exit with it ("module.py::test_name").
+EXERCISED_BY: dict[str, list[str]] = {
+    "0": ["test_localhost.py::test_localhost_inventory_needs_no_sshd",
+          "test_localhost.py::test_check_of_the_localhost_inventory_passes",
+          "test_fake_preflight.py::test_check_exits_0_when_every_host_passes"],
+    "1": ["test_localhost.py::test_an_internal_error_is_1_with_a_traceback_to_report"],
+    "2": ["test_localhost.py::test_a_bad_inventory_is_2_before_anything_is_contacted",
+          "test_inventory.py::test_malformed_inventory_is_refused_before_any_ssh",
+          "test_preflight_messages.py::"
+          "test_a_malformed_known_hosts_is_exit_2_before_any_host_is_contacted",
+          "test_cli_usage.py::test_unusable_home_is_one_paragraph_with_the_fix"],
+    "3": ["test_localhost.py::test_a_failed_check_is_3_and_names_the_real_interfaces",
+          "test_fake_preflight.py::test_check_exits_3_for_a_failed_check",
+          "test_fake_preflight.py::test_check_exits_3_not_4_for_a_silent_probe",
+          "test_launch.py::test_preflight_failure_starts_nothing"],
+    "4": ["test_localhost.py::test_a_refused_ssh_connection_is_4",
+          "test_fake_preflight.py::test_check_exits_4_for_an_unreachable_host",
+          "test_check.py::test_changed_host_key_is_refused_and_nothing_runs",
+          "test_exec.py::test_exec_names_an_unreachable_host"],
+    "5": ["test_launch.py::test_partitioned_host_is_lost_and_ends_its_own_run"],
+    "6": ["test_fake_preflight.py::test_launch_exits_6_when_copying_the_code_fails"],
+    JOB: ["test_localhost.py::test_a_failed_job_exits_with_the_root_cause_ranks_own_status",
+          "test_launch.py::test_failed_rank_tears_down_every_host"],
+    "124": ["test_localhost.py::test_exec_timeout_is_124_not_unreachable",
+            "test_exec.py::test_exec_timeout_ends_the_command_on_every_host"],
+    "130": ["test_localhost.py::test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses",
+            "test_launch.py::test_ctrl_c_stops_every_host",
+            "test_exec.py::test_ctrl_c_of_exec_ends_the_command_on_every_host"],
+    "143": ["test_localhost.py::test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses"],
+}
+# A node is lost when its network fails mid-run: that takes the namespace cluster (root).
+NEEDS_THE_CLUSTER = {"5"}
+
+
+def table(heading: str) -> list[list[str]]:
+    """The rows (cells stripped, backticks removed) of the first table after ``heading``."""
+    text = DOC.read_text()
+    start = text.index(heading) if heading else 0
+    rows = []
+    for line in text[start:].splitlines():
+        if line.startswith("|"):
+            rows.append([c.strip().strip("`") for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    assert rows and re.fullmatch(r"-+", rows[1][0]), f"no table after {heading!r} in {DOC}"
+    return rows[2:]
+
+
+def status_rows() -> list[str]:
+    return [row[0] for row in table("# Exit statuses")]
+
+
+def test_every_exit_status_is_documented_and_every_documented_one_exists() -> None:
+    numbers = {int(s) for s in status_rows() if s.isdigit()}
+    assert numbers == {int(s) for s in ExitStatus}
+    assert [s for s in status_rows() if not s.isdigit()] == [JOB]
+
+
+def test_every_outcome_is_documented_with_its_status() -> None:
+    documented = {row[0]: row[1] for row in table("## Outcomes")}
+    in_code = {o.label: (JOB if o is Outcome.JOB_FAILED else str(int(o.status)))
+               for o in Outcome}
+    assert documented == in_code
+    assert set(documented.values()) <= set(status_rows())
+
+
+@cache
+def module_tests(module: str) -> tuple[set[str], bool]:
+    """The test functions of a test module, and whether it is marked `cluster` as a whole."""
+    tree = ast.parse((REPO / "tests" / module).read_text())
+    names = {node.name for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    marked = any(isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+        and "cluster" in ast.unparse(node.value) for node in tree.body)
+    return names, marked
+
+
+def test_every_status_row_names_tests_that_exist() -> None:
+    assert set(EXERCISED_BY) == set(status_rows())
+    for status, node_ids in EXERCISED_BY.items():
+        for node_id in node_ids:
+            module, _, name = node_id.partition("::")
+            assert name in module_tests(module)[0], f"status {status}: no test {node_id}"
+
+
+@pytest.mark.parametrize("status", sorted(set(EXERCISED_BY) - NEEDS_THE_CLUSTER))
+def test_rows_that_need_no_root_have_a_fast_test(status: str) -> None:
+    fast = [n for n in EXERCISED_BY[status] if not module_tests(n.partition("::")[0])[1]]
+    assert fast, f"status {status} is only exercised by cluster tests"

@@ -1,0 +1,145 @@
+"""End to end on this machine through the local transport: no root, no sshd. The README's
+first command, and the exit statuses a user sees from a real run.
+
+Every test runs the real `clusterrun` command with a private $CLUSTERRUN_HOME (the local
+nodes' workdir follows it), so nothing is written to the user's own ~/.clusterrun.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterrun.errors import ExitStatus
+from tests.conftest import REPO, run_cli, start_cli, write_inventory
+
+LOCALHOST = "inventories/localhost.yaml"
+
+
+def test_localhost_inventory_needs_no_sshd(home: Path, tmp_path: Path) -> None:
+    """The README's first command: two local nodes, no SSH, no root. (The checkpoint goes to
+    a private directory: a normal user may not write to the checkout.)"""
+    cp = run_cli("launch", LOCALHOST, "payloads/train_digits.py", "--epochs", "2",
+                 "--checkpoint-dir", str(tmp_path / "checkpoints"), timeout=300, cwd=REPO)
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(r"^\[node0 r0\] .*accuracy", cp.stdout, re.M), cp.stdout
+    assert re.search(r"^\[node1 r1\] ", cp.stdout, re.M), cp.stdout
+    assert os.path.isdir(home / "runs")
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "job" / "job.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(body)
+    return path
+
+
+def test_a_failed_job_exits_with_the_root_cause_ranks_own_status(home: Path,
+                                                                 tmp_path: Path) -> None:
+    job = script(tmp_path, "import os, sys\nprint('rank', os.environ['RANK'], flush=True)\n"
+                 "sys.exit(7 if os.environ['RANK'] == '1' else 0)\n")
+    cp = run_cli("launch", "--grace", "2", LOCALHOST, str(job), timeout=120)
+    assert cp.returncode == 7, cp.stderr
+    assert "root cause: node1 rank 1 exited with code 7" in cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
+def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            seen += line
+            if re.search(pattern, line):
+                return seen
+            if not line and proc.poll() is not None:
+                break
+    raise AssertionError(f"{pattern!r} not seen; got:\n{seen}")
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, ExitStatus.SIGINT),
+                                                (signal.SIGTERM, ExitStatus.SIGTERM)])
+def test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses(
+        home: Path, tmp_path: Path, signum: signal.Signals, status: ExitStatus) -> None:
+    job = script(tmp_path, "import os, time\nprint('ready', os.environ['RANK'], flush=True)\n"
+                 "time.sleep(120)\n")
+    proc = start_cli("launch", "--grace", "2", LOCALHOST, str(job))
+    try:
+        wait_for_line(proc, r"^\[node\d r\d\] ready", 120)
+        proc.send_signal(signum)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, err
+
+
+def test_exec_timeout_is_124_not_unreachable(home: Path) -> None:
+    started = time.monotonic()
+    cp = run_cli("exec", "--timeout", "1", LOCALHOST, "--", "sleep 30", timeout=60)
+    assert cp.returncode == ExitStatus.TIMEOUT, cp.stderr
+    assert time.monotonic() - started < 20
+    assert "unreachable" not in cp.stderr.lower()
+
+
+def test_check_of_the_localhost_inventory_passes(home: Path) -> None:
+    cp = run_cli("check", LOCALHOST, timeout=60)
+    assert cp.returncode == ExitStatus.SUCCESS, cp.stdout + cp.stderr
+
+
+def test_a_failed_check_is_3_and_names_the_real_interfaces(home: Path, tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path / "inv.yaml", [{"host": "localhost", "name": "n0"},
+                                                  {"host": "localhost", "name": "n1"}],
+                          defaults={"interface": "nosuch0"})
+    cp = run_cli("check", str(inv), timeout=60)
+    assert cp.returncode == ExitStatus.PREFLIGHT, cp.stdout + cp.stderr
+    assert "'nosuch0' does not exist" in cp.stdout and "lo (127.0.0.1/8" in cp.stdout
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_refused_ssh_connection_is_4(home: Path, tmp_path: Path) -> None:
+    """127.0.0.2 is not `localhost` to clusterrun: it goes through the SSH client, and nothing
+    listens on that port."""
+    inv = write_inventory(tmp_path / "inv.yaml",
+                          [{"host": "127.0.0.2", "port": closed_port(), "name": "gone"}])
+    cp = run_cli("check", str(inv), timeout=60)
+    assert cp.returncode == ExitStatus.UNREACHABLE, cp.stdout + cp.stderr
+    assert "connection refused" in cp.stdout
+
+
+def test_a_bad_inventory_is_2_before_anything_is_contacted(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  - host: 10.0.0.1\n    port: 99999\n")
+    cp = run_cli("check", str(inv), timeout=60)
+    assert cp.returncode == ExitStatus.USAGE, cp.stderr
+    assert f"{inv}:3" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_an_internal_error_is_1_with_a_traceback_to_report(tmp_path: Path) -> None:
+    crash = ("import clusterrun.preflight.checks as checks\n"
+             "def boom(*args, **kwargs):\n    raise RuntimeError('boom')\n"
+             "checks.run = boom\n"
+             "from clusterrun.cli import main\n"
+             f"main(['check', {LOCALHOST!r}])\n")
+    cp = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True,
+                        cwd=REPO, timeout=60, check=False)
+    assert cp.returncode == ExitStatus.ERROR, cp.stderr
+    assert "RuntimeError: boom" in cp.stderr

@@ -1,0 +1,69 @@
+"""Preflight messages for problems a user causes: each names the host, the cause and the fix."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from clusterrun.inventory import HostSpec
+from clusterrun.preflight.checks import _port_problem
+from clusterrun.preflight.report import HostReport
+from tests.conftest import run_cli
+
+PROBE = Path(__file__).resolve().parent.parent / "clusterrun" / "remote" / "probe.py"
+
+
+def report(user: str = "alice") -> HostReport:
+    rep = HostReport(HostSpec(host="10.0.0.1", name="gpu-a", master=True, line=3), 0)
+    rep.facts = {"user": user}
+    return rep
+
+
+def test_a_low_port_as_a_normal_user_says_it_needs_root() -> None:
+    text = _port_problem(report(), {"ok": False, "port": 80, "errno": errno.EACCES,
+                                    "error": "Permission denied"})
+    assert "ports below 1024 need root" in text and "alice" in text and "gpu-a" in text
+    assert "another job" not in text.lower()
+
+
+def test_a_port_in_use_says_another_job_may_hold_it() -> None:
+    text = _port_problem(report(), {"ok": False, "port": 29500, "errno": errno.EADDRINUSE,
+                                    "error": "Address already in use"})
+    assert "29500 on gpu-a" in text and "Another job may hold it" in text
+
+
+def _check_workdir(path: str) -> dict[str, object]:
+    namespace: dict[str, object] = {"__name__": "probe_under_test"}
+    source = PROBE.read_text().replace("\nserve()\n", "\n")  # the functions, not the server
+    exec(compile(source, str(PROBE), "exec"), namespace)
+    return namespace["check_workdir"](path)  # type: ignore[operator]
+
+
+def test_the_probe_creates_and_writes_the_workdir(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b"
+    assert _check_workdir(str(target)) == {"path": str(target), "ok": True, "error": None}
+    assert target.is_dir() and os.listdir(target) == []  # its test file is gone again
+    assert oct(target.stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_a_workdir_that_cannot_be_created_fails_at_check_time() -> None:
+    found = _check_workdir("/proc/forbidden")
+    assert found["ok"] is False and found["error"]
+
+
+def test_a_malformed_known_hosts_is_exit_2_before_any_host_is_contacted(tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("# fine\n10.0.0.1 ssh-ed25519 AAAA!!!notbase64\n")
+    inv = tmp_path / "inv.yaml"
+    # 192.0.2.0/24 is TEST-NET-1: connecting there would hang until the timeout, not fail fast.
+    inv.write_text(f"defaults:\n  known_hosts: {known}\nhosts:\n  - host: 192.0.2.10\n")
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    for argv in (["check"], ["exec"], ["launch"]):
+        tail = ["--", "true"] if argv == ["exec"] else [str(script)] if argv == ["launch"] else []
+        cp = run_cli(*argv, "--connect-timeout", "30", str(inv), *tail,
+                     env={"CLUSTERRUN_HOME": str(tmp_path / "home")}, timeout=20)
+        assert cp.returncode == 2, (argv, cp.stdout, cp.stderr)
+        assert cp.stderr.startswith(f"clusterrun: error: {known}:2: cannot read this known_hosts")
+        assert "Traceback" not in cp.stderr

@@ -1,0 +1,73 @@
+"""The programs clusterrun ships to hosts run on the host's own Python, which may be as old as
+3.6, with nothing but the standard library: checked here, as shipped."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import clusterrun
+from clusterrun.transport import shell
+
+REMOTE = Path(clusterrun.__file__).parent / "remote"
+FILES = sorted(p.name for p in REMOTE.glob("*.py"))
+PROGRAMS = ["run.py", "exec.py", "tail.py", "status.py", "stop.py", "probe.py", "files.py"]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_remote_file_parses_with_the_python_3_6_grammar(name: str) -> None:
+    tree = ast.parse((REMOTE / name).read_text(), name, feature_version=(3, 6))
+    # Beyond the grammar: nothing newer than 3.6 that parses anyway.
+    for node in ast.walk(tree):
+        assert not isinstance(node, ast.JoinedStr), f"{name}:{node.lineno}: an f-string"
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            assert not any(a.name == "annotations" for a in node.names), name
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_remote_files_import_only_the_standard_library(name: str) -> None:
+    tree = ast.parse((REMOTE / name).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "clusterrun.remote":
+            modules = [node.module or ""]
+        else:
+            continue
+        for module in modules:
+            assert module.split(".")[0] in sys.stdlib_module_names, f"{name}: {module}"
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_program_as_shipped_parses_with_the_python_3_6_grammar(name: str) -> None:
+    """The loader and the shared modules it carries included."""
+    source = shell.program_source(name)
+    ast.parse(source, name, feature_version=(3, 6))
+    # The shipped shared modules too (they are string literals inside the loader).
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, bytes) and len(
+                node.value) > 200:
+            ast.parse(node.value, name, feature_version=(3, 6))
+
+
+def test_a_program_arrives_with_the_shared_modules_it_imports() -> None:
+    source = shell.program_source("run.py")
+    assert b'"clusterrun.remote.common"' in source and b'"clusterrun.remote.gang"' in source
+    assert source.index(b'"clusterrun.remote.common"') < source.index(b"<clusterrun run.py>")
+    assert shell.program_source("probe.py") == (REMOTE / "probe.py").read_bytes()
+
+
+def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: Path) -> None:
+    """Through the constant bootstrap command line, as sshd runs it, from an empty directory
+    and with -I (no site-packages, no PYTHONPATH): only what arrived on stdin is used."""
+    request = {"rundir": str(tmp_path / "nothing-here")}
+    proc = subprocess.run([sys.executable, "-I", "-u", "-c", shell.BOOTSTRAP],
+                          input=shell.program_input("status.py", request), capture_output=True,
+                          cwd=tmp_path, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout[2:]) == {"ev": "status", "state": None}

@@ -1,0 +1,319 @@
+"""The node supervisor (clusterrun/remote/run.py and exec.py) through the local transport: no
+root, no sshd. Each test starts the real program the way the controller does (the bootstrap
+command line, the program and its request on stdin) and asserts on its events, its state file
+and the processes left on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from clusterrun.inventory import HostSpec
+from clusterrun.logs import wire
+from clusterrun.transport import shell
+from clusterrun.transport.local import LocalTransport
+
+SPEC = HostSpec(host="localhost", name="n0", master=True, line=0, python=sys.executable)
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes (not zombies) carrying this test's marker in their environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        zombie = stat.rsplit(")", 1)[1].split()[0] == "Z"
+        if f"CLUSTERRUN_TEST_MARK={mark}".encode() in environ and not zombie:
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(mark: str, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+class Remote:
+    """One remote program started as the controller starts it, its frames collected."""
+
+    def __init__(self, program: str, request: dict[str, Any]) -> None:
+        self.proc = LocalTransport(SPEC).run(shell.remote_python(sys.executable, None))
+        self.events: list[wire.Event] = []
+        self.data: dict[str, bytes] = {}
+        self.ended = threading.Event()
+        self.proc.write(shell.program_input(program, request))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for header, data in wire.frames(self.proc):
+            if data is not None:
+                self.data[header["f"]] = self.data.get(header["f"], b"") + data
+                continue
+            event = wire.parse(header)
+            self.events.append(event)
+            if isinstance(event, wire.End):
+                self.ended.set()
+        self.ended.set()
+
+    def send(self, **op: Any) -> None:
+        self.proc.write(json.dumps(op).encode() + b"\n")
+
+    def wait_for(self, kind: type, timeout: float = 20) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events if isinstance(e, kind)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {kind.__name__} within {timeout} s: {self.events}")
+
+    def end(self, timeout: float = 20) -> wire.End:
+        assert self.ended.wait(timeout), self.events
+        ends = [e for e in self.events if isinstance(e, wire.End)]
+        assert ends, self.events
+        return ends[0]
+
+
+def run_request(tmp_path: Path, mark: str, ranks: dict[int, str], *, launcher: str = "",
+                detach: bool = False, grace: float = 2, lease: float = 10,
+                gang: Optional[dict[str, Any]] = None, node: str = "n0") -> dict[str, Any]:
+    """A stand-in for torchrun: a shell script that starts each rank under rank.sh (as torchrun
+    does) and then waits for them, or runs ``launcher`` after starting them."""
+    rundir = tmp_path / node / "run"
+    lines = [f"RANK={r} /bin/sh {rundir}/rank.sh /bin/sh -c {shell.join([cmd])} &"
+             for r, cmd in ranks.items()]
+    script = "\n".join([*lines, launcher or "wait"])
+    req = {"node": node, "rundir": str(rundir), "cwd": str(tmp_path),
+           "argv": ["/bin/sh", "-c", script], "env": {"CLUSTERRUN_TEST_MARK": mark},
+           "public": {"name": node}, "detach": detach, "grace": grace, "lease": lease,
+           "heartbeat": 0.5}
+    if gang is not None:
+        req["gang"] = gang
+    return req
+
+
+def state_of(req: dict[str, Any]) -> dict[str, Any]:
+    return json.loads((Path(req["rundir"]) / "state.json").read_text())
+
+
+@pytest.fixture
+def mark() -> str:
+    value = uuid.uuid4().hex
+    yield value
+    for pid in marked(value):  # never leave a stray behind, even when a test fails
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_failing_rank_is_the_nodes_own_failure(tmp_path: Path, mark: str) -> None:
+    req = run_request(tmp_path, mark, {0: "sleep 0.3; echo last words; exit 3",
+                                       1: "sleep 100"}, launcher="wait $!")
+    remote = Remote("run.py", req)
+    started = remote.wait_for(wire.Started)
+    assert started.subreaper and started.torchrun_pid
+    # The stand-in torchrun does not stop rank 1 itself: the supervisor does, as its own
+    # failure's teardown, and the node still reports its rank's failure, not a stop.
+    end = remote.end(timeout=30)
+    assert end.state == "failed" and end.exit_code == 3
+    assert end.reason == "n0 rank 0 exited with code 3"
+    exits = {e.rank: e for e in remote.events if isinstance(e, wire.RankExit)}
+    assert exits[0].code == 3 and not exits[0].stopping
+    assert remote.data["rank-0.log"] == b"last words\n"
+    state = state_of(req)
+    assert state["state"] == "failed" and state["exit_code"] == 3 and state["ended_at"]
+    assert state["cause"] == "rank_failed"
+    for key in ("supervisor_pid", "supervisor_start", "torchrun_pid", "torchrun_start",
+                "started_at", "ranks", "checksums", "reason"):
+        assert key in state, key
+    assert state["checksums"]["rank-0.log"][0] == len(b"last words\n")
+    assert wait_gone(mark, 10) == []
+
+
+def test_stop_after_its_own_failure_still_reports_failed(tmp_path: Path, mark: str) -> None:
+    """The controller tells every node to stop, the failing one included: it stays failed."""
+    req = run_request(tmp_path, mark, {2: "exit 3"}, launcher="wait; sleep 100")
+    remote = Remote("run.py", req)
+    remote.wait_for(wire.RankExit)
+    remote.send(op="stop", reason="stopped after n0 rank 2 exited with code 3")
+    end = remote.end()
+    assert (end.state, end.exit_code) == ("failed", 3)
+    assert wait_gone(mark, 10) == []
+
+
+def test_a_stop_request_ends_it_within_the_grace_period(tmp_path: Path, mark: str) -> None:
+    req = run_request(tmp_path, mark, {0: "trap '' TERM; sleep 100"}, grace=1)
+    remote = Remote("run.py", req)
+    remote.wait_for(wire.Started)
+    time.sleep(0.3)
+    asked = time.monotonic()
+    remote.send(op="stop")
+    end = remote.end()
+    assert time.monotonic() - asked < 1 + 3
+    assert end.state == "stopped" and end.cause == "controller"
+    assert end.reason == "stopped by the controller"
+    # SIGKILL took rank.sh too: no exit file, so nothing that could pass for a failure.
+    assert all(e.stopping for e in remote.events if isinstance(e, wire.RankExit))
+    assert state_of(req)["state"] == "stopped"
+    assert wait_gone(mark, 5) == []
+
+
+def test_lifeline_eof_ends_the_run(tmp_path: Path, mark: str) -> None:
+    req = run_request(tmp_path, mark, {0: "sleep 100", 1: "sleep 100"})
+    remote = Remote("run.py", req)
+    remote.wait_for(wire.Started)
+    remote.proc.close_stdin()  # what sshd does when the controller's connection drops
+    end = remote.end()
+    assert end.state == "lost" and end.cause == "lifeline_eof"
+    assert "lifeline lost" in (end.reason or "")
+    assert wait_gone(mark, 5) == []
+
+
+def test_missed_heartbeats_end_the_run_after_the_lease(tmp_path: Path, mark: str) -> None:
+    req = run_request(tmp_path, mark, {0: "sleep 100"}, lease=1.5)
+    remote = Remote("run.py", req)
+    remote.wait_for(wire.Started)
+    end = remote.end()
+    assert end.state == "lost" and end.cause == "lease_expired"
+    assert "no heartbeat" in (end.reason or "")
+    assert wait_gone(mark, 5) == []
+
+
+def test_sigterm_and_what_the_job_left_behind(tmp_path: Path, mark: str) -> None:
+    """A daemon a rank double-forked cannot escape: the supervisor is a subreaper."""
+    req = run_request(tmp_path, mark, {0: "(setsid sleep 100 &); sleep 100"})
+    remote = Remote("run.py", req)
+    started = remote.wait_for(wire.Started)
+    time.sleep(0.5)
+    os.kill(started.pid, signal.SIGTERM)
+    end = remote.end()
+    assert end.state == "stopped" and end.cause == "signal"
+    assert "SIGTERM" in (end.reason or "")
+    assert wait_gone(mark, 5) == []
+
+
+def test_exec_times_out_and_streams_both_outputs_apart(tmp_path: Path, mark: str) -> None:
+    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; echo out; "
+                                           "echo err >&2; sleep 100", "timeout": 1,
+                                "grace": 1, "lease": 10, "heartbeat": 0.5})
+    end = remote.end()
+    assert end.state == "timeout" and end.cause == "timeout"
+    assert remote.data == {"stdout": b"out\n", "stderr": b"err\n"}
+    assert wait_gone(mark, 5) == []
+
+
+def test_exec_reports_the_exit_status_and_ends_background_jobs(tmp_path: Path, mark: str) -> None:
+    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; "
+                                           "(sleep 100 &); exit 7", "lease": 10})
+    end = remote.end()
+    assert (end.state, end.exit_code) == ("exited", 7)
+    assert wait_gone(mark, 5) == []
+
+
+def test_exec_ends_on_lifeline_eof(tmp_path: Path, mark: str) -> None:
+    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; sleep 100",
+                                "lease": 10, "grace": 1})
+    remote.wait_for(wire.Started)
+    remote.proc.close_stdin()
+    assert remote.end().state == "lost"
+    assert wait_gone(mark, 5) == []
+
+
+# ------------------------------------------------------------------ detached gangs
+
+
+def start_gang(tmp_path: Path, mark: str, hub_ranks: dict[int, str],
+               peer_ranks: dict[int, str], *, peer_secret: str = "s3cret",
+               lease: float = 3, start_within: float = 30) -> tuple[dict, dict, wire.Started]:
+    hub_req = run_request(tmp_path, mark, hub_ranks, detach=True, lease=lease, node="n0",
+                          gang={"role": "hub", "secret": "s3cret", "peers": ["n1"],
+                                "addr": "127.0.0.1", "port": None,
+                                "start_within": start_within})
+    hub = Remote("run.py", hub_req)
+    started = hub.wait_for(wire.Started)
+    assert started.hub_port
+    peer_req = run_request(tmp_path, mark, peer_ranks, detach=True, lease=lease, node="n1",
+                           gang={"role": "peer", "secret": peer_secret, "hub_node": "n0",
+                                 "addr": "127.0.0.1", "port": started.hub_port})
+    Remote("run.py", peer_req).wait_for(wire.Started)
+    return hub_req, peer_req, started
+
+
+def wait_ended(req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = state_of(req)
+        if state.get("ended_at"):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"{req['node']} did not end: {state_of(req)}")
+
+
+def test_detached_gang_stops_everyone_when_a_worker_fails(tmp_path: Path, mark: str) -> None:
+    hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100", 1: "sleep 100"},
+                                      {2: "sleep 1; exit 3", 3: "sleep 100"})
+    peer = wait_ended(peer_req, 15)
+    hub = wait_ended(hub_req, 15)
+    assert (peer["state"], peer["exit_code"]) == ("failed", 3)
+    assert hub["state"] == "stopped" and hub["cause"] == "peer_failed"
+    for state in (hub, peer):
+        root = state["root_cause"]
+        assert (root["node"], root["rank"], root["code"]) == ("n1", 2, 3), state
+        assert root["detail"] == "n1 rank 2 exited with code 3"
+    assert hub["peers"] == {"n1": "ended"}
+    assert wait_gone(mark, 10) == []
+
+
+def test_detached_gang_loses_a_crashed_worker(tmp_path: Path, mark: str) -> None:
+    hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100"}, {1: "sleep 100"})
+    time.sleep(0.5)
+    for pid in _tree_of(peer_req):  # the worker's host crashes: everything of it dies at once
+        os.kill(pid, signal.SIGKILL)
+    hub = wait_ended(hub_req, 15)
+    assert hub["state"] == "stopped" and hub["cause"] == "peer_lost"
+    assert hub["root_cause"]["node"] == "n1" and hub["root_cause"]["lost"]
+    assert wait_gone(mark, 10) == []
+
+
+def test_detached_peer_with_the_wrong_secret_is_refused(tmp_path: Path, mark: str) -> None:
+    hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100"}, {1: "sleep 100"},
+                                      peer_secret="guess", lease=2, start_within=3)
+    hub = wait_ended(hub_req, 20)
+    peer = wait_ended(peer_req, 20)
+    assert hub["root_cause"]["node"] == "n1" and "never reached" in hub["root_cause"]["detail"]
+    assert peer["cause"] == "peer_lost"
+    assert wait_gone(mark, 10) == []
+
+
+def _tree_of(req: dict[str, Any]) -> set[int]:
+    """A detached supervisor and everything below it."""
+    root = state_of(req)["supervisor_pid"]
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text()
+                                          .rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found = {root}
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return found
