@@ -287,6 +287,10 @@ class Peer:
         else:
             self.pending.append(msg)
 
+    def undelivered(self):
+        """Messages for the hub are still waiting for the connection to be accepted."""
+        return bool(self.pending) and not self.gone
+
     def finish(self, info):
         """The local job has ended: say so (best effort) and let go of the hub."""
         self.gone = True

@@ -22,9 +22,18 @@ def start_time(pid):
 
 
 def alive(state):
-    """Whether the supervisor a state file names is still the same live process."""
+    """Whether the supervisor a state file names is still the same live process. A killed one
+    stays a zombie until its new parent reaps it: dead all the same."""
     pid = (state or {}).get("supervisor_pid")
-    return bool(pid) and start_time(pid) == state.get("supervisor_start")
+    return bool(pid) and start_time(pid) == state.get("supervisor_start") and not zombie(pid)
+
+
+def zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def observed(state):
@@ -98,11 +107,12 @@ class Tree:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
                 signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                os.chdir(cwd)
+                # Output first, so that a failing chdir or exec is reported in the log.
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(out_fd, 1)
                 os.dup2(err_fd, 2)
+                os.chdir(cwd)
                 os.execvpe(argv[0], argv, env)  # noqa: S606 - an argv, no shell
             except BaseException as exc:
                 os.write(2, ("clusterrun: cannot start %s: %s\n" % (argv[0], exc)).encode())

@@ -25,6 +25,9 @@ Phase = common.Phase
 # After a rank of this node failed, torchrun stops the others itself; if it has not exited by
 # then, the supervisor does it.
 FAILURE_TEARDOWN = 5.0
+# A worker whose job ended before it had reached the hub keeps trying this long to report it,
+# so the hub does not wait out a whole lease for a node that has already failed.
+PEER_REPORT = 10.0
 
 # torchrun starts this for every rank (`--no-python /bin/sh rank.sh python -u script ...`): the
 # rank's stdout and stderr go, in order, to one file on this host, and its exit status to
@@ -91,6 +94,7 @@ class Supervisor:
         self.hub = None
         self.peer = None
         self.settle_by = None
+        self.report_by = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -239,6 +243,9 @@ class Supervisor:
         if self.settle_by is None:
             # The hub stays until every worker has ended or is lost (bounded by the lease).
             self.settle_by = now + self.grace + self.lease + 10
+            self.report_by = now + PEER_REPORT
+        if self.peer is not None and self.peer.undelivered() and now < self.report_by:
+            return  # a job that ended before the hub connection was up: tell the hub first
         if self.hub is None or self.hub.settled() or now > self.settle_by:
             self.phase = Phase.ENDED
 
