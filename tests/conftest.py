@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,10 @@ import yaml
 
 from clusterrun import sandbox
 from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.logs import wire
+from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
+from clusterrun.transport.local import LocalTransport
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"
@@ -244,3 +249,88 @@ class Reader:
 
     def join(self) -> None:
         self._thread.join(10)
+
+
+# --- The supervisor's programs (clusterrun/remote/) run as the controller runs them, through the
+# local transport: no root, no sshd. Processes a test starts carry CLUSTERRUN_TEST_MARK.
+
+
+LOCAL_SPEC = HostSpec(host="localhost", name="n0", master=True, line=0, python=sys.executable)
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes (not zombies) carrying this test's marker in their environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        zombie = stat.rsplit(")", 1)[1].split()[0] == "Z"
+        if f"CLUSTERRUN_TEST_MARK={mark}".encode() in environ and not zombie:
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(mark: str, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+class Remote:
+    """One remote program started as the controller starts it, its frames collected."""
+
+    def __init__(self, program: str, request: dict[str, Any]) -> None:
+        self.proc = LocalTransport(LOCAL_SPEC).run(shell.remote_python(sys.executable, None))
+        self.events: list[wire.Event] = []
+        self.data: dict[str, bytes] = {}
+        self.ended = threading.Event()
+        self.proc.write(shell.program_input(program, request))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for header, data in wire.frames(self.proc):
+            if data is not None:
+                self.data[header["f"]] = self.data.get(header["f"], b"") + data
+                continue
+            event = wire.parse(header)
+            self.events.append(event)
+            if isinstance(event, wire.End):
+                self.ended.set()
+        self.ended.set()
+
+    def send(self, **op: Any) -> None:
+        self.proc.write(json.dumps(op).encode() + b"\n")
+
+    def wait_for(self, kind: type, timeout: float = 20) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events if isinstance(e, kind)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {kind.__name__} within {timeout} s: {self.events}")
+
+    def end(self, timeout: float = 20) -> wire.End:
+        assert self.ended.wait(timeout), self.events
+        ends = [e for e in self.events if isinstance(e, wire.End)]
+        assert ends, self.events
+        return ends[0]
+
+
+def state_of(req: dict[str, Any]) -> dict[str, Any]:
+    return json.loads((Path(req["rundir"]) / "state.json").read_text())
+
+
+@pytest.fixture
+def mark() -> Iterator[str]:
+    """A marker for this test's processes (CLUSTERRUN_TEST_MARK in their environment)."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in marked(value):  # never leave a stray behind, even when a test fails
+        os.kill(pid, signal.SIGKILL)

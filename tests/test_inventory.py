@@ -170,17 +170,15 @@ def test_malformed_inventory_is_refused_before_any_ssh(
     port = listener.getsockname()[1]
     path.write_text(bad.text.replace("{H}", LISTEN_HOST).replace("{P}", str(port))
                     .replace("{{", "{").replace("}}", "}"))
-    start = time.monotonic()
     cp = run_cli("check", "--connect-timeout", "2", str(path), timeout=30)
-    elapsed = time.monotonic() - start
     assert cp.returncode == 2, cp.stderr + cp.stdout
     assert "Traceback" not in cp.stderr
     assert cp.stdout == ""  # no report: nothing was checked
     assert f"{path}:{bad.line}:" in cp.stderr, cp.stderr
     for word in bad.words:
         assert word in cp.stderr, (word, cp.stderr)
+    # The proof that nothing was contacted: the listener standing in for the host saw nothing.
     assert not connection_attempted(listener), "clusterrun connected before validating"
-    assert elapsed < 3, elapsed
 
 
 def test_duplicate_key_message_names_both_lines(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from clusterrun.errors import UsageError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.plan import build as planning
 from clusterrun.plan import secrets
+from clusterrun.plan.model import Job
 from clusterrun.preflight.report import CheckReport, HostReport
 
 
@@ -36,7 +37,7 @@ def test_master_first_then_inventory_order_with_per_host_processes(tmp_path: Pat
     script = tmp_path / "train.py"
     script.write_text("")
     inv, rep = report(tmp_path, gpus=4)
-    plan = planning.build(inv, rep, script, ["--lr", "0.1"])
+    plan = planning.build(inv, rep, Job(script, ("--lr", "0.1")))
     assert [n.name for n in plan.nodes] == ["a", "b", "c"]
     assert [n.node_rank for n in plan.nodes] == [0, 1, 2]
     # a: its two listed GPUs; b: auto = the 4 GPUs it has; c: 3 from the inventory.
@@ -54,7 +55,8 @@ def test_each_host_gets_its_own_interface_and_environment(tmp_path: Path) -> Non
     script = tmp_path / "train.py"
     script.write_text("")
     inv, rep = report(tmp_path)
-    plan = planning.build(inv, rep, script, [], extra_env={"A": "2", "HF_TOKEN": "t0ken"})
+    plan = planning.build(inv, rep, Job(script), env=planning.EnvSources(
+        extra={"A": "2", "HF_TOKEN": "t0ken"}, environ={}))
     env = {n.name: dict(n.env) for n in plan.nodes}
     assert env["b"]["GLOO_SOCKET_IFNAME"] == "ens5" and env["b"]["NCCL_SOCKET_IFNAME"] == "ens5"
     assert env["c"]["GLOO_SOCKET_IFNAME"] == "enp3s0"

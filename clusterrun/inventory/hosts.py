@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "nproc_per_node": AUTO,
     "interface": AUTO,
     "env": {},
+    "forward_env": (),
+    "env_file": None,
 }
 
 
@@ -54,6 +56,8 @@ class HostSpec:
     interface: str = AUTO
     env: tuple[tuple[str, str], ...] = ()
     gpus: Optional[tuple[int, ...]] = None
+    forward_env: tuple[str, ...] = ()  # more names (globs) forwarded from the controller's env
+    env_file: Optional[str] = None  # a dotenv file on the controller, as an absolute path
 
     @property
     def local(self) -> bool:

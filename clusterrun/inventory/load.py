@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ _HOST_SETTINGS = (
     "nproc_per_node",
     "interface",
     "env",
+    "forward_env",
+    "env_file",
 )
 _HOST_ONLY = ("host", "name", "master", "gpus")
 _TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts")
@@ -176,6 +179,32 @@ _HOST_RULE = ("use a host name, an IP address or an ~/.ssh/config alias: letters
 _USER_RULE = ("a user name is letters, digits, '.', '_' and '-', not starting with '-'.")
 
 
+_GLOB_RE = re.compile(r"[A-Za-z0-9_*?]+")
+
+
+def _globs(chk: _Checker, loc: Located) -> Optional[tuple[str, ...]]:
+    items = loc.value if isinstance(loc.value, list) else None
+    values = [i.value for i in items] if items is not None else None
+    if values is None or not all(isinstance(v, str) and _GLOB_RE.fullmatch(v) for v in values):
+        chk.fail(loc.line, "forward_env must be a list of variable names or globs, e.g. "
+                 "[MY_*, DATA_DIR] (letters, digits, '_', '*' and '?').")
+        return None
+    return tuple(values)
+
+
+def _env_file(chk: _Checker, loc: Located) -> Optional[str]:
+    """A dotenv file on this machine, relative to the inventory's directory."""
+    value = _path(chk, loc, "env_file")
+    if value is None:
+        return None
+    path = chk.path.parent / os.path.expanduser(value)
+    if not path.is_file():
+        chk.fail(loc.line, f"env_file {value!r}: no such file ({path}). The path is relative to "
+                 "the inventory's directory.")
+        return None
+    return str(path.resolve())
+
+
 def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
     """Parse the keys a host and `defaults` share; absent keys are absent from the result."""
     parsers: dict[str, Callable[[Located], Any]] = {
@@ -189,6 +218,8 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
         "nproc_per_node": lambda v: _nproc(chk, v),
         "interface": lambda v: AUTO if v.value == AUTO else _interface(chk, v),
         "env": lambda v: _env(chk, v),
+        "forward_env": lambda v: _globs(chk, v),
+        "env_file": lambda v: _env_file(chk, v),
     }
     return {key: parsers[key](loc) for key, loc in found.items() if key in parsers}
 

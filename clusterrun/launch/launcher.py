@@ -11,15 +11,24 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
 from clusterrun.console import Printer
-from clusterrun.errors import ClusterrunError, ExitStatus, PreflightError, UnreachableError
+from clusterrun.errors import (
+    ClusterrunError,
+    ExitStatus,
+    PreflightError,
+    UnreachableError,
+    UsageError,
+)
 from clusterrun.inventory import Inventory
 from clusterrun.launch import outcome, sync
 from clusterrun.launch.session import Session
 from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.logs.view import LogView
 from clusterrun.plan import build as planning
+from clusterrun.plan import environment, placeholders
+from clusterrun.plan import torchrun as torchrunopts
 from clusterrun.plan import view as planview
-from clusterrun.plan.model import LaunchPlan
+from clusterrun.plan.build import EnvSources
+from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
@@ -43,6 +52,28 @@ class LaunchOptions:
     grace: float = 15.0
     lease: float = 30.0
     excludes: tuple[str, ...] = ()
+    env_file: Optional[str] = None
+    forward_env: tuple[str, ...] = ()
+
+
+def job_for(script: Optional[str], args: tuple[str, ...], *, module: Optional[str] = None,
+            torchrun: bool = True, local_rank_arg: bool = False,
+            torchrun_args: tuple[str, ...] = ()) -> Job:
+    """What to run, checked before any host is contacted (usage errors exit 2)."""
+    if module is not None:
+        path = planning.module_path(module)
+    elif script is None:
+        raise UsageError("missing SCRIPT: give the training script after INVENTORY, or "
+                         "-m MODULE before it.")
+    else:
+        path = planning.script_path(script)
+    if torchrun_args and not torchrun:
+        raise UsageError("--torchrun-arg and --no-torchrun do not go together: without torchrun "
+                         "there is nothing to pass them to.")
+    job = Job(script=path, args=tuple(args), module=module, torchrun=torchrun,
+              local_rank_arg=local_rank_arg, torchrun_args=torchrunopts.passthrough(torchrun_args))
+    placeholders.check(job.args, per_process=not torchrun)
+    return job
 
 
 def _sayer(err: TextIO) -> Callable[[str], None]:
@@ -98,20 +129,21 @@ def _preflight(inv: Inventory, pool: Connections, opts: LaunchOptions,
     return report  # --no-check: the problems are shown, the launch goes on
 
 
-def run(inv: Inventory, script_arg: str, args: tuple[str, ...], *, ssh: SshOptions,
-        opts: LaunchOptions, home: Path, out: Optional[TextIO] = None,
-        err: Optional[TextIO] = None) -> int:
+def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
+        out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    script = planning.script_path(script_arg)
-    extra_env = dict(opts.env)
+    sources = EnvSources(extra=dict(opts.env), forward=opts.forward_env,
+                         env_file=Path(opts.env_file) if opts.env_file else None)
+    if sources.env_file is not None:  # a bad env file is refused before any host is contacted
+        environment.read_env_file(sources.env_file)
     if opts.master_port is not None:
         inv = dataclasses.replace(inv, master_port=opts.master_port)
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
         report = _preflight(inv, pool, opts, err)
-        plan = planning.build(inv, report, script, args, name=opts.name,
-                              nproc_override=opts.nproc_per_node, extra_env=extra_env,
+        plan = planning.build(inv, report, job, name=opts.name,
+                              nproc_override=opts.nproc_per_node, env=sources,
                               sync=opts.sync, grace=opts.grace, lease=opts.lease,
                               detach=opts.detach)
         if opts.dry_run:
@@ -141,7 +173,7 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
         try:
             for name, how in sync.sync(plan, pool.transports, specs, facts,
                                        opts.excludes).items():
-                say(f"{name}: {plan.script.parent.name}/ {how}")
+                say(f"{name}: {plan.code_dir.name}/ {how}")
         except ClusterrunError as exc:  # a host's copy failed, or the host went away meanwhile
             lifecycle.record(run_dir, RunState.FAILED, reason="copying the code failed",
                              exit_status=exc.exit_status)

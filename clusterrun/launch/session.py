@@ -64,6 +64,9 @@ def request(plan: LaunchPlan, node: NodePlan,
            "argv": list(node.argv), "env": dict(node.env), "public": public,
            "detach": plan.detach, "grace": plan.grace, "lease": plan.lease,
            "heartbeat": HEARTBEAT}
+    if node.processes:  # --no-torchrun: the supervisor starts each process itself
+        req["ranks"] = [{"argv": list(p.argv), "env": dict(p.env)} for p in node.processes]
+        req["python"] = node.python
     if gang is not None:
         req["gang"] = gang
     return req

@@ -11,6 +11,7 @@ from pathlib import Path
 from clusterrun.inventory import Inventory
 from clusterrun.launch import launcher as launch
 from clusterrun.plan import build as planning
+from clusterrun.plan.model import Job
 from clusterrun.preflight.report import CheckReport
 from clusterrun.transport.pool import Connections
 
@@ -19,7 +20,7 @@ SCRIPT = Path(__file__).resolve().parent / "smoke_payload" / "allreduce.py"
 
 def run(inv: Inventory, report: CheckReport, pool: Connections, home: Path) -> int:
     opts = launch.LaunchOptions(nproc_per_node=1, name="smoke", grace=5.0)
-    plan = planning.build(inv, report, SCRIPT, [], name="smoke", nproc_override=1, grace=5.0)
+    plan = planning.build(inv, report, Job(SCRIPT), name="smoke", nproc_override=1, grace=5.0)
     return launch.execute(plan, inv, report, pool, home=smoke_home(home), opts=opts)
 
 

@@ -135,7 +135,7 @@ def _sftp_makedirs(sftp: object, path: str) -> None:
 def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
          facts: dict[str, dict[str, Any]], excludes: Sequence[str]) -> dict[str, str]:
     """Copy the script's directory to every remote host; return per host how it went."""
-    src = plan.script.parent
+    src = plan.code_dir
     patterns = tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
     local = manifest(src, patterns)
     files = sorted(local)
@@ -146,22 +146,23 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         node = next(n for n in plan.nodes if n.name == spec.name)
         transport = transports[spec.name]
         assert isinstance(transport, SshTransport)
-        before = _remote(transport, spec, node.cwd, files, mkdir=True)
+        dest = node.code_dest or node.cwd
+        before = _remote(transport, spec, dest, files, mkdir=True)
         changed = [rel for rel in files if before.get(rel) != local[rel]]
         method = "unchanged"
         if changed:
             use_rsync = have_rsync and facts[spec.name].get("rsync") and not force_sftp
             method = "rsync" if use_rsync else "sftp"
             if use_rsync:
-                _rsync(transport, spec, src, node.cwd, patterns)
+                _rsync(transport, spec, src, dest, patterns)
             else:
-                _sftp(transport, src, node.cwd, changed)
-        after = _remote(transport, spec, node.cwd, files, mkdir=False)
+                _sftp(transport, src, dest, changed)
+        after = _remote(transport, spec, dest, files, mkdir=False)
         bad = [rel for rel in files if after.get(rel) != local[rel]]
         if bad:
             raise SyncError(f"{spec.name}: after copying, {len(bad)} file(s) differ "
                             f"from this machine's: {', '.join(bad[:5])}. Is something else "
-                            f"writing to {node.cwd} on that host?")
+                            f"writing to {dest} on that host?")
         return f"{method}: {len(changed)} of {len(files)} files copied, all {len(files)} verified"
 
     remote = [specs[n.name] for n in plan.nodes if not n.local]

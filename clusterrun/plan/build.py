@@ -8,13 +8,14 @@ import re
 import secrets as pysecrets
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from clusterrun.errors import PreflightError, UsageError
-from clusterrun.inventory import AUTO, Inventory
-from clusterrun.plan import ranks
-from clusterrun.plan.model import LaunchPlan, NodePlan
+from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.plan import environment, placeholders, ranks
+from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
 
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
@@ -79,33 +80,75 @@ def _nccl_ifname(host: HostReport) -> str:
     return f"={name}" if any(o.startswith(name) for o in others) else name
 
 
-def build(inv: Inventory, report: CheckReport, script: Path, args: Sequence[str], *,
-          name: Optional[str] = None, nproc_override: Optional[int] = None,
-          extra_env: Optional[dict[str, str]] = None, sync: bool = True, grace: float = 15.0,
-          lease: float = 30.0, detach: bool = False) -> LaunchPlan:
+@dataclass(frozen=True)
+class EnvSources:
+    """Where the ranks' environment comes from, besides the inventory's `env:` (runs.environment
+    documents the order)."""
+
+    extra: Mapping[str, str] = field(default_factory=dict)  # --env, wins over everything
+    env_file: Optional[Path] = None  # --env-file (else each host's `env_file:`)
+    forward: tuple[str, ...] = ()  # --forward-env globs (with each host's `forward_env:`)
+    environ: Optional[Mapping[str, str]] = None  # this shell's environment (default os.environ)
+
+
+def _rank_env(spec: HostSpec, sources: EnvSources,
+              files: dict[str, dict[str, str]]) -> dict[str, str]:
+    environ = os.environ if sources.environ is None else sources.environ
+    path = str(sources.env_file) if sources.env_file is not None else spec.env_file
+    if path is not None and path not in files:
+        files[path] = environment.read_env_file(Path(path))
+    return environment.merge([
+        environment.forwarded(environ, (*sources.forward, *spec.forward_env)),
+        files.get(path, {}) if path is not None else {},
+        spec.env_dict,
+        sources.extra,
+    ])
+
+
+def _command(spec: HostSpec, job: Job, cwd: str) -> list[str]:
+    """How the host's interpreter runs the job: ``python -u script`` or ``python -u -m module``."""
+    target = ["-m", job.module] if job.module is not None else [f"{cwd}/{job.script.name}"]
+    return [spec.python, "-u", *target]
+
+
+def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] = None,
+          nproc_override: Optional[int] = None, env: Optional[EnvSources] = None,
+          sync: bool = True, grace: float = 15.0, lease: float = 30.0,
+          detach: bool = False) -> LaunchPlan:
     """Everything a launch will do, decided before anything starts."""
     if report.master_addr is None or report.master_port is None:
         raise PreflightError("cannot plan the launch: the master's address or port is unknown "
                              "(see the preflight report above).")
-    label = run_name(script, name)
+    placeholders.check(job.args, per_process=not job.torchrun)
+    label = run_name(job.script, name or job.label)
     run_id = new_run_id(label)
     hosts = sorted(report.hosts, key=lambda h: h.node_rank)
     nprocs = [_nproc(h, nproc_override) for h in hosts]
     starts = ranks.global_ranks(nprocs)
+    world = sum(nprocs)
+    files: dict[str, dict[str, str]] = {}
     nodes = []
     for host, nproc, span in zip(hosts, nprocs, starts):
         spec = host.spec
         workdir = host.workdir or spec.workdir
         rundir = f"{workdir}/runs/{run_id}/{spec.name}"
+        local_code = job.code.resolve()
         if spec.local or not sync:
-            cwd = str(script.parent.resolve())
+            cwd = str(local_code.parent if job.module and job.script.is_dir() else local_code)
+            code_dest = ""
+        elif job.module is not None and job.script.is_dir():
+            # `python -m pkg.train` needs the directory that holds pkg/ as its cwd.
+            cwd = payload_dir(workdir, local_code)
+            code_dest = f"{cwd}/{local_code.name}"
         else:
-            cwd = payload_dir(workdir, script.parent)
-        remote_script = f"{cwd}/{script.name}"
-        env = dict(spec.env_dict)
-        env.update(extra_env or {})
+            cwd = payload_dir(workdir, local_code)
+            code_dest = ""
+        values: dict[str, object] = {
+            "node_rank": host.node_rank, "nnodes": len(hosts),
+            "master_addr": report.master_addr, "master_port": report.master_port}
+        node_env = _rank_env(spec, env or EnvSources(), files)
         iface = host.interface or ""
-        env.update({
+        node_env.update({
             "NCCL_SOCKET_IFNAME": _nccl_ifname(host),
             "GLOO_SOCKET_IFNAME": iface,
             "CLUSTERRUN_RUN_ID": run_id,
@@ -114,27 +157,54 @@ def build(inv: Inventory, report: CheckReport, script: Path, args: Sequence[str]
             "PYTHONUNBUFFERED": "1",
         })
         if spec.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
-        argv = (
-            spec.python, "-m", "torch.distributed.run",
-            "--nnodes", str(len(hosts)), "--node-rank", str(host.node_rank),
-            "--nproc-per-node", str(nproc),
-            "--master-addr", report.master_addr, "--master-port", str(report.master_port),
-            "--max-restarts", "0", "--log-dir", f"{rundir}/torchelastic",
-            # Each rank runs under rank.sh, which sends its output to a file on this host.
-            "--no-python", "/bin/sh", f"{rundir}/rank.sh",
-            spec.python, "-u", remote_script, *args,
-        )
+            node_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        command = _command(spec, job, cwd)
+        argv: tuple[str, ...] = ()
+        processes: tuple[RankProcess, ...] = ()
+        if job.torchrun:
+            if job.local_rank_arg:  # rank.sh puts --local_rank=N before the script's arguments
+                node_env["CLUSTERRUN_LOCAL_RANK_AT"] = str(len(command))
+            argv = (
+                spec.python, "-m", "torch.distributed.run",
+                "--nnodes", str(len(hosts)), "--node-rank", str(host.node_rank),
+                "--nproc-per-node", str(nproc),
+                "--master-addr", report.master_addr, "--master-port", str(report.master_port),
+                "--max-restarts", "0", "--log-dir", f"{rundir}/torchelastic",
+                *job.torchrun_args,
+                # Each rank runs under rank.sh, which sends its output to a file on this host.
+                "--no-python", "/bin/sh", f"{rundir}/rank.sh",
+                *command, *(placeholders.expand(a, values) for a in job.args),
+            )
+        else:
+            processes = tuple(_process(command, job, values, node_rank=host.node_rank,
+                                       rank=span.start + i, local_rank=i, nproc=nproc,
+                                       world=world, run_id=run_id) for i in range(nproc))
         nodes.append(NodePlan(
             name=spec.name, host=spec.host, local=spec.local, node_rank=host.node_rank,
             nproc=nproc, first_rank=span.start, interface=iface, address=host.address or "",
             python=spec.python, setup=spec.setup, workdir=workdir, rundir=rundir, cwd=cwd,
-            argv=argv, env=tuple(sorted(env.items())), connection=tuple(
+            argv=argv, env=tuple(sorted(node_env.items())), code_dest=code_dest,
+            processes=processes, connection=tuple(
                 (key, getattr(spec, key)) for key in CONNECTION_KEYS)))
-    return LaunchPlan(run_id=run_id, name=label, script=script, args=tuple(args),
+    return LaunchPlan(run_id=run_id, name=label, script=job.script, args=tuple(job.args),
                       master_addr=report.master_addr, master_port=report.master_port,
-                      lifeline_port=report.lifeline_port,
+                      lifeline_port=report.lifeline_port, module=job.module, code=job.code,
                       nodes=tuple(nodes), sync=sync, grace=grace, lease=lease, detach=detach)
+
+
+def _process(command: list[str], job: Job, values: dict[str, object], *, node_rank: int,
+             rank: int, local_rank: int, nproc: int, world: int, run_id: str) -> RankProcess:
+    """One process started without torchrun: the environment torchrun would give it, and its
+    arguments with every placeholder expanded in one pass."""
+    mine = dict(values, rank=rank, local_rank=local_rank, world_size=world)
+    argv = [*command, *([f"--local_rank={local_rank}"] if job.local_rank_arg else []),
+            *(placeholders.expand(a, mine) for a in job.args)]
+    env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world,
+           "LOCAL_WORLD_SIZE": nproc, "GROUP_RANK": node_rank, "NODE_RANK": node_rank,
+           "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world, "MASTER_ADDR": values["master_addr"],
+           "MASTER_PORT": values["master_port"], "TORCHELASTIC_RESTART_COUNT": 0,
+           "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": run_id}
+    return RankProcess(tuple(argv), tuple((k, str(v)) for k, v in env.items()))
 
 
 def script_path(raw: str) -> Path:
@@ -143,3 +213,23 @@ def script_path(raw: str) -> Path:
         raise UsageError(f"{raw}: no such script. Give the path of the training script on this "
                          "machine; clusterrun copies its directory to every host.")
     return Path(os.path.abspath(path))
+
+
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def module_path(module: str, cwd: Optional[Path] = None) -> Path:
+    """Where ``-m MODULE`` lives on this machine, found as ``python -m`` finds it from the
+    current directory: its top-level package (copied to every host), or a module file."""
+    if not _MODULE_RE.fullmatch(module):
+        raise UsageError(f"-m {module!r}: not a Python module name (dotted names of letters, "
+                         "digits and '_', e.g. -m mypkg.train).")
+    base = Path(os.path.abspath(cwd or os.getcwd()))
+    top = module.split(".", maxsplit=1)[0]
+    if (base / top).is_dir():
+        return base / top
+    if (base / f"{top}.py").is_file() and "." not in module:
+        return base / f"{top}.py"
+    raise UsageError(f"-m {module}: there is no package {top}/ or module {top}.py in {base}. "
+                     "Run clusterrun from the directory that holds it, as `python -m` needs; "
+                     "that package is what gets copied to every host.")

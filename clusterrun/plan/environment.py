@@ -3,8 +3,9 @@ the inventory or with --env, merged in one documented order.
 
 Precedence, lowest first: forwarded from the controller's environment < env file < inventory
 `defaults: env:` < the host's own `env:` < `--env` on the command line. clusterrun's own
-variables (NCCL/GLOO interface, CLUSTERRUN_*, torchrun's) are set last and cannot be overridden
-by accident; a user who sets NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME explicitly keeps it.
+variables (each host's NCCL/Gloo interface, CLUSTERRUN_*, torchrun's) are set last: a value
+forwarded from this shell is one machine's, and interfaces differ between hosts. The inventory's
+`interface:` is how to choose one.
 """
 
 from __future__ import annotations

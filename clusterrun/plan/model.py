@@ -11,6 +11,39 @@ from clusterrun.plan.secrets import masked
 
 
 @dataclass(frozen=True)
+class Job:
+    """What runs on every host: a script (or a module, as with ``python -m``) and its arguments,
+    under torchrun or started directly."""
+
+    script: Path  # on this machine; for a module, its top-level package directory or file
+    args: tuple[str, ...] = ()
+    module: Optional[str] = None
+    torchrun: bool = True
+    local_rank_arg: bool = False  # every process also gets --local_rank=N first
+    torchrun_args: tuple[str, ...] = ()
+
+    @property
+    def code(self) -> Path:
+        """The directory copied to every host."""
+        if self.module is not None and self.script.is_dir():
+            return self.script
+        return self.script.parent
+
+    @property
+    def label(self) -> str:
+        return self.module or self.script.stem
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One process of a node started without torchrun: its command and the variables torchrun
+    would have given it (no secrets: those are in the node's environment)."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class NodePlan:
     name: str
     host: str
@@ -27,6 +60,8 @@ class NodePlan:
     cwd: str  # on the host: the synced copy of the script's directory
     argv: tuple[str, ...]  # torchrun and everything after it; no shell involved
     env: tuple[tuple[str, str], ...]
+    code_dest: str = ""  # on the host: where the copied directory goes ("" = cwd)
+    processes: tuple[RankProcess, ...] = ()  # --no-torchrun: one per local rank, argv unused
 
     @property
     def ranks(self) -> range:
@@ -40,14 +75,16 @@ class NodePlan:
                 "connection": dict(self.connection),
                 "nproc": self.nproc, "ranks": [self.ranks.start, self.ranks.stop - 1],
                 "interface": self.interface, "address": self.address, "rundir": self.rundir,
-                "cwd": self.cwd, "argv": list(self.argv), "env": masked(dict(self.env))}
+                "cwd": self.cwd, "argv": list(self.argv), "env": masked(dict(self.env)),
+                "processes": [{"argv": list(p.argv), "env": dict(p.env)}
+                              for p in self.processes]}
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     run_id: str
     name: str
-    script: Path  # on this machine
+    script: Path  # on this machine (for -m, the module's package)
     args: tuple[str, ...]
     master_addr: str
     master_port: int
@@ -60,6 +97,12 @@ class LaunchPlan:
     # their lifeline to the master's supervisor on it. None when the data path was not tested.
     lifeline_port: Optional[int] = None
     created: float = field(default_factory=time.time)
+    module: Optional[str] = None  # -m MODULE instead of a script
+    code: Optional[Path] = None  # the directory copied to every host (default: the script's)
+
+    @property
+    def code_dir(self) -> Path:
+        return self.code or self.script.parent
 
     @property
     def world_size(self) -> int:
@@ -71,5 +114,6 @@ class LaunchPlan:
                 "master_port": self.master_port, "nnodes": len(self.nodes),
                 "world_size": self.world_size, "sync": self.sync, "grace": self.grace,
                 "lease": self.lease, "detach": self.detach, "created": self.created,
+                "module": self.module,
                 "lifeline_port": self.lifeline_port,
                 "nodes": [n.public() for n in self.nodes]}

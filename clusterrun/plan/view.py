@@ -35,7 +35,13 @@ def dry_run(plan: LaunchPlan) -> list[str]:
             lines.append(f"  setup:     {node.setup}")
         for key, value in masked(dict(node.env)).items():
             lines.append(f"  env:       {key}={value}")
-        lines.append(f"  command:   {shell.join(node.argv)}")
+        if node.processes:
+            for process in node.processes:
+                rank = dict(process.env)
+                lines.append(f"  rank {rank['RANK']} (local {rank['LOCAL_RANK']}): "
+                             f"{shell.join(process.argv)}")
+        else:
+            lines.append(f"  command:   {shell.join(node.argv)}")
     lines.append("")
     lines.append("The command runs without a shell: arguments and environment values arrive "
                  "byte-exact. Secrets are masked here and travel on the supervisor's stdin, never "

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import time
+import traceback
 
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -83,6 +84,15 @@ def become_subreaper():
         return False
 
 
+def close_inherited():
+    """Close every file descriptor but stdin, stdout and stderr (a forked child that does not
+    exec keeps its parent's sockets and pipes otherwise)."""
+    for entry in os.listdir("/proc/self/fd"):
+        if int(entry) > 2:
+            with contextlib.suppress(OSError):  # the listing's own descriptor is gone
+                os.close(int(entry))
+
+
 def status_code(raw):
     """A wait status as a shell reports it: the exit code, or 128 + the signal number."""
     return os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 128 + os.WTERMSIG(raw)
@@ -99,8 +109,29 @@ class Tree:
         self.subreaper = become_subreaper()
 
     def start(self, argv, env, cwd, out_fd, err_fd):
+        """``argv`` (with ``env``, in ``cwd``) in a session of its own."""
+        return self._fork(argv[0], cwd, out_fd, err_fd,
+                          lambda: os.execvpe(argv[0], argv, env))  # noqa: S606 - no shell
+
+    def start_function(self, what, target, cwd, out_fd, err_fd):
+        """``target()`` in a forked child, in a session of its own, as if it were a command
+        (clusterrun's own launcher): its return value is the child's exit status. The child
+        keeps none of the supervisor's files (sockets, pipes) open."""
+        def child():
+            close_inherited()
+            try:
+                return target()
+            except Exception:  # said in the log, as a command's crash would be
+                os.write(2, ("clusterrun: %s failed:\n%s" % (what, traceback.format_exc()))
+                         .encode("utf-8", "replace"))
+                return 1
+
+        return self._fork(what, cwd, out_fd, err_fd, child)
+
+    def _fork(self, what, cwd, out_fd, err_fd, body):
         pid = os.fork()
-        if pid == 0:  # the child: its own session, default signal handling, then the command
+        if pid == 0:  # the child: its own session, default signal handling, then the body
+            code = 127
             try:
                 os.setsid()
                 for sig in (*STOP_SIGNALS, signal.SIGPIPE, FORCE_SIGNAL):
@@ -113,10 +144,10 @@ class Tree:
                 os.dup2(out_fd, 1)
                 os.dup2(err_fd, 2)
                 os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)  # noqa: S606 - an argv, no shell
+                code = body() or 0
             except BaseException as exc:
-                os.write(2, ("clusterrun: cannot start %s: %s\n" % (argv[0], exc)).encode())
-            os._exit(127)
+                os.write(2, ("clusterrun: cannot start %s: %s\n" % (what, exc)).encode())
+            os._exit(code)
         self.pid = pid
         return pid
 

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from clusterrun.remote import common, gang, mainloop, procs
+from clusterrun.remote import common, gang, launcher, mainloop, procs
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -28,26 +28,6 @@ FAILURE_TEARDOWN = 5.0
 # A worker whose job ended before it had reached the hub keeps trying this long to report it,
 # so the hub does not wait out a whole lease for a node that has already failed.
 PEER_REPORT = 10.0
-
-# torchrun starts this for every rank (`--no-python /bin/sh rank.sh python -u script ...`): the
-# rank's stdout and stderr go, in order, to one file on this host, and its exit status to
-# another, which tells the supervisor which rank failed first and how.
-RANK_WRAPPER = """\
-# clusterrun: one rank's output to rank-$RANK.log and its exit status to rank-$RANK.exit.
-# The files are private (0600) whatever the umask; the rank itself keeps the user's umask.
-log="$CLUSTERRUN_RUNDIR/rank-$RANK.log"
-mask=$(umask)
-umask 077
-: >>"$log"
-umask "$mask"
-"$@" >>"$log" 2>&1
-code=$?
-umask 077
-printf '%s\\n' "$code" >"$CLUSTERRUN_RUNDIR/.rank-$RANK.exit"
-mv -f "$CLUSTERRUN_RUNDIR/.rank-$RANK.exit" "$CLUSTERRUN_RUNDIR/rank-$RANK.exit"
-exit "$code"
-"""
-
 
 def describe(code):
     if code > 128:
@@ -89,6 +69,8 @@ class Supervisor:
         self.failed_at = None
         self.rank_exits = {}
         self.tree = procs.Tree()
+        # What runs the ranks: torchrun, or (``ranks``, --no-torchrun) remote/launcher.py.
+        self.launcher_name = "launcher" if req.get("ranks") else "torchrun"
         self.cleaning = False
         self.lifeline = None
         self.hub = None
@@ -111,7 +93,13 @@ class Supervisor:
         env = dict(os.environ)
         env.update(self.req["env"])
         env["CLUSTERRUN_RUNDIR"] = self.rundir
-        pid = self.tree.start(self.req["argv"], env, self.req["cwd"], log, log)
+        ranks = self.req.get("ranks")
+        if ranks:  # --no-torchrun: clusterrun's own launcher, in torchrun's place
+            pid = self.tree.start_function(
+                self.launcher_name, lambda: launcher.run(ranks, self.rundir, env),
+                self.req["cwd"], log, log)
+        else:
+            pid = self.tree.start(self.req["argv"], env, self.req["cwd"], log, log)
         os.close(log)
         self.phase = Phase.RUNNING
         me = os.getpid()
@@ -169,7 +157,8 @@ class Supervisor:
         """This node's own failure (not caused by a stop): the first one is what it reports."""
         if self.own is not None:
             return
-        what = "%s rank %d" % (self.name, rank) if rank is not None else "%s: torchrun" % self.name
+        what = ("%s rank %d" % (self.name, rank) if rank is not None
+                else "%s: %s" % (self.name, self.launcher_name))
         sig = code - 128 if code > 128 else None
         self.own = {"node": self.name, "rank": rank, "code": code, "signal": sig, "e": elapsed,
                     "detail": "%s %s" % (what, describe(code))}
@@ -280,7 +269,7 @@ def prepare(req):
     wrapper = os.path.join(req["rundir"], "rank.sh")
     fd = os.open(wrapper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
     with os.fdopen(fd, "w") as handle:
-        handle.write(RANK_WRAPPER)
+        handle.write(launcher.RANK_WRAPPER)
     common.write_json(os.path.join(req["rundir"], "spec.json"), req.get("public", {}))
 
 

@@ -1,0 +1,74 @@
+"""The command line. This is the only place exceptions become exit statuses."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from clusterrun import __version__, usage
+from clusterrun.cli import hosts, launch, runs, sandbox
+from clusterrun.cli.common import CONTEXT
+from clusterrun.errors import ClusterrunError, ExitStatus
+from clusterrun.home import home as state_home
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="clusterrun")
+def cli() -> None:
+    """Launch one PyTorch training script on many machines over SSH.
+
+    \b
+    clusterrun check INVENTORY          preflight every host
+    clusterrun launch INVENTORY SCRIPT  run SCRIPT with torchrun on every host
+    clusterrun logs -f                  follow the latest run's logs
+    """
+
+
+for command in (hosts.check, launch.launch, hosts.exec_, runs.logs, runs.ps, runs.stop,
+                sandbox.sandbox):
+    cli.add_command(command)
+
+
+def _inside(folder: Path, path: str) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: run the CLI and turn every outcome into an exit status."""
+    try:
+        status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        click.echo(f"clusterrun: error: {usage.from_click(exc).message}", err=True)
+        sys.exit(ExitStatus.USAGE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(ExitStatus.SIGINT)
+    except ClusterrunError as exc:
+        click.echo(f"clusterrun: error: {exc.message}", err=True)
+        sys.exit(int(exc.exit_status))
+    except KeyboardInterrupt:
+        click.echo("clusterrun: interrupted", err=True)
+        sys.exit(ExitStatus.SIGINT)
+    except BrokenPipeError:
+        sys.stderr.close()  # a closed pager or `| head`: not an error worth a traceback
+        sys.exit(ExitStatus.SUCCESS)
+    except PermissionError as exc:
+        # Anything in $CLUSTERRUN_HOME that is not ours (a run directory another user made):
+        # the same error as for the directory itself. Anything else is a bug: a traceback.
+        from clusterrun.runs import store
+
+        if not exc.filename or not _inside(state_home(), exc.filename):
+            raise
+        click.echo(f"clusterrun: error: {store.unusable(state_home(), exc.filename).message}",
+                   err=True)
+        sys.exit(ExitStatus.USAGE)
+    sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)

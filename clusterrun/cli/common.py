@@ -1,0 +1,64 @@
+"""What every command shares: the local state directory, the inventory as commands load it,
+and the SSH options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import click
+
+from clusterrun import inventory
+from clusterrun.home import home as state_home
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def home(*, write: Optional[bool] = None) -> Path:
+    """Local state: $CLUSTERRUN_HOME, default ~/.clusterrun; with ``write`` given, first checked
+    to be usable (readable, and with ``write=True`` writable) by this user."""
+    from clusterrun.runs import store
+
+    path = state_home()
+    if write is not None:
+        store.check_home(path, write=write)
+    return path
+
+
+def note(text: str) -> None:
+    click.echo(f"clusterrun: {text}", err=True)
+
+
+def nproc_value(_ctx: click.Context, _param: click.Parameter,
+                value: Optional[str]) -> Union[int, str, None]:
+    """--nproc-per-node: a positive number of processes, or `auto` (the host's GPUs, else 1)."""
+    if value is None or value == inventory.AUTO:
+        return value
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise click.BadParameter(f"{value!r} is neither a positive number nor `auto` (= the "
+                             "host's GPUs, else 1).")
+
+
+def load_inventory(path: str) -> inventory.Inventory:
+    """The inventory, and every known_hosts file it names readable, before any host is
+    contacted."""
+    from clusterrun.transport import hostkeys
+
+    inv = inventory.load(path)
+    hostkeys.check_files(h.known_hosts for h in inv.hosts)
+    return inv
+
+
+def ssh_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=10.0,
+                      show_default=True, metavar="SECONDS",
+                      help="TCP connect, SSH banner and auth timeout per host.")(fn)
+    return click.option("--accept-new-host-keys", is_flag=True,
+                        help="Add unknown host keys to known_hosts (never changed ones).")(fn)
+
+
+def make_options(connect_timeout: float, accept_new_host_keys: bool) -> Any:
+    from clusterrun.transport import SshOptions
+
+    return SshOptions(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)

@@ -1,0 +1,111 @@
+"""`clusterrun launch`: one training script (or module) on every host."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import click
+
+from clusterrun import inventory, usage
+from clusterrun.cli.common import (
+    CONTEXT,
+    home,
+    load_inventory,
+    make_options,
+    nproc_value,
+    ssh_options,
+)
+
+
+@click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("script", metavar="SCRIPT", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
+@click.option("-m", "--module", default=None, metavar="MODULE",
+              help="Run a module, as `python -m` does, instead of SCRIPT (its package, found "
+                   "from here, is copied to every host).")
+@click.option("--nproc-per-node", callback=nproc_value, default=None, metavar="N|auto",
+              help="Processes per host (default: the inventory's, `auto` = GPUs or 1).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help="Port of torch's c10d store on the master (default: a free one, checked).")
+@click.option("--no-torchrun", is_flag=True,
+              help="Start nproc_per_node copies of the script on each host directly, each with "
+                   "torchrun's environment (RANK, WORLD_SIZE, ...), for scripts that "
+                   "rendezvous themselves.")
+@click.option("--local-rank-arg", is_flag=True,
+              help="Every process also gets --local_rank=N as its first argument (scripts "
+                   "written for python -m torch.distributed.launch).")
+@click.option("--torchrun-arg", "torchrun_args", multiple=True, metavar="--OPTION[=VALUE]",
+              help="Pass one more option to torchrun; repeatable. Options clusterrun sets "
+                   "itself (--nnodes, --node-rank, --master-addr, ...) are refused.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE|KEY",
+              help="Extra environment for every rank; repeatable. Values arrive byte-exact. "
+                   "KEY alone passes on KEY's value from this shell (for secrets).")
+@click.option("--env-file", default=None, metavar="PATH",
+              help="Environment for every rank from a dotenv file (NAME=value lines).")
+@click.option("--forward-env", multiple=True, metavar="GLOB",
+              help="Also forward variables matching GLOB from this shell; repeatable (NCCL_*, "
+                   "WANDB_*, HF_*, ... are forwarded already).")
+@click.option("--no-check", is_flag=True,
+              help="Launch even if preflight checks fail (hosts must still be reachable).")
+@click.option("--no-sync", is_flag=True,
+              help="Do not copy the script's directory (a shared filesystem has it already).")
+@click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
+              help="Do not copy files matching PATTERN (besides .git, __pycache__, venvs).")
+@click.option("--dry-run", is_flag=True, help="Print the per-host plan and start nothing.")
+@click.option("--detach", is_flag=True,
+              help="Return once every host has started; the run goes on without this terminal.")
+@click.option("--name", default=None, help="A name for the run (default: the script's name).")
+@click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              metavar="SECONDS", help="Between SIGTERM and SIGKILL when a run is stopped.")
+@click.option("--lease", type=click.FloatRange(min=5), default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="A host that hears nothing from this controller for this long ends the run.")
+@ssh_options
+def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
+           **opt: Any) -> None:
+    """Run SCRIPT with torchrun on every host: check, sync, rank, launch, stream, tear down.
+
+    Options go before INVENTORY; everything after SCRIPT is passed to the script untouched,
+    as with torchrun: clusterrun launch inv.yaml train.py --lr 0.1. The exact words
+    {node_rank}, {nnodes}, {master_addr}, {master_port} in the arguments (with --no-torchrun
+    also {rank}, {local_rank}, {world_size}) are filled in per host or process; {{ is a
+    literal {.
+
+    Every output line shows as [node rRANK] line; logs are kept under
+    $CLUSTERRUN_HOME/runs/<run-id>/. When any rank fails or a host is lost, every host is
+    stopped. Exit status: 0 success; the root-cause rank's exit code; 2 usage; 3 preflight
+    failed; 4 host unreachable; 5 node lost; 6 copying the code failed; 130 Ctrl-C; 143 SIGTERM.
+    """
+    from clusterrun.launch import launcher as launching
+    from clusterrun.plan.build import parse_env
+
+    env_pairs = tuple(parse_env(opt["env_pairs"]).items())
+    if opt["module"] is not None:
+        # With -m there is no SCRIPT: the word after INVENTORY is the module's first argument.
+        usage.check_launch_words(inventory_path, "", (), click.get_current_context().command,
+                                 "clusterrun launch")
+        args = (script, *args) if script is not None else args
+        script = None
+    elif script is not None:
+        usage.check_launch_words(inventory_path, script, args,
+                                 click.get_current_context().command, "clusterrun launch")
+    job = launching.job_for(script, args, module=opt["module"], torchrun=not opt["no_torchrun"],
+                            local_rank_arg=opt["local_rank_arg"],
+                            torchrun_args=opt["torchrun_args"])
+    inv = load_inventory(inventory_path)
+    nproc = opt["nproc_per_node"]
+    if nproc == inventory.AUTO:  # for every host, whatever the inventory says
+        inv = dataclasses.replace(inv, hosts=tuple(
+            dataclasses.replace(h, nproc_per_node=inventory.AUTO) for h in inv.hosts))
+    launch_home = home(write=not opt["dry_run"])  # a dry run records nothing
+    opts = launching.LaunchOptions(
+        nproc_per_node=nproc if isinstance(nproc, int) else None,
+        master_port=opt["master_port"], env=env_pairs,
+        env_file=opt["env_file"], forward_env=opt["forward_env"], check=not opt["no_check"],
+        sync=not opt["no_sync"], dry_run=opt["dry_run"], detach=opt["detach"],
+        name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"])
+    ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
+    raise SystemExit(launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home))

@@ -1,0 +1,144 @@
+"""`clusterrun logs`, `ps` and `stop`: runs this machine knows, from any shell."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from clusterrun.cli.common import (
+    CONTEXT,
+    home,
+    make_options,
+    note,
+    ssh_options,
+)
+from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.runs import names
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep showing new lines until the run ends (also from a new shell).")
+@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node; repeatable.")
+@click.option("--rank", "ranks_", multiple=True, type=click.IntRange(min=0), metavar="R",
+              help="Only this global rank; repeatable.")
+@click.option("--grep", "pattern", default=None, metavar="REGEX",
+              help="Only lines matching this regular expression.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Start with the last N lines.")
+@ssh_options
+def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tuple[int, ...],
+         pattern: Optional[str], tail: Optional[int], connect_timeout: float,
+         accept_new_host_keys: bool) -> None:
+    """Aggregated logs of a run (the latest by default), every line prefixed [node rRANK].
+
+    A finished run is read from the local mirrors; with -f a live run is followed from its
+    hosts' files by byte offset, resuming where the mirrors end, so nothing is lost or shown
+    twice, also after the launching terminal has gone.
+    """
+    import re
+
+    from clusterrun.console import Printer
+    from clusterrun.logs import show as logview_cmd
+    from clusterrun.logs.view import Filter
+
+    try:
+        grep = re.compile(pattern) if pattern else None
+    except re.error as exc:
+        raise ClusterrunError(f"--grep {pattern!r}: not a valid regular expression ({exc}).",
+                              exit_status=ExitStatus.USAGE) from None
+    run = names.resolve(home(write=False), run_id, note=note)
+    known = {n["name"] for n in run.plan.get("nodes", [])}
+    unknown = set(nodes) - known
+    if unknown:
+        raise ClusterrunError(f"run {run.id} has no node {', '.join(sorted(unknown))}; its "
+                              f"nodes: {', '.join(sorted(known))}.", exit_status=ExitStatus.USAGE)
+    world = int(run.plan.get("world_size") or 0)
+    missing = sorted(set(ranks_) - set(range(world)))
+    if missing:
+        raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
+                         f"ranks 0-{world - 1}.")
+    flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
+    status = logview_cmd.show(run, flt, tail=tail, follow=follow,
+                              ssh=make_options(connect_timeout, accept_new_host_keys),
+                              printer=Printer(),
+                              say=lambda text: click.echo(f"clusterrun: {text}", err=True))
+    raise SystemExit(status)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of runs, newest first.")
+@click.option("--local", "local_only", is_flag=True,
+              help="Do not ask the hosts about runs that may still be going.")
+@ssh_options
+def ps(as_json: bool, local_only: bool, connect_timeout: float,
+       accept_new_host_keys: bool) -> None:
+    """List runs, newest first: id, name, state, hosts, start time, duration.
+
+    States: running, succeeded, failed, stopped, lost (a node or the controller was lost).
+    """
+    import json
+    import time
+
+    from clusterrun.runs import ps as listing
+
+    rows = listing.ps_rows(home(write=False), make_options(connect_timeout, accept_new_host_keys),
+                            refresh_remote=not local_only)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no runs yet")
+        return
+    click.echo(f"{'RUN':34} {'STATE':10} {'STARTED':19} {'DURATION':>9}  HOSTS")
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started_at"] or 0))
+        duration = f"{row['duration']:.0f}s" if row["duration"] is not None else "-"
+        click.echo(f"{row['id']:34} {row['state']:10} {started:19} {duration:>9}  "
+                   f"{','.join(row['hosts'])}")
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
+@click.option("--force", is_flag=True, help="SIGKILL at once.")
+@ssh_options
+def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
+         accept_new_host_keys: bool) -> None:
+    """End a run on every host (graceful, then forced), also after its controller died.
+
+    Only this run's processes are touched: other runs on the same hosts go on.
+    """
+    from clusterrun.runs import lifecycle
+    from clusterrun.runs import remote as remote_runs
+
+    run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
+    ended = lifecycle.recorded(run)
+    if ended is not None and ended.final:
+        # The one run-state rule: an ended run keeps the state it ended with.
+        click.echo(f"run {run.id} already {ended.value}; nothing to stop")
+        return
+    ssh = make_options(connect_timeout, accept_new_host_keys)
+    results = remote_runs.stop(run, ssh, grace, force)
+    failed = []
+    for name, result in results.items():
+        if "error" in result:
+            failed.append(name)
+            click.echo(f"{name}: {result['error']}", err=True)
+            continue
+        final = (result.get("state") or {}).get("state", "not found")
+        click.echo(f"{name}: {final}")
+    if failed:
+        click.echo(f"run {run.id}: NOT stopped on {', '.join(failed)}", err=True)
+        raise SystemExit(int(ExitStatus.UNREACHABLE))
+    if lifecycle.watched(run):
+        click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
+        return
+    state = lifecycle.settle(run, ssh)
+    if not state.final:  # every host answered that it stopped: nothing of it is left
+        state = lifecycle.record(run, lifecycle.RunState.STOPPED,
+                                 exit_status=int(ExitStatus.SIGTERM))
+    click.echo(f"run {run.id} {state.value}")

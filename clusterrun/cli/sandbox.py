@@ -1,0 +1,46 @@
+"""`clusterrun sandbox up|down`: a local cluster of namespace hosts to try things on."""
+
+from __future__ import annotations
+
+import click
+
+from clusterrun.cli.common import (
+    CONTEXT,
+    home,
+)
+from clusterrun.errors import ClusterrunError, ExitStatus
+
+
+@click.group(context_settings=CONTEXT)
+def sandbox() -> None:
+    """A local simulated cluster: network namespaces + one sshd per host (Linux, root)."""
+
+
+@sandbox.command("up", context_settings=CONTEXT)
+@click.argument("n", type=click.IntRange(1, 250))
+@click.option("--decoy", is_flag=True,
+              help="Give every host a virbr0 with 192.168.122.1/24, as libvirt hosts have.")
+def sandbox_up(n: int, decoy: bool) -> None:
+    """Build N hosts and write an inventory under $CLUSTERRUN_HOME/sandbox/."""
+    from clusterrun import sandbox as sb
+
+    root = home() / "sandbox"
+    if (root / "sandbox.json").exists():
+        raise ClusterrunError(
+            f"a sandbox already exists in {root}; remove it first with `clusterrun sandbox down`.",
+            exit_status=ExitStatus.USAGE)
+    box = sb.up(n, root, decoy=decoy)
+    click.echo(f"{n} hosts up: " + ", ".join(f"{h.name} {h.address} ({h.ifname})"
+                                              for h in box.hosts))
+    click.echo(f"inventory: {box.inventory}")
+    click.echo(f"try: clusterrun check {box.inventory}")
+
+
+@sandbox.command("down", context_settings=CONTEXT)
+def sandbox_down() -> None:
+    """Remove the sandbox cluster and everything running in it."""
+    from clusterrun import sandbox as sb
+
+    root = home() / "sandbox"
+    sb.down(root)
+    click.echo(f"sandbox removed ({root})")
