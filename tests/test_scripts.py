@@ -87,15 +87,19 @@ def test_a_secret_reaches_every_rank_and_nothing_else(cluster: Cluster, home: Pa
     names = ["node1", "node2"]
     canary = "wandb-" + uuid.uuid4().hex
     digest = hashlib.sha256(canary.encode()).hexdigest()[:16]
+    db_canary = "db-" + uuid.uuid4().hex  # in a .env next to the script, as people keep it
+    db_digest = hashlib.sha256(db_canary.encode()).hexdigest()[:16]
     inv = cluster.inventory(tmp_path / "inv.yaml", names, defaults={"nproc_per_node": 2})
     script = tmp_path / "job" / "canary.py"
     script.parent.mkdir()
     shutil.copy(REPO / "tests" / "payloads" / "canary.py", script)
+    (script.parent / ".env").write_text(f"export DB_PASS='{db_canary}'\n")
     env = {"WANDB_API_KEY": canary}  # forwarded from this shell: it matches WANDB_*
     dry = run_cli("launch", "--dry-run", str(inv), str(script), env=env)
     assert dry.returncode == 0, dry.stderr
     assert "WANDB_API_KEY=******" in dry.stdout and canary not in dry.stdout + dry.stderr
-    proc = start_cli("launch", "--env", "SLEEP=4", str(inv), str(script),
+    proc = start_cli("launch", "--env", "SLEEP=4", "--env-file", str(script.parent / ".env"),
+                     str(inv), str(script),
                      env={**os.environ, **env})
     out, err = Reader(proc.stdout), Reader(proc.stderr)
     cmdlines: list[bytes] = []
@@ -109,17 +113,22 @@ def test_a_secret_reaches_every_rank_and_nothing_else(cluster: Cluster, home: Pa
     err.join()
     assert proc.returncode == 0, err.text
     # Every rank got it...
-    assert sorted(re.findall(r"rank (\d) wandb key sha256 (\w+)", out.text)) == [
+    assert sorted(re.findall(r"rank (\d) WANDB_API_KEY sha256 (\w+)", out.text)) == [
         (str(r), digest) for r in range(4)], out.text
+    assert sorted(re.findall(r"rank (\d) DB_PASS sha256 (\w+)", out.text)) == [
+        (str(r), db_digest) for r in range(4)], out.text
     # ... and it is nowhere else: no command line on any host, not the console, not a file
-    # clusterrun wrote here (plan, state, summary, logs) or on the hosts (spec, state, logs).
-    assert cmdlines and not any(canary.encode() in c for c in cmdlines)
-    assert canary not in out.text + err.text
+    # clusterrun wrote here (plan, state, summary, logs) or on the hosts (spec, state, logs,
+    # the copy of the script's directory).
+    assert cmdlines and not any(canary.encode() in c or db_canary.encode() in c
+                                for c in cmdlines)
+    assert canary not in out.text + err.text and db_canary not in out.text + err.text
     written = [p for p in home.rglob("*") if p.is_file()]
     for name in names:
         written += [p for p in (cluster.sb.root / name / "tmp" / "clusterrun").rglob("*")
                     if p.is_file()]
     assert any(p.name == "plan.json" for p in written)
     assert any(p.name == "spec.json" for p in written)
-    for path in written:
-        assert canary.encode() not in path.read_bytes(), path
+    for path in written:  # the .env itself is never copied to the hosts either
+        data = path.read_bytes()
+        assert canary.encode() not in data and db_canary.encode() not in data, path

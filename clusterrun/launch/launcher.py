@@ -171,8 +171,10 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
     if plan.sync and any(not n.local for n in plan.nodes):
         facts = {h.spec.name: h.facts for h in report.hosts}
         try:
+            secret_files = sync.env_file_excludes(
+                plan.code_dir, [opts.env_file, *(s.env_file for s in specs.values())])
             for name, how in sync.sync(plan, pool.transports, specs, facts,
-                                       opts.excludes).items():
+                                       (*opts.excludes, *secret_files)).items():
                 say(f"{name}: {plan.code_dir.name}/ {how}")
         except ClusterrunError as exc:  # a host's copy failed, or the host went away meanwhile
             lifecycle.record(run_dir, RunState.FAILED, reason="copying the code failed",

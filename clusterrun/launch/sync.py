@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from clusterrun.errors import SyncError
 from clusterrun.inventory import HostSpec
@@ -23,8 +23,25 @@ from clusterrun.plan.model import LaunchPlan
 from clusterrun.transport import SshTransport, Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
 
+# Never code. `.env` files hold secrets: they are read here (--env-file, `env_file:`) and their
+# values reach the ranks through the supervisor's stdin, never as a file on the hosts.
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
-                    ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints")
+                    ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints", ".env",
+                    ".env.*")
+
+
+def env_file_excludes(code_dir: Path, env_files: Sequence[Optional[str]]) -> tuple[str, ...]:
+    """The env files of a launch that lie inside the copied directory, as exclude patterns
+    (anchored: rsync's leading '/' means "at the top of the copy")."""
+    root = code_dir.resolve()
+    out = []
+    for raw in env_files:
+        if raw is None:
+            continue
+        path = Path(raw).resolve()
+        if path.is_relative_to(root):
+            out.append("/" + path.relative_to(root).as_posix())
+    return tuple(sorted(set(out)))
 SYNC_SECONDS = 600.0
 
 
@@ -45,9 +62,14 @@ def gitignored(root: Path) -> tuple[str, ...]:
 
 
 def _excluded(rel: str, patterns: Sequence[str]) -> bool:
+    """As rsync reads --exclude: a pattern matches any path component, or the whole relative
+    path; one that starts with '/' only the whole path from the top of the copy."""
     parts = rel.split("/")
-    return any(fnmatch.fnmatch(part, pat) for part in parts for pat in patterns) or any(
-        fnmatch.fnmatch(rel, pat) for pat in patterns)
+    anchored = [p[1:] for p in patterns if p.startswith("/")]
+    loose = [p for p in patterns if not p.startswith("/")]
+    return (any(fnmatch.fnmatch(part, pat) for part in parts for pat in loose)
+            or any(fnmatch.fnmatch(rel, pat) for pat in loose)
+            or any(fnmatch.fnmatch(rel, pat) for pat in anchored))
 
 
 def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:

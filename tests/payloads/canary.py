@@ -1,11 +1,13 @@
-"""Test payload: proves each rank got WANDB_API_KEY without ever printing or storing it (only a
+"""Test payload: proves each rank got WANDB_API_KEY and DB_PASS without ever printing or storing it (only a
 hash of it), and stays up for a few seconds so the hosts' command lines can be inspected."""
 
 import hashlib
 import os
 import time
 
-value = os.environ.get("WANDB_API_KEY", "")
-digest = hashlib.sha256(value.encode()).hexdigest()[:16]
-print(f"rank {os.environ['RANK']} wandb key sha256 {digest if value else 'MISSING'}", flush=True)
+for name in ("WANDB_API_KEY", "DB_PASS"):
+    value = os.environ.get(name, "")
+    digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+    print(f"rank {os.environ['RANK']} {name} sha256 {digest if value else 'MISSING'}",
+          flush=True)
 time.sleep(float(os.environ.get("SLEEP", "3")))
