@@ -1,5 +1,6 @@
-"""Test payload: proves each rank got WANDB_API_KEY and DB_PASS without ever printing or storing it (only a
-hash of it), and stays up for a few seconds so the hosts' command lines can be inspected."""
+"""Test payload: proves each rank got WANDB_API_KEY and DB_PASS without ever printing or
+storing them (only a hash of each), and stays up for a few seconds so the hosts' command lines
+can be inspected."""
 
 import hashlib
 import os
