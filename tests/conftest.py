@@ -333,4 +333,5 @@ def mark() -> Iterator[str]:
     value = uuid.uuid4().hex
     yield value
     for pid in marked(value):  # never leave a stray behind, even when a test fails
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it exited since it was listed
+            os.kill(pid, signal.SIGKILL)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,13 +200,12 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_missing_file(tmp_path: Path, listener: socket.socket) -> None:
     path = tmp_path / "nope.yaml"
-    start = time.monotonic()
     cp = run_cli("check", str(path), timeout=30)
     assert cp.returncode == 2
     assert "Traceback" not in cp.stderr
     assert f"{path}: no such inventory file" in cp.stderr
     assert "clusterrun sandbox up" in cp.stderr  # the fix: how to get one
-    assert time.monotonic() - start < 3
+    assert not connection_attempted(listener)
 
 
 def test_exec_validates_too(tmp_path: Path, listener: socket.socket) -> None:

@@ -184,8 +184,10 @@ def test_a_failing_process_tears_down_the_other(tmp_path: Path, mark: str) -> No
     failed = remote.wait_for(wire.RankExit, timeout=20)
     seen = time.monotonic()
     end = remote.end(timeout=30)
-    # The launcher stops rank 0 itself at once (not after the supervisor's 5 s).
-    assert time.monotonic() - seen < 3
+    # The launcher stopped rank 0 itself: the supervisor never had to (after its 5 s it would
+    # have, and recorded why).
+    assert end.cause is None
+    assert time.monotonic() - seen < 30
     assert (failed.rank, failed.code, failed.stopping) == (1, 3, False)
     assert (end.state, end.exit_code) == ("failed", 3)
     assert end.reason == "n0 rank 1 exited with code 3"
@@ -211,7 +213,7 @@ def test_a_stop_or_a_lost_lifeline_ends_everything_within_the_grace_period(
     else:
         remote.proc.close_stdin()
     end = remote.end()
-    assert time.monotonic() - asked < 1 + 3
+    assert time.monotonic() - asked < 1 + 10  # the grace, not the job's `sleep 100`
     if how == "stop":
         assert (end.state, end.cause) == ("stopped", "controller")
     else:
@@ -267,7 +269,9 @@ def test_the_launcher_kills_what_ignores_sigterm_after_its_grace(tmp_path: Path,
                           env={**os.environ, "CLUSTERRUN_TEST_MARK": mark}, timeout=30,
                           check=False, capture_output=True)
     assert proc.returncode == 3, proc.stderr
-    assert time.monotonic() - begun < 3
+    # Killed after the launcher's grace, not left to run out its `sleep 100` (the bound is
+    # loose on purpose: a loaded machine must not fail this).
+    assert time.monotonic() - begun < 30
     assert (rundir / "rank-1.exit").read_text() == "3\n"
     assert wait_gone(mark, 5) == []
 

@@ -70,7 +70,7 @@ def test_a_stuck_host_times_out_without_holding_the_others() -> None:
 
     start = time.monotonic()
     results = parallel.run(fn, hosts(3), deadline=0.5)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 5  # the stuck host's 30 s are never waited for
     assert [r.ok for r in results] == [True, False, True]
     assert results[1].failure is not None
     assert results[1].failure.outcome is Outcome.COMMAND_TIMEOUT

@@ -5,6 +5,7 @@ and the processes left on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -77,7 +78,7 @@ def test_a_stop_request_ends_it_within_the_grace_period(tmp_path: Path, mark: st
     asked = time.monotonic()
     remote.send(op="stop")
     end = remote.end()
-    assert time.monotonic() - asked < 1 + 3
+    assert time.monotonic() - asked < 1 + 10  # the grace, not the job's `sleep 100`
     assert end.state == "stopped" and end.cause == "controller"
     assert end.reason == "stopped by the controller"
     # SIGKILL took rank.sh too: no exit file, so nothing that could pass for a failure.
@@ -196,7 +197,8 @@ def test_detached_gang_loses_a_crashed_worker(tmp_path: Path, mark: str) -> None
     hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100"}, {1: "sleep 100"})
     time.sleep(0.5)
     for pid in _tree_of(peer_req):  # the worker's host crashes: everything of it dies at once
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # one that exited since it was listed
+            os.kill(pid, signal.SIGKILL)
     hub = wait_ended(hub_req, 15)
     assert hub["state"] == "stopped" and hub["cause"] == "peer_lost"
     assert hub["root_cause"]["node"] == "n1" and hub["root_cause"]["lost"]

@@ -28,8 +28,8 @@ def cli() -> None:
     """
 
 
-for command in (hosts.check, launch.launch, hosts.exec_, runs.logs, runs.ps, runs.stop,
-                sandbox.sandbox):
+for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
+                runs.stop, sandbox.sandbox):
     cli.add_command(command)
 
 

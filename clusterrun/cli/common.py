@@ -40,14 +40,27 @@ def nproc_value(_ctx: click.Context, _param: click.Parameter,
                              "host's GPUs, else 1).")
 
 
-def load_inventory(path: str) -> inventory.Inventory:
-    """The inventory, and every known_hosts file it names readable, before any host is
-    contacted."""
+def load_inventory(path: str, hosts: Optional[str] = None,
+                   exclude: Optional[str] = None) -> inventory.Inventory:
+    """The inventory narrowed to -w/--hosts less -x/--exclude, and every known_hosts file its
+    hosts name readable, before any host is contacted."""
+    from clusterrun.inventory.subset import select
     from clusterrun.transport import hostkeys
 
-    inv = inventory.load(path)
+    inv, notes = select(inventory.load(path), hosts, exclude)
+    for text in notes:
+        note(text)
     hostkeys.check_files(h.known_hosts for h in inv.hosts)
     return inv
+
+
+def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """-w/--hosts and -x/--exclude: a subset of the inventory's hosts, as pdsh and clush take."""
+    fn = click.option("-x", "--exclude", "exclude_hosts", default=None, metavar="NODESET",
+                      help="Leave out these hosts (names or addresses, NodeSet syntax).")(fn)
+    return click.option("-w", "--hosts", "only_hosts", default=None, metavar="NODESET",
+                        help="Only these hosts, by name or address in NodeSet syntax, e.g. "
+                             "gpu[01-04],10.0.0.12.")(fn)
 
 
 def ssh_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,9 +12,12 @@ from clusterrun.cli.common import (
     home,
     load_inventory,
     make_options,
+    note,
+    selection_options,
     ssh_options,
 )
 from clusterrun.errors import ExitStatus
+from clusterrun.inventory.subset import select
 
 
 @click.command(context_settings=CONTEXT)
@@ -22,9 +25,11 @@ from clusterrun.errors import ExitStatus
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
+@selection_options
 @ssh_options
 def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: float,
-          accept_new_host_keys: bool) -> None:
+          accept_new_host_keys: bool, only_hosts: Optional[str],
+          exclude_hosts: Optional[str]) -> None:
     """Preflight every host in parallel: SSH, interfaces, data path to the master, versions.
 
     Exits 0 only when every host passes; 3 when a check fails; 4 when a host cannot be
@@ -36,7 +41,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
     from clusterrun.preflight import view as checkview
     from clusterrun.transport.pool import Connections
 
-    inv = load_inventory(inventory_path)
+    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
         report = preflight.run(inv, pool)
@@ -60,9 +65,11 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
 @click.argument("cmd", nargs=-1, required=True)
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
+@selection_options
 @ssh_options
 def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
-          connect_timeout: float, accept_new_host_keys: bool) -> None:
+          connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
+          exclude_hosts: Optional[str]) -> None:
     """Run a shell command on every host in parallel (after `setup:`), pdsh-style.
 
     Every output line is prefixed with the host's name. The words of CMD are joined with spaces,
@@ -73,7 +80,7 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     from clusterrun import exec as fanout
     from clusterrun.console import Printer
 
-    inv = load_inventory(inventory_path)
+    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
                          printer, timeout)
@@ -81,3 +88,37 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     for line in lines:
         click.echo(line, err=True)
     raise SystemExit(int(status))
+
+
+@click.command("hosts", context_settings=CONTEXT)
+@click.argument("inventory_path", metavar="INVENTORY")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of hosts.")
+@selection_options
+def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
+          exclude_hosts: Optional[str]) -> None:
+    """Show the resolved host table (what a hostfile or a range turned into); no network.
+
+    Columns: source (file:line), name, address, user and port (`-`: from ~/.ssh/config, else the
+    local user and 22), how the host is reached (ssh, or local for this machine), nproc per node
+    and the master.
+    """
+    import json
+
+    from clusterrun import inventory
+
+    inv, notes = select(inventory.load(inventory_path), only_hosts, exclude_hosts)
+    for text in notes:
+        note(text)
+    rows = [{"source": f"{h.source or inv.path}:{h.line}", "name": h.name, "address": h.host,
+             "user": h.user, "port": h.port, "reached": "local" if h.local else "ssh",
+             "nproc": h.nproc_per_node, "master": h.master} for h in inv.hosts]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    head = ["SOURCE", "NAME", "ADDRESS", "USER", "PORT", "REACHED", "NPROC", "MASTER"]
+    table = [head] + [[str(r["source"]), str(r["name"]), str(r["address"]),
+                       str(r["user"] or "-"), str(r["port"] or "-"), str(r["reached"]),
+                       str(r["nproc"]), "yes" if r["master"] else ""] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

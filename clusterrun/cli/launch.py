@@ -14,6 +14,7 @@ from clusterrun.cli.common import (
     load_inventory,
     make_options,
     nproc_value,
+    selection_options,
     ssh_options,
 )
 
@@ -52,7 +53,7 @@ from clusterrun.cli.common import (
               help="Launch even if preflight checks fail (hosts must still be reachable).")
 @click.option("--no-sync", is_flag=True,
               help="Do not copy the script's directory (a shared filesystem has it already).")
-@click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
+@click.option("--exclude-files", "excludes", multiple=True, metavar="PATTERN",
               help="Do not copy files matching PATTERN (besides .git, __pycache__, venvs).")
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan and start nothing.")
 @click.option("--detach", is_flag=True,
@@ -63,6 +64,7 @@ from clusterrun.cli.common import (
 @click.option("--lease", type=click.FloatRange(min=5), default=30.0, show_default=True,
               metavar="SECONDS",
               help="A host that hears nothing from this controller for this long ends the run.")
+@selection_options
 @ssh_options
 def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
            **opt: Any) -> None:
@@ -95,7 +97,7 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
     job = launching.job_for(script, args, module=opt["module"], torchrun=not opt["no_torchrun"],
                             local_rank_arg=opt["local_rank_arg"],
                             torchrun_args=opt["torchrun_args"])
-    inv = load_inventory(inventory_path)
+    inv = load_inventory(inventory_path, opt["only_hosts"], opt["exclude_hosts"])
     nproc = opt["nproc_per_node"]
     if nproc == inventory.AUTO:  # for every host, whatever the inventory says
         inv = dataclasses.replace(inv, hosts=tuple(

@@ -58,6 +58,7 @@ class HostSpec:
     gpus: Optional[tuple[int, ...]] = None
     forward_env: tuple[str, ...] = ()  # more names (globs) forwarded from the controller's env
     env_file: Optional[str] = None  # a dotenv file on the controller, as an absolute path
+    source: Optional[str] = None  # the file `line` is in (a hostfile); None: the inventory
 
     @property
     def local(self) -> bool:
@@ -75,6 +76,7 @@ class Inventory:
     hosts: tuple[HostSpec, ...]
     master_addr: str = AUTO  # or an IP address
     master_port: Optional[int] = None  # None: a free port checked on the master
+    master_named: bool = False  # a host says `master: true` (not just the first one)
 
     @property
     def master(self) -> HostSpec:

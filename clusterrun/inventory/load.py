@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from clusterrun.errors import InventoryError
-from clusterrun.inventory import yaml_lines
+from clusterrun.inventory import hostfile, ranges, yaml_lines
+from clusterrun.inventory.checker import Checker as _Checker
+from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
     AUTO,
     DEFAULTS,
@@ -37,7 +38,7 @@ _HOST_SETTINGS = (
     "env_file",
 )
 _HOST_ONLY = ("host", "name", "master", "gpus")
-_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts")
+_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile")
 
 # The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
 # would read as syntax or an option. Host names and aliases are letters, digits, '.', '_', '-'.
@@ -59,42 +60,6 @@ def _replace(spec: HostSpec, **changes: Any) -> HostSpec:
     from dataclasses import replace
 
     return replace(spec, **changes)
-
-
-class _Checker:
-    """Collects every problem in the file so one run shows them all."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.problems: list[tuple[int, str]] = []
-
-    def fail(self, line: int, message: str) -> None:
-        self.problems.append((line, message))
-
-    def raise_if_any(self) -> None:
-        if not self.problems:
-            return
-        lines = [f"{self.path}:{line}: {msg}" for line, msg in sorted(self.problems)]
-        raise InventoryError("\n".join(lines))
-
-    def keys(self, loc: Located, allowed: tuple[str, ...], where: str) -> dict[str, Located]:
-        if not isinstance(loc.value, dict):
-            self.fail(loc.line, f"{where} must be a mapping of `key: value` lines.")
-            return {}
-        for key, val in loc.value.items():
-            if key not in allowed:
-                hint = _closest(key, allowed)
-                fix = f" Did you mean `{hint}`?" if hint else ""
-                self.fail(val.line, f"{where}: unknown key `{key}`.{fix} Known keys: "
-                          f"{', '.join(allowed)}.")
-        return {k: v for k, v in loc.value.items() if k in allowed}
-
-
-def _closest(word: str, options: tuple[str, ...]) -> Optional[str]:
-    import difflib
-
-    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return match[0] if match else None
 
 
 def _str(chk: _Checker, loc: Located, what: str, pattern: Optional[re.Pattern[str]] = None,
@@ -335,15 +300,22 @@ def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:
 
 
 def load(path: Union[str, Path]) -> Inventory:
-    """Read and validate an inventory; raise InventoryError listing every problem with its line."""
+    """Read and validate an inventory (a YAML file, or a hostfile given directly); raise
+    InventoryError listing every problem with its file and line."""
     path = Path(path)
+    if hostfile.looks_like(path):  # SSH settings: ~/.ssh/config and the command line
+        chk = _Checker(path)
+        return _finish(chk, chk, path, hostfile.read(chk, path), defaults=dict(DEFAULTS),
+                       master_addr=AUTO, master_port=None)
     root = yaml_lines.load(path)
     chk = _Checker(path)
     top = chk.keys(root, _TOP_KEYS, "inventory")
     chk.raise_if_any()
     defaults = dict(DEFAULTS)
+    nproc_set = False
     if "defaults" in top and top["defaults"].value is not None:  # None: all commented out
         found = chk.keys(top["defaults"], _HOST_SETTINGS, "defaults")
+        nproc_set = "nproc_per_node" in found
         defaults.update({k: v for k, v in _settings(chk, found).items() if v is not None})
     master_addr = AUTO
     if "master_addr" in top and top["master_addr"].value != AUTO:
@@ -356,38 +328,58 @@ def load(path: Union[str, Path]) -> Inventory:
     master_port = None
     if "master_port" in top and top["master_port"].value != AUTO:
         master_port = _port(chk, top["master_port"], "master_port")
+    if "hostfile" in top:
+        return _from_hostfile(chk, top, defaults, nproc_set=nproc_set, master_addr=master_addr,
+                              master_port=master_port)
     hosts_loc = top.get("hosts")
     if hosts_loc is None or not isinstance(hosts_loc.value, list) or not hosts_loc.value:
         line = hosts_loc.line if hosts_loc else root.line
-        chk.fail(line, "`hosts:` must be a non-empty list, e.g.\n  hosts:\n    - host: 10.0.0.11")
+        chk.fail(line, "`hosts:` must be a non-empty list, e.g.\n  hosts:\n    - host: 10.0.0.11"
+                 "\nor `hostfile: PATH` (a DeepSpeed/MPI hostfile).")
         chk.raise_if_any()
     assert hosts_loc is not None
-    specs = [_host(chk, i, loc, defaults) for i, loc in enumerate(hosts_loc.value)]
+    return _finish(chk, chk, path, hosts_loc.value, defaults=defaults, master_addr=master_addr,
+                   master_port=master_port)
+
+
+def _from_hostfile(chk: _Checker, top: dict[str, Located], defaults: dict[str, Any], *,
+                   nproc_set: bool, master_addr: str, master_port: Optional[int]) -> Inventory:
+    """`hostfile: PATH` (relative to the inventory): its hosts, with its slots as their
+    nproc_per_node unless `defaults` sets one; its problems keep the hostfile's lines."""
+    loc = top["hostfile"]
+    if "hosts" in top:
+        chk.fail(top["hosts"].line, "give either `hosts:` or `hostfile:`, not both.")
+    name = _path(chk, loc, "hostfile")
+    chk.raise_if_any()
+    assert name is not None
+    hf = chk.path.parent / os.path.expanduser(name)
+    if not hf.is_file():
+        chk.fail(loc.line, f"hostfile {name!r}: no such file ({hf}). The path is relative to the "
+                 "inventory's directory.")
+        chk.raise_if_any()
+    sub = _Checker(hf)
+    items = hostfile.read(sub, hf)
+    if nproc_set:
+        items = [Located({k: v for k, v in i.value.items() if k != "nproc_per_node"}, i.line)
+                 for i in items]
+    return _finish(chk, sub, chk.path, items, defaults=defaults, master_addr=master_addr,
+                   master_port=master_port)
+
+
+def _finish(chk: _Checker, hchk: _Checker, path: Path, items: list[Located], *,
+            defaults: dict[str, Any], master_addr: str, master_port: Optional[int]) -> Inventory:
+    """Hosts from entries read by ``hchk`` (the inventory's checker, or a hostfile's): ranges
+    expanded, each host validated, then duplicates and the master settled."""
+    items = ranges.expand_items(hchk, items)
+    specs = [_host(hchk, i, loc, defaults) for i, loc in enumerate(items)]
+    if hchk is not chk:
+        chk.absorb(hchk)
+        specs = [_replace(s, source=str(hchk.path)) if s else None for s in specs]
     chk.raise_if_any()
     hosts = [s for s in specs if s is not None]
-    _check_unique(chk, hosts)
+    check_unique(chk, hosts)
     chk.raise_if_any()
-    if not any(h.master for h in hosts):
+    named = any(h.master for h in hosts)
+    if not named:
         hosts[0] = _replace(hosts[0], master=True)
-    return Inventory(path, tuple(hosts), master_addr, master_port)
-
-
-def _check_unique(chk: _Checker, hosts: list[HostSpec]) -> None:
-    masters = [h for h in hosts if h.master]
-    if len(masters) > 1:
-        lines = ", ".join(str(h.line) for h in masters)
-        chk.fail(masters[1].line, f"more than one host has `master: true` (lines {lines}); "
-                 "mark exactly one, or none to make the first host the master.")
-    names: dict[str, HostSpec] = {}
-    addrs: dict[tuple[str, Optional[int]], HostSpec] = {}
-    for h in hosts:
-        key = (h.host, h.port)
-        if key in addrs and not h.local:
-            chk.fail(h.line, f"host {h.host!r} is listed twice (also line {addrs[key].line}); "
-                     "two launches on one machine would fight over its GPUs and ports. Remove one.")
-            continue  # its name clashes too, most likely: one message is enough
-        addrs.setdefault(key, h)
-        if h.name in names:
-            chk.fail(h.line, f"the name {h.name!r} is already used by the host on line "
-                     f"{names[h.name].line}; give each host its own `name:`.")
-        names.setdefault(h.name, h)
+    return Inventory(path, tuple(hosts), master_addr, master_port, master_named=named)
