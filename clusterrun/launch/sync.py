@@ -93,7 +93,8 @@ def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
                         size += len(block)
             except OSError as exc:
                 raise SyncError(f"cannot read {path} to copy it to the hosts: {exc.strerror}. "
-                                "Fix its permissions, or leave it out with --exclude-files.") from None
+                                "Fix its permissions, or leave it out with --exclude-files."
+                                ) from None
             out[rel] = (size, digest.hexdigest())
     return out
 
