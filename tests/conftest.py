@@ -97,6 +97,19 @@ class Cluster:
                     found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
         return found
 
+    def cmdlines_until_exit(self, proc: subprocess.Popen[str],
+                            names: Sequence[str]) -> list[bytes]:
+        """Every command line seen on these hosts, sampled until ``proc`` exits: where a
+        secret must never show up."""
+        seen: list[bytes] = []
+        while proc.poll() is None:
+            for name in names:
+                for pid in self.pids(name):
+                    with contextlib.suppress(OSError):  # it may have exited meanwhile
+                        seen.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+            time.sleep(0.1)
+        return seen
+
     def kill_all(self, names: Sequence[str]) -> None:
         """Clean strays between tests, so one test's leftovers never fail another."""
         for name in names:
@@ -139,6 +152,17 @@ def payload(tmp_path: Path) -> Path:
 @pytest.fixture
 def spam(tmp_path: Path) -> Path:
     return copy_payload(tmp_path, "spam.py", "spam")
+
+
+@pytest.fixture
+def partitioned(cluster: Cluster) -> Iterator[list[str]]:
+    """Hosts appended here are cut off by the test and always healed afterwards."""
+    cut: list[str] = []
+    try:
+        yield cut
+    finally:
+        for name in cut:
+            sandbox.heal(cluster.sb, name)
 
 
 @pytest.fixture

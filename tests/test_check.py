@@ -14,7 +14,6 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -82,17 +81,6 @@ def start_in(cluster: Cluster, name: str, argv: list[str]) -> subprocess.Popen[s
     pid = cluster.host(name).sshd_pid
     return subprocess.Popen(["nsenter", "-t", str(pid), "-m", "-u", "-n", "--", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-@pytest.fixture
-def partitioned(cluster: Cluster) -> Iterator[list[str]]:
-    """Hosts appended here are cut off by the test and always healed afterwards."""
-    cut: list[str] = []
-    try:
-        yield cut
-    finally:
-        for name in cut:
-            sandbox.heal(cluster.sb, name)
 
 
 # ------------------------------------------------------------------ check: all pass

@@ -22,17 +22,6 @@ SUPERVISED = ["node10", "node11", "node12"]
 
 
 @pytest.fixture
-def partitioned(cluster: Cluster) -> Iterator[list[str]]:
-    """Hosts appended here are cut off by the test and always healed afterwards."""
-    cut: list[str] = []
-    try:
-        yield cut
-    finally:
-        for name in cut:
-            sandbox.heal(cluster.sb, name)
-
-
-@pytest.fixture
 def strays(cluster: Cluster) -> Iterator[None]:
     yield
     cluster.kill_all(SUPERVISED)

@@ -3,7 +3,6 @@ what happened on the hosts (files the ranks wrote there, processes left there)."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import signal
@@ -222,13 +221,7 @@ def test_secrets_stay_off_command_lines_and_out_of_logs(cluster: Cluster, home: 
     proc = start_cli("launch", "--env", f"HF_TOKEN={canary}", "--env", f"TEST_DIR={test_dir}",
                      "--env", "SLEEP=4", str(inv), str(payload))
     out, err = Reader(proc.stdout), Reader(proc.stderr)
-    seen_cmdlines = []
-    while proc.poll() is None:
-        for name in ("node1", "node2"):
-            for pid in cluster.pids(name):
-                with contextlib.suppress(OSError):  # it may have exited meanwhile
-                    seen_cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-        time.sleep(0.1)
+    seen_cmdlines = cluster.cmdlines_until_exit(proc, ["node1", "node2"])
     out.join()
     err.join()
     assert proc.returncode == 0, err.text

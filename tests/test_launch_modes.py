@@ -19,7 +19,7 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path: Path) -> None:
         "import os, sys\n"
         "from mypkg import __name__ as pkg\n"  # the package itself is importable
         "print(f'module {__name__} of {pkg} rank {os.environ[\"RANK\"]} args {sys.argv[1:]}')\n")
-    cp = run_cli("launch", "-m", "mypkg.train", str(LOCALHOST), "--lr", "0.1",
+    cp = run_cli("launch", "--no-torchrun", "-m", "mypkg.train", str(LOCALHOST), "--lr", "0.1",
                  cwd=tmp_path / "proj", env={"CLUSTERRUN_HOME": str(tmp_path / "home")})
     assert cp.returncode == 0, cp.stdout + cp.stderr
     for rank in (0, 1):

@@ -47,7 +47,9 @@ def test_a_failed_job_exits_with_the_root_cause_ranks_own_status(home: Path,
                                                                  tmp_path: Path) -> None:
     job = script(tmp_path, "import os, sys\nprint('rank', os.environ['RANK'], flush=True)\n"
                  "sys.exit(7 if os.environ['RANK'] == '1' else 0)\n")
-    cp = run_cli("launch", "--grace", "2", LOCALHOST, str(job), timeout=120)
+    # Without torchrun, whose `import torch` on each node would be most of this test's time:
+    # the outcome path is the controller's either way (tests/test_launch.py: under torchrun).
+    cp = run_cli("launch", "--no-torchrun", "--grace", "2", LOCALHOST, str(job), timeout=120)
     assert cp.returncode == 7, cp.stderr
     assert "root cause: node1 rank 1 exited with code 7" in cp.stderr
     assert "Traceback" not in cp.stderr
@@ -75,7 +77,7 @@ def test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses(
         home: Path, tmp_path: Path, signum: signal.Signals, status: ExitStatus) -> None:
     job = script(tmp_path, "import os, time\nprint('ready', os.environ['RANK'], flush=True)\n"
                  "time.sleep(120)\n")
-    proc = start_cli("launch", "--grace", "2", LOCALHOST, str(job))
+    proc = start_cli("launch", "--no-torchrun", "--grace", "2", LOCALHOST, str(job))
     try:
         wait_for_line(proc, r"^\[node\d r\d\] ready", 120)
         proc.send_signal(signum)

@@ -5,7 +5,6 @@ else."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -102,13 +101,7 @@ def test_a_secret_reaches_every_rank_and_nothing_else(cluster: Cluster, home: Pa
                      str(inv), str(script),
                      env={**os.environ, **env})
     out, err = Reader(proc.stdout), Reader(proc.stderr)
-    cmdlines: list[bytes] = []
-    while proc.poll() is None:
-        for name in names:
-            for pid in cluster.pids(name):
-                with contextlib.suppress(OSError):  # it may have exited meanwhile
-                    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-        time.sleep(0.1)
+    cmdlines = cluster.cmdlines_until_exit(proc, names)
     out.join()
     err.join()
     assert proc.returncode == 0, err.text
