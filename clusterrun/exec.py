@@ -24,7 +24,7 @@ from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.logs import wire
 from clusterrun.logs.view import LogView
 from clusterrun.transport import Process, SshOptions, connect, parallel, shell
-from clusterrun.transport.programs import drain
+from clusterrun.transport.programs import drain, send
 
 HEARTBEAT = 2.0
 LEASE = 30.0
@@ -102,9 +102,9 @@ def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, contro
     try:
         proc = transport.run(shell.remote_python(spec.python, spec.setup))
         _thread, stderr = drain(proc)
-        proc.write(shell.program_input("exec.py", {
+        send(proc, "exec.py", {
             "command": cmd, "timeout": timeout, "lease": LEASE, "grace": GRACE,
-            "heartbeat": HEARTBEAT}))
+            "heartbeat": HEARTBEAT})
         host = _Host(spec, proc, view)
         _supervise(host, control, timeout)
         view.close(spec.name)

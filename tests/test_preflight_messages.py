@@ -6,9 +6,15 @@ import errno
 import os
 from pathlib import Path
 
+import pytest
+
+from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight.checks import _port_problem
+from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
+from clusterrun.transport import shell
+from clusterrun.transport.programs import ProgramError
 from tests.conftest import run_cli
 
 PROBE = Path(__file__).resolve().parent.parent / "clusterrun" / "remote" / "probe.py"
@@ -67,3 +73,46 @@ def test_a_malformed_known_hosts_is_exit_2_before_any_host_is_contacted(tmp_path
         assert cp.returncode == 2, (argv, cp.stdout, cp.stderr)
         assert cp.stderr.startswith(f"clusterrun: error: {known}:2: cannot read this known_hosts")
         assert "Traceback" not in cp.stderr
+
+
+class _Exited:
+    """A host's interpreter that is already gone when the probe is written to it: the inventory's
+    `setup:` failed at once (status 97 from clusterrun's wrapper)."""
+
+    def write(self, data: bytes) -> None:
+        raise OSError("Socket is closed")
+
+    def close_stdin(self) -> None:
+        raise OSError("Socket is closed")
+
+    def recv(self, size: int) -> bytes:
+        return b""
+
+    def recv_stderr(self, size: int) -> bytes:
+        text, self._err = getattr(self, "_err", b"conda: command not found\n"), b""
+        return text
+
+    def wait(self, timeout: object = None) -> int:
+        return shell.SETUP_FAILED
+
+    def close(self) -> None:
+        return None
+
+
+class _Host:
+    spec = HostSpec(host="10.0.0.3", name="node3", master=False, line=5, setup="conda activate x")
+
+    def run(self, command: str) -> _Exited:
+        return _Exited()
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_setup_that_fails_at_once_is_reported_as_such_not_as_a_closed_socket() -> None:
+    with pytest.raises(ProgramError) as caught:
+        ProbeSession(_Host(), _Host.spec, timeout=5)  # type: ignore[arg-type]
+    assert caught.value.outcome is Outcome.PROBE_FAILED
+    assert "the inventory's `setup:` snippet failed there" in caught.value.message
+    assert "conda: command not found" in caught.value.message
+    assert "Socket is closed" not in caught.value.message

@@ -29,7 +29,7 @@ from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.transport import Process, Transport, parallel, shell
-from clusterrun.transport.programs import call, drain
+from clusterrun.transport.programs import call, drain, send
 
 HEARTBEAT = 2.0
 START_SECONDS = 60.0
@@ -144,7 +144,7 @@ class Session:
         self.last_frame[spec.name] = time.monotonic()
         threading.Thread(target=self._read, args=(spec.name, proc), daemon=True,
                          name=f"clusterrun-read-{spec.name}").start()
-        proc.write(shell.program_input("run.py", request(self.plan, node, gang)))
+        send(proc, "run.py", request(self.plan, node, gang))
 
     def _start_all(self, names: list[str], gang: Optional[dict[str, Any]] = None) -> None:
         """Start these hosts' supervisors at once; a host that cannot start counts as lost."""

@@ -14,7 +14,7 @@ from clusterrun.logs.view import LogView
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
 from clusterrun.transport import SshOptions, Transport, shell
-from clusterrun.transport.programs import drain
+from clusterrun.transport.programs import drain, send
 
 
 def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
@@ -27,9 +27,9 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
         proc = transport.run(shell.remote_python(spec.python, spec.setup))
         drain(proc)
-        proc.write(shell.program_input("tail.py", {
+        send(proc, "tail.py", {
             "rundir": node["rundir"], "follow": keep_following,
-            "offsets": mirror.offsets(spec.name)}))
+            "offsets": mirror.offsets(spec.name)})
 
         def on_event(raw: dict[str, Any]) -> None:
             event = wire.parse(raw)

@@ -11,7 +11,7 @@ from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
-from clusterrun.transport.programs import ProgramError, drain
+from clusterrun.transport.programs import ProgramError, drain, send
 
 _EOF = object()
 
@@ -26,7 +26,7 @@ class ProbeSession:
         self._stderr_thread, self._stderr = drain(self._proc)
         self._lines: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
-        self._proc.write(shell.program_input("probe.py", {"workdir": spec.workdir}))
+        send(self._proc, "probe.py", {"workdir": spec.workdir})
         self.facts: dict[str, Any] = self._answer("facts")
 
     def _read(self) -> None:

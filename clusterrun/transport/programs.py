@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
@@ -40,6 +41,14 @@ def drain(proc: Process, limit: int = 64 * 1024) -> tuple[threading.Thread, byte
     return thread, tail
 
 
+def send(proc: Process, program: str, request: dict[str, Any]) -> None:
+    """Give a started interpreter one of clusterrun's programs and its request. One that has
+    already exited (a failing `setup:`, a missing interpreter) cannot take it: the write fails,
+    and its exit status and stderr, which every caller reads next, say why."""
+    with contextlib.suppress(OSError):
+        proc.write(shell.program_input(program, request))
+
+
 def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, Any],
          timeout: float) -> dict[str, Any]:
     """Run a helper program on a host with one request; return its last JSON reply."""
@@ -59,11 +68,9 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    try:
-        proc.write(shell.program_input(program, request))
+    send(proc, program, request)
+    with contextlib.suppress(OSError):
         proc.close_stdin()
-    except OSError:
-        pass
     reader.join(timeout)
     code = proc.wait(5 if not reader.is_alive() else 0.1)
     proc.close()
