@@ -218,23 +218,15 @@ def _text(result: ExecResult) -> str:
     return f"exit {result.code}" if result.code >= 0 else "exit status unknown"
 
 
-def _strip_name(message: str, name: str) -> str:
-    """``node8 (root@10.0.0.8:22): no SSH answer`` -> ``no SSH answer``: the folded line names
-    the hosts in front."""
-    return message.split(": ", 1)[1] if message.startswith(name) and ": " in message else message
-
-
 def summarize(run: ExecRun) -> tuple[list[str], int]:
     """Per-outcome summary lines (hosts folded) and the exit status: the largest remote exit
     status, as `pdsh -S` and `clush -S` report it (124 for a host that timed out), 4 when a
     host could not be reached, 128+N when interrupted by signal N."""
-    by_outcome: dict[str, list[str]] = {}
+    by_outcome = run.results.failure_groups()
     worst = 0
     unreachable = False
     for r in run.results:
         if r.failure is not None:
-            text = _strip_name(r.failure.message, r.name)
-            by_outcome.setdefault(f"{r.failure.kind}: {text}", []).append(r.name)
             unreachable = unreachable or not r.failure.outcome.reached
             worst = max(worst, int(r.failure.outcome.status))
             continue

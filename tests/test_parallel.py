@@ -47,6 +47,9 @@ def test_failures_group_by_outcome_and_fold_host_names() -> None:
                                     Outcome.PROBE_FAILED: ["h5"]}
     assert results.failure_lines() == ["h[1-3]: refused: connection refused",
                                        "h5: probe failed: no python"]
+    # An SSH failure names the host with how it was reached: the folded line shows it once.
+    assert parallel.strip_name("h1 (root@10.0.0.1:22): no SSH answer", "h1") == "no SSH answer"
+    assert parallel.strip_name("h10: refused", "h1") == "h10: refused"
     with pytest.raises(ClusterrunError) as caught:
         results.raise_if_failed("copying failed")
     # A host never reached outranks one that answered: the exit status says "unreachable".

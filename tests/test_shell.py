@@ -29,7 +29,7 @@ def test_join_round_trips_through_a_real_shell(tmp_path: Path, sh: str) -> None:
 
 def test_setup_runs_first_and_its_stdout_is_kept_off_the_program_output(tmp_path: Path) -> None:
     marker = tmp_path / "setup-ran"
-    script = shell.remote_shell(f"echo setup-noise; touch {marker}", "echo program")
+    script = shell.with_setup(f"echo setup-noise; touch {marker}", "echo program")
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout == "program\n"
     assert "setup-noise" in out.stderr
@@ -37,7 +37,7 @@ def test_setup_runs_first_and_its_stdout_is_kept_off_the_program_output(tmp_path
 
 
 def test_a_failing_setup_stops_with_its_own_exit_status() -> None:
-    script = shell.remote_shell("false", "echo should-not-run")
+    script = shell.with_setup("false", "echo should-not-run")
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=False)
     assert out.returncode == shell.SETUP_FAILED
     assert out.stdout == ""

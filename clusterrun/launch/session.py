@@ -131,7 +131,6 @@ class Session:
         self.events: queue.Queue[tuple[str, Item, float]] = queue.Queue()
         self.last_frame: dict[str, float] = {}
         self.stopping_since: Optional[float] = None
-        self.forced = False
         self.broken: dict[str, str] = {}
 
     # -- starting ------------------------------------------------------------------------
@@ -220,8 +219,6 @@ class Session:
         supervisor, which ends it as failed (unless this is a second Ctrl-C: kill it all)."""
         if self.stopping_since is None:
             self.stopping_since = time.monotonic()
-        if force:
-            self.forced = True
         self.fold.hush()
         for name, node in self.nodes.items():
             if node.done or (node_failures(node) and not force):

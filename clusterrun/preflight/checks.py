@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
-from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.inventory import Inventory
 from clusterrun.plan import ranks
 from clusterrun.preflight import decide
 from clusterrun.preflight.probe_session import ProbeSession
@@ -206,7 +206,3 @@ def _data_path(report: HostReport, session: ProbeSession, master: _Master) -> No
             return
     report.add("data_path", True, f"connected to {master.addr}:{master.port} and "
                f":{master.lifeline_port} from {report.interface} ({report.address})")
-
-
-def host_specs(reports: Sequence[HostReport]) -> dict[str, HostSpec]:
-    return {r.spec.name: r.spec for r in reports}

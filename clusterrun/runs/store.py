@@ -19,8 +19,6 @@ from typing import Any, Optional, Union
 from clusterrun.errors import LocalFilesError, UsageError
 from clusterrun.home import DEFAULT_HOME
 
-LIVE_STATES = ("starting", "running", "stopping")
-
 
 def unusable(home: Path, path: Union[str, Path]) -> LocalFilesError:
     """The error for a $CLUSTERRUN_HOME (or a file in it) this user may not use: another user's,

@@ -100,15 +100,19 @@ class GroupResult(Sequence[HostResult[K, T]]):
             groups.setdefault(r.failure.outcome, []).append(r.name)
         return groups
 
-    def failure_lines(self) -> list[str]:
-        """One line per distinct failure, the hosts that share it folded: ``node[1,3]: ...``."""
-        groups: dict[tuple[Outcome, str], list[str]] = {}
+    def failure_groups(self) -> dict[str, list[str]]:
+        """``outcome: message`` (the host's name taken out) -> the names of the items that
+        failed so, in first-seen order."""
+        groups: dict[str, list[str]] = {}
         for r in self.failed:
             assert r.failure is not None
-            text = strip_name(r.failure.message, r.name)
-            groups.setdefault((r.failure.outcome, text), []).append(r.name)
-        return [f"{fold(names)}: {outcome.label}: {text}"
-                for (outcome, text), names in groups.items()]
+            text = f"{r.failure.outcome.label}: {strip_name(r.failure.message, r.name)}"
+            groups.setdefault(text, []).append(r.name)
+        return groups
+
+    def failure_lines(self) -> list[str]:
+        """One line per distinct failure, the hosts that share it folded: ``node[1,3]: ...``."""
+        return [f"{fold(names)}: {text}" for text, names in self.failure_groups().items()]
 
     def raise_if_failed(self, intro: str) -> None:
         """One error for every failure (as fabric's GroupException), with the worst outcome's
@@ -179,8 +183,11 @@ def run(fn: Callable[[K], T], items: Sequence[K], deadline: Optional[float],
 
 
 def strip_name(message: str, name: str) -> str:
-    """``gpu-a: refused`` -> ``refused``: in a folded line the names stand in front."""
-    return message.split(": ", 1)[1] if message.startswith(f"{name}: ") else message
+    """``gpu-a: refused`` or ``gpu-a (root@10.0.0.8:22): refused`` -> ``refused``: in a folded
+    line the names stand in front."""
+    if message.startswith((f"{name}: ", f"{name} (")) and ": " in message:
+        return message.split(": ", 1)[1]
+    return message
 
 
 def fold(names: list[str]) -> str:

@@ -30,7 +30,7 @@ def join(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def _with_setup(setup: Optional[str], body: str) -> str:
+def with_setup(setup: Optional[str], body: str) -> str:
     """``body`` after the inventory's ``setup:`` snippet, in bash (venv and conda activation
     scripts need it). Setup's stdout goes to stderr so the program's stdout stays clean."""
     if not setup:
@@ -44,13 +44,7 @@ def _with_setup(setup: Optional[str], body: str) -> str:
 
 def remote_python(python: str, setup: Optional[str]) -> str:
     """Run a clusterrun helper program with the host's interpreter; see ``program_input``."""
-    return _with_setup(setup, join(["exec", python, "-u", "-c", BOOTSTRAP]))
-
-
-def remote_shell(setup: Optional[str], command: str) -> str:
-    """A user's shell command (``clusterrun exec``), after setup. It is a shell command on
-    purpose: the user wrote it for a shell."""
-    return _with_setup(setup, command)
+    return with_setup(setup, join(["exec", python, "-u", "-c", BOOTSTRAP]))
 
 
 # A remote program's `from clusterrun.remote import a, b`: modules shipped along with it.
