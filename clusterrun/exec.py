@@ -9,6 +9,7 @@ a host whose network dies mid-command is reported lost within the lease instead 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -19,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from clusterrun.console import Printer
-from clusterrun.errors import ClusterrunError, ExitStatus, Outcome
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, UsageError
 from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
 from clusterrun.logs import wire
 from clusterrun.logs.view import LogView
 from clusterrun.transport import Process, SshOptions, connect, parallel, shell
@@ -56,6 +58,18 @@ class _Control:
     """Shared by every host's thread: the user's interrupts (filled by the main thread)."""
 
     interrupts: list[int] = field(default_factory=list)
+
+
+def placed(inv: Inventory, container: Optional[str], *, on_host: bool) -> Inventory:
+    """Where the command runs: ``--container NAME`` on every host, ``--on-host`` on none, else
+    each host's own `container:`."""
+    if container is not None and not CONTAINER_RE.fullmatch(container):
+        raise UsageError(f"--container {container!r} is not allowed: {CONTAINER_RULE}")
+    if container is None and not on_host:
+        return inv
+    hosts = tuple(dataclasses.replace(h, container=None if on_host else container)
+                  for h in inv.hosts)
+    return dataclasses.replace(inv, hosts=hosts)
 
 
 class HostLost(ClusterrunError):
@@ -100,7 +114,7 @@ def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, contro
          timeout: Optional[float]) -> ExecResult:
     transport = connect(spec, options)
     try:
-        proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        proc = transport.run(shell.remote_python(spec))
         _thread, stderr = drain(proc)
         send(proc, "exec.py", {
             "command": cmd, "timeout": timeout, "lease": LEASE, "grace": GRACE,

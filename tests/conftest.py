@@ -29,6 +29,7 @@ import yaml
 from clusterrun import sandbox
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.logs import wire
+from clusterrun.sandbox import containers as sandbox_containers
 from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
 from clusterrun.transport.local import LocalTransport
@@ -172,6 +173,49 @@ def clean(cluster: Cluster) -> Iterator[None]:
     cluster.kill_all(cluster.names[:4])
 
 
+@dataclass
+class Containers:
+    """podman on the cluster's hosts (clusterrun.sandbox.containers), keeping a list of the
+    containers started through run(), for removal after the test."""
+
+    sb: sandbox.Sandbox
+    started: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def run(self, host: str, name: str, **kwargs: Any) -> None:
+        self.started.append((host, name))
+        sandbox_containers.run(self.sb, host, name, **kwargs)
+
+    def podman(self, host: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return sandbox_containers.podman(self.sb, host, *args, check=check)
+
+    def remove_started(self) -> None:
+        while self.started:
+            host, name = self.started.pop()
+            sandbox_containers.remove(self.sb, host, name)
+
+
+# The hosts container tests use: enabling podman gives a host its own /etc/containers and
+# /dev/shm, which other tests' hosts keep as they were, whichever tests ran first.
+CONTAINER_HOSTS = [f"node{k}" for k in range(27, CLUSTER_SIZE + 1)]
+
+
+@pytest.fixture(scope="session")
+def containers(cluster: Cluster) -> Iterator[Containers]:
+    """A podman of its own on each of CONTAINER_HOSTS, all sharing one tiny image
+    (sandbox_containers.IMAGE); sandbox.down removes any container left at the end."""
+    sandbox_containers.enable(cluster.sb, CONTAINER_HOSTS)
+    helper = Containers(cluster.sb)
+    yield helper
+    helper.remove_started()
+
+
+@pytest.fixture
+def podman_hosts(containers: Containers) -> Iterator[Containers]:
+    """`containers`, with every container the test starts through it removed afterwards."""
+    yield containers
+    containers.remove_started()
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private $CLUSTERRUN_HOME for this test."""
@@ -310,7 +354,7 @@ class Remote:
     """One remote program started as the controller starts it, its frames collected."""
 
     def __init__(self, program: str, request: dict[str, Any]) -> None:
-        self.proc = LocalTransport(LOCAL_SPEC).run(shell.remote_python(sys.executable, None))
+        self.proc = LocalTransport(LOCAL_SPEC).run(shell.remote_python(LOCAL_SPEC))
         self.events: list[wire.Event] = []
         self.data: dict[str, bytes] = {}
         self.ended = threading.Event()

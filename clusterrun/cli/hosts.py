@@ -16,7 +16,7 @@ from clusterrun.cli.common import (
     selection_options,
     ssh_options,
 )
-from clusterrun.errors import ExitStatus
+from clusterrun.errors import ExitStatus, UsageError
 from clusterrun.inventory.subset import select
 
 
@@ -65,9 +65,15 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
 @click.argument("cmd", nargs=-1, required=True)
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
+@click.option("--container", "container", metavar="NAME", default=None,
+              help="Run it inside this running container on every host (default: the "
+                   "inventory's `container:`, where a host has one).")
+@click.option("--on-host", is_flag=True,
+              help="Run it on the hosts themselves, not in the inventory's containers.")
 @selection_options
 @ssh_options
 def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
+          container: Optional[str], on_host: bool,
           connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
           exclude_hosts: Optional[str]) -> None:
     """Run a shell command on every host in parallel (after `setup:`), pdsh-style.
@@ -80,7 +86,10 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     from clusterrun import exec as fanout
     from clusterrun.console import Printer
 
-    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
+    if container is not None and on_host:
+        raise UsageError("give either --container NAME or --on-host, not both.")
+    inv = fanout.placed(load_inventory(inventory_path, only_hosts, exclude_hosts), container,
+                        on_host=on_host)
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
                          printer, timeout)
@@ -99,8 +108,8 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     """Show the resolved host table (what a hostfile or a range turned into); no network.
 
     Columns: source (file:line), name, address, user and port (`-`: from ~/.ssh/config, else the
-    local user and 22), how the host is reached (ssh, or local for this machine), nproc per node
-    and the master.
+    local user and 22), how the host is reached (ssh, or local for this machine; `> NAME` when
+    everything there runs in container NAME), nproc per node and the master.
     """
     import json
 
@@ -111,13 +120,15 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
         note(text)
     rows = [{"source": f"{h.source or inv.path}:{h.line}", "name": h.name, "address": h.host,
              "user": h.user, "port": h.port, "reached": "local" if h.local else "ssh",
-             "nproc": h.nproc_per_node, "master": h.master} for h in inv.hosts]
+             "container": h.container, "nproc": h.nproc_per_node, "master": h.master}
+            for h in inv.hosts]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     head = ["SOURCE", "NAME", "ADDRESS", "USER", "PORT", "REACHED", "NPROC", "MASTER"]
     table = [head] + [[str(r["source"]), str(r["name"]), str(r["address"]),
-                       str(r["user"] or "-"), str(r["port"] or "-"), str(r["reached"]),
+                       str(r["user"] or "-"), str(r["port"] or "-"),
+                       str(r["reached"]) + (f" > {r['container']}" if r["container"] else ""),
                        str(r["nproc"]), "yes" if r["master"] else ""] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:

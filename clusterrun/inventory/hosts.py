@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "env": {},
     "forward_env": (),
     "env_file": None,
+    "container": None,
+    "container_engine": None,  # None: docker if the host has it, else podman
+    "container_user": None,  # None: the container's own user
 }
 
 
@@ -59,11 +62,20 @@ class HostSpec:
     forward_env: tuple[str, ...] = ()  # more names (globs) forwarded from the controller's env
     env_file: Optional[str] = None  # a dotenv file on the controller, as an absolute path
     source: Optional[str] = None  # the file `line` is in (a hostfile); None: the inventory
+    container: Optional[str] = None  # a running container everything on this host runs in
+    container_engine: Optional[str] = None  # docker or podman; None: whichever the host has
+    container_user: Optional[str] = None
 
     @property
     def local(self) -> bool:
         """True for this machine itself: reached without SSH."""
         return self.host in LOCAL_HOSTS
+
+    @property
+    def own_files(self) -> bool:
+        """True when this host sees this machine's files as they are: local and not in a
+        container, so nothing is copied to it."""
+        return self.local and not self.container
 
     @property
     def env_dict(self) -> dict[str, str]:

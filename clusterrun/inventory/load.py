@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, ranges, yaml_lines
+from clusterrun.inventory import hostfile, ranges, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
@@ -36,6 +36,9 @@ _HOST_SETTINGS = (
     "env",
     "forward_env",
     "env_file",
+    "container",
+    "container_engine",
+    "container_user",
 )
 _HOST_ONLY = ("host", "name", "master", "gpus")
 _TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile")
@@ -46,13 +49,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 # DNS (RFC 1035): a name is at most 253 characters (one more for a trailing dot), each
 # dot-separated label 1-63. Longer ones pass a regex and then fail deep inside SSH's resolver.
 _NAME_MAX, _LABEL_MAX = 253, 63
-_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
-# Names end up in local file paths and log prefixes.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# What the Linux kernel accepts as an interface name (dev_valid_name): 1-15 bytes, no '/', ':'
-# or whitespace, not '.' or '..'. Such a name may still hold '$' or ';': it is quoted everywhere.
-_IFNAME_RE = re.compile(r"^[^/:\s]{1,15}$")
 # An IPv6 zone in a host address: an interface name or index, nothing a shell would read.
 _ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 
@@ -62,129 +59,27 @@ def _replace(spec: HostSpec, **changes: Any) -> HostSpec:
     return replace(spec, **changes)
 
 
-def _str(chk: _Checker, loc: Located, what: str, pattern: Optional[re.Pattern[str]] = None,
-         rule: str = "") -> Optional[str]:
-    value = loc.value
-    if not isinstance(value, str) or not value:
-        chk.fail(loc.line, f"{what} must be a non-empty string, got {_show(value)}"
-                 f"{'; quote it' if value is not None else ''}.")
-        return None
-    if pattern is not None and not pattern.fullmatch(value):
-        chk.fail(loc.line, f"{what} {value!r} is not allowed: {rule}")
-        return None
-    return value
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, (list, dict)):
-        return "a list" if isinstance(value, list) else "a mapping"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
-    value = loc.value
-    if isinstance(value, str) and value.strip().isdigit():
-        chk.fail(loc.line, f"{what}: {value!r} is a string; write the number without quotes "
-                 f"({what}: {value.strip()}).")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        chk.fail(loc.line, f"{what}: {value!r} is not a valid port; use a number from 1 to 65535.")
-        return None
-    return value
-
-
-def _nproc(chk: _Checker, loc: Located) -> Union[int, str, None]:
-    value = loc.value
-    if value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        chk.fail(loc.line, f"nproc_per_node: {value!r} must be a positive integer or `auto`.")
-        return None
-    return value
-
-
-def _interface(chk: _Checker, loc: Located) -> Optional[str]:
-    return _str(chk, loc, "interface", _IFNAME_RE,
-                "an interface name is 1-15 characters without '/', ':' or spaces, or `auto`.")
-
-
-def _env(chk: _Checker, loc: Located) -> Optional[dict[str, str]]:
-    if loc.value is None:  # `env:` with every entry commented out
-        return {}
-    if not isinstance(loc.value, dict):
-        chk.fail(loc.line, "env must be a mapping of NAME: value.")
-        return None
-    out: dict[str, str] = {}
-    for key, val in loc.value.items():
-        if not _ENV_KEY_RE.fullmatch(key):
-            chk.fail(val.line, f"env: {key!r} is not a valid environment variable name "
-                     "(letters, digits and '_', not starting with a digit).")
-            continue
-        raw = val.value
-        if isinstance(raw, bool) or raw is None or isinstance(raw, (list, dict)):
-            chk.fail(val.line, f"env: {key} must be a string or number, got {_show(raw)}; "
-                     "quote it, e.g. \"true\" or \"\".")
-            continue
-        out[key] = str(raw)
-    return out
-
-
-def _path(chk: _Checker, loc: Located, what: str) -> Optional[str]:
-    value = _str(chk, loc, what)
-    if value is not None and ("\0" in value or "\n" in value):
-        chk.fail(loc.line, f"{what} must not contain NUL or newline characters.")
-        return None
-    return value
-
-
-_HOST_RULE = ("use a host name, an IP address or an ~/.ssh/config alias: letters, digits, '.', "
-              "'_' and '-', not starting with '-' (no spaces, quotes or shell characters).")
-_USER_RULE = ("a user name is letters, digits, '.', '_' and '-', not starting with '-'.")
-
-
-_GLOB_RE = re.compile(r"[A-Za-z0-9_*?]+")
-
-
-def _globs(chk: _Checker, loc: Located) -> Optional[tuple[str, ...]]:
-    items = loc.value if isinstance(loc.value, list) else None
-    values = [i.value for i in items] if items is not None else None
-    if values is None or not all(isinstance(v, str) and _GLOB_RE.fullmatch(v) for v in values):
-        chk.fail(loc.line, "forward_env must be a list of variable names or globs, e.g. "
-                 "[MY_*, DATA_DIR] (letters, digits, '_', '*' and '?').")
-        return None
-    return tuple(values)
-
-
-def _env_file(chk: _Checker, loc: Located) -> Optional[str]:
-    """A dotenv file on this machine, relative to the inventory's directory."""
-    value = _path(chk, loc, "env_file")
-    if value is None:
-        return None
-    path = chk.path.parent / os.path.expanduser(value)
-    if not path.is_file():
-        chk.fail(loc.line, f"env_file {value!r}: no such file ({path}). The path is relative to "
-                 "the inventory's directory.")
-        return None
-    return str(path.resolve())
-
-
 def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
     """Parse the keys a host and `defaults` share; absent keys are absent from the result."""
     parsers: dict[str, Callable[[Located], Any]] = {
-        "user": lambda v: _str(chk, v, "user", _USER_RE, _USER_RULE),
-        "port": lambda v: _port(chk, v, "port"),
-        "identity_file": lambda v: _path(chk, v, "identity_file"),
-        "known_hosts": lambda v: _path(chk, v, "known_hosts"),
-        "python": lambda v: _path(chk, v, "python"),
-        "setup": lambda v: _str(chk, v, "setup"),
-        "workdir": lambda v: _path(chk, v, "workdir"),
-        "nproc_per_node": lambda v: _nproc(chk, v),
-        "interface": lambda v: AUTO if v.value == AUTO else _interface(chk, v),
-        "env": lambda v: _env(chk, v),
-        "forward_env": lambda v: _globs(chk, v),
-        "env_file": lambda v: _env_file(chk, v),
+        "user": lambda v: values.text(chk, v, "user", values.USER_RE, values.USER_RULE),
+        "port": lambda v: values.port(chk, v, "port"),
+        "identity_file": lambda v: values.path(chk, v, "identity_file"),
+        "known_hosts": lambda v: values.path(chk, v, "known_hosts"),
+        "python": lambda v: values.path(chk, v, "python"),
+        "setup": lambda v: values.text(chk, v, "setup"),
+        "workdir": lambda v: values.path(chk, v, "workdir"),
+        "nproc_per_node": lambda v: values.nproc(chk, v),
+        "interface": lambda v: AUTO if v.value == AUTO else values.interface(chk, v),
+        "env": lambda v: values.env(chk, v),
+        "forward_env": lambda v: values.globs(chk, v),
+        "env_file": lambda v: values.env_file(chk, v),
+        "container": lambda v: values.text(chk, v, "container", values.CONTAINER_RE,
+                                           values.CONTAINER_RULE),
+        "container_engine": lambda v: values.engine(chk, v),
+        "container_user": lambda v: values.text(chk, v, "container_user",
+                                                values.CONTAINER_USER_RE,
+                                                "give a user name or uid, optionally :group."),
     }
     return {key: parsers[key](loc) for key, loc in found.items() if key in parsers}
 
@@ -215,7 +110,7 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
         return None
     name = host
     if "name" in found:
-        name = _str(chk, found["name"], f"{where}.name", _NAME_RE,
+        name = values.text(chk, found["name"], f"{where}.name", _NAME_RE,
                     "a name is letters, digits, '.', '_' and '-' (at most 63), not starting "
                     "with '.' or '-'.") or host
     elif not _NAME_RE.fullmatch(host):  # an IPv6 address: ':' and '%' make poor file names
@@ -242,11 +137,13 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
 
 def _where_it_runs(settings: dict[str, Any], *, local: bool) -> None:
     """Defaults that differ on this machine: local hosts run clusterrun's own interpreter and
-    keep their files under $CLUSTERRUN_HOME."""
+    keep their files under $CLUSTERRUN_HOME. Inside a container, this machine's paths mean
+    nothing: there the defaults are a remote host's."""
+    own = local and not settings.get("container")
     if settings.get("python") is None:
-        settings["python"] = sys.executable if local else "python3"
+        settings["python"] = sys.executable if own else "python3"
     if settings.get("workdir") is None:
-        settings["workdir"] = local_workdir() if local else REMOTE_WORKDIR
+        settings["workdir"] = local_workdir() if own else REMOTE_WORKDIR
 
 
 def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
@@ -256,9 +153,9 @@ def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
         return None
     if not (isinstance(host, str) and (_HOST_RE.fullmatch(host) or _ip_host(host))):
         if isinstance(host, str):
-            chk.fail(loc.line, f"{where}.host {host!r} is not allowed: {_HOST_RULE}")
+            chk.fail(loc.line, f"{where}.host {host!r} is not allowed: {values.HOST_RULE}")
         else:
-            chk.fail(loc.line, f"{where}.host must be a string, got {_show(host)}; quote it.")
+            chk.fail(loc.line, f"{where}.host must be a string, got {values.show(host)}; quote it.")
         return None
     if not _ip_host(host):
         problem = _dns_length(host)
@@ -327,7 +224,7 @@ def load(path: Union[str, Path]) -> Inventory:
             master_addr = loc.value
     master_port = None
     if "master_port" in top and top["master_port"].value != AUTO:
-        master_port = _port(chk, top["master_port"], "master_port")
+        master_port = values.port(chk, top["master_port"], "master_port")
     if "hostfile" in top:
         return _from_hostfile(chk, top, defaults, nproc_set=nproc_set, master_addr=master_addr,
                               master_port=master_port)
@@ -349,7 +246,7 @@ def _from_hostfile(chk: _Checker, top: dict[str, Located], defaults: dict[str, A
     loc = top["hostfile"]
     if "hosts" in top:
         chk.fail(top["hosts"].line, "give either `hosts:` or `hostfile:`, not both.")
-    name = _path(chk, loc, "hostfile")
+    name = values.path(chk, loc, "hostfile")
     chk.raise_if_any()
     assert name is not None
     hf = chk.path.parent / os.path.expanduser(name)

@@ -168,6 +168,13 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
     for line in planview.banner(plan):
         say(line)
     specs = {h.spec.name: h.spec for h in report.hosts}
+    if not plan.sync:
+        try:
+            sync.require_present(plan, pool.transports, specs)
+        except ClusterrunError as exc:
+            lifecycle.record(run_dir, RunState.FAILED, reason="the script is not on the hosts",
+                             exit_status=exc.exit_status)
+            raise
     if plan.sync and any(not n.local for n in plan.nodes):
         facts = {h.spec.name: h.facts for h in report.hosts}
         try:

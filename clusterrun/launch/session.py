@@ -137,7 +137,7 @@ class Session:
 
     def _start_one(self, spec: HostSpec, gang: Optional[dict[str, Any]] = None) -> None:
         node = self.nodes[spec.name].plan
-        proc = self.transports[spec.name].run(shell.remote_python(node.python, node.setup))
+        proc = self.transports[spec.name].run(shell.remote_python(spec))
         self.stderr[spec.name] = drain(proc)[1]
         self.procs[spec.name] = proc
         self.last_frame[spec.name] = time.monotonic()

@@ -13,11 +13,11 @@ import os
 import posixpath
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterrun.errors import SyncError
+from clusterrun.errors import PreflightError, SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.transport import SshTransport, Transport, parallel, shell
@@ -155,6 +155,52 @@ def _sftp_makedirs(sftp: object, path: str) -> None:
             sftp.mkdir(part, 0o700)  # type: ignore[attr-defined]
 
 
+def _through_engine(transport: Transport, spec: HostSpec, src: Path, dest: str, *,
+                    files: list[str], local: dict[str, tuple[int, str]]) -> None:
+    """Into a container: the files' bytes on the stdin of a small receiver run there with
+    `docker/podman exec -i`, which needs nothing in the container but its Python."""
+    entries = [(rel, local[rel][0], os.stat(src / rel).st_mode) for rel in files]
+
+    def payload() -> Iterator[bytes]:
+        for rel, size, _mode in entries:
+            left = size
+            with open(src / rel, "rb") as handle:
+                while left:
+                    block = handle.read(min(left, 1 << 20))
+                    if not block:  # shrank since it was hashed: keep the stream in step
+                        block = bytes(min(left, 1 << 20))
+                    yield block
+                    left -= len(block)
+
+    try:
+        call(transport, spec, "unpack.py", {"root": dest, "files": entries},
+             timeout=SYNC_SECONDS, payload=payload())
+    except ProgramError as exc:
+        raise SyncError(f"{spec.name}: copying into container {spec.container!r} failed: "
+                        f"{exc.message}") from None
+
+
+def require_present(plan: LaunchPlan, transports: dict[str, Transport],
+                    specs: dict[str, HostSpec]) -> None:
+    """With --no-sync the script must already be at its path on every host (or in its
+    container); say so before anything starts rather than as torchrun's exit 127."""
+    if plan.module is not None:
+        return  # a module may live anywhere on the host's sys.path
+    script = plan.script.name
+
+    def one(spec: HostSpec) -> None:
+        node = next(n for n in plan.nodes if n.name == spec.name)
+        if script not in _remote(transports[spec.name], spec, node.cwd, [script], mkdir=False):
+            where = f"in container {spec.container!r} there" if spec.container else "there"
+            raise PreflightError(f"{spec.name}: --no-sync, but {node.cwd}/{script} is not "
+                                 f"{where}. Put the code there (a shared filesystem or a volume "
+                                 "at the same path), or launch without --no-sync to copy it.")
+
+    remote = [specs[n.name] for n in plan.nodes if not n.local]
+    parallel.run(one, remote, SYNC_SECONDS).raise_if_failed(
+        "the script is missing on some hosts; nothing was started")
+
+
 def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
          facts: dict[str, dict[str, Any]], excludes: Sequence[str]) -> dict[str, str]:
     """Copy the script's directory to every remote host; return per host how it went."""
@@ -168,12 +214,15 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
     def one(spec: HostSpec) -> str:
         node = next(n for n in plan.nodes if n.name == spec.name)
         transport = transports[spec.name]
-        assert isinstance(transport, SshTransport)
         dest = node.code_dest or node.cwd
         before = _remote(transport, spec, dest, files, mkdir=True)
         changed = [rel for rel in files if before.get(rel) != local[rel]]
         method = "unchanged"
-        if changed:
+        if changed and spec.container:
+            method = f"{spec.container_engine or 'engine'} exec"
+            _through_engine(transport, spec, src, dest, files=changed, local=local)
+        elif changed:
+            assert isinstance(transport, SshTransport)
             use_rsync = have_rsync and facts[spec.name].get("rsync") and not force_sftp
             method = "rsync" if use_rsync else "sftp"
             if use_rsync:

@@ -25,7 +25,7 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     ends: dict[str, dict[str, Any]] = {}
 
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
-        proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        proc = transport.run(shell.remote_python(spec))
         drain(proc)
         send(proc, "tail.py", {
             "rundir": node["rundir"], "follow": keep_following,

@@ -21,7 +21,7 @@ from clusterrun.preflight.report import CheckReport, HostReport
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
 # file has changed since.
 CONNECTION_KEYS = ("host", "name", "user", "port", "identity_file", "known_hosts", "python",
-                   "setup", "workdir")
+                   "setup", "workdir", "container", "container_engine", "container_user")
 
 
 def new_run_id(name: str) -> str:
@@ -133,7 +133,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
         workdir = host.workdir or spec.workdir
         rundir = f"{workdir}/runs/{run_id}/{spec.name}"
         local_code = job.code.resolve()
-        if spec.local or not sync:
+        if spec.own_files or not sync:
             cwd = str(local_code.parent if job.module and job.script.is_dir() else local_code)
             code_dest = ""
         elif job.module is not None and job.script.is_dir():
@@ -180,7 +180,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
                                        rank=span.start + i, local_rank=i, nproc=nproc,
                                        world=world, run_id=run_id) for i in range(nproc))
         nodes.append(NodePlan(
-            name=spec.name, host=spec.host, local=spec.local, node_rank=host.node_rank,
+            name=spec.name, host=spec.host, local=spec.own_files, node_rank=host.node_rank,
             nproc=nproc, first_rank=span.start, interface=iface, address=host.address or "",
             python=spec.python, setup=spec.setup, workdir=workdir, rundir=rundir, cwd=cwd,
             argv=argv, env=tuple(sorted(node_env.items())), code_dest=code_dest,

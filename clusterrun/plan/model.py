@@ -69,6 +69,15 @@ class NodePlan:
 
     connection: tuple[tuple[str, Any], ...] = ()  # how to reach the host again (stop, logs)
 
+    @property
+    def container(self) -> Optional[str]:
+        """``NAME (engine[, user U])`` when everything on this host runs in a container."""
+        conn = dict(self.connection)
+        if not conn.get("container"):
+            return None
+        user = f", user {conn['container_user']}" if conn.get("container_user") else ""
+        return f"{conn['container']} ({conn.get('container_engine') or 'docker or podman'}{user})"
+
     def public(self) -> dict[str, Any]:
         """For plan.json, --dry-run and the host's spec.json: secrets masked."""
         return {"name": self.name, "host": self.host, "node_rank": self.node_rank,

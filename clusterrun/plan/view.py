@@ -13,7 +13,8 @@ def banner(plan: LaunchPlan) -> list[str]:
         f"run {plan.run_id}: {nodes} node{'s' * (nodes != 1)}, world size {plan.world_size}, "
         f"master {plan.master_addr}:{plan.master_port}",
         *(f"  {n.name}: node_rank {n.node_rank}, ranks {n.ranks.start}-{n.ranks.stop - 1}, "
-          f"interface {n.interface} ({n.address})" for n in plan.nodes),
+          f"interface {n.interface} ({n.address})"
+          + (f", in container {n.container}" if n.container else "") for n in plan.nodes),
         # PyTorch's SECURITY.md: the store executes what it is sent, from anyone who reaches it.
         f"note: torch's c10d store on {plan.master_addr}:{plan.master_port} is unauthenticated; "
         "anyone who can reach that port can join or disrupt the job. Use a trusted network.",
@@ -28,6 +29,8 @@ def dry_run(plan: LaunchPlan) -> list[str]:
         lines.append(f"{node.name} ({node.host}{', local' if node.local else ''}): node_rank "
                      f"{node.node_rank}, {node.nproc} process(es), global ranks "
                      f"{node.ranks.start}-{node.ranks.stop - 1}")
+        if node.container:
+            lines.append(f"  container: {node.container}")
         lines.append(f"  interface: {node.interface} ({node.address})")
         lines.append(f"  directory: {node.cwd}")
         lines.append(f"  run files: {node.rundir}")

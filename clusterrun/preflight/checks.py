@@ -12,6 +12,7 @@ The decisions themselves (master_addr, interfaces, parity) are pure functions in
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import socket
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.plan import ranks
-from clusterrun.preflight import decide
+from clusterrun.preflight import container, decide
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.transport import parallel
@@ -79,9 +80,21 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
     def one(report: HostReport) -> None:
         spec = report.spec
         transport = pool.get(spec)
+        if spec.container:
+            found = container.check(transport, spec, PROBE_SECONDS)
+            if found.problem:
+                report.fail(Outcome.PROBE_FAILED, "container", found.problem)
+                return
+            # The engine found here is the one sync, the supervisors, `ps` and `stop` use.
+            spec = report.spec = dataclasses.replace(spec, container_engine=found.engine)
         session = ProbeSession(transport, spec, PROBE_SECONDS)
         sessions[spec.name] = session
         report.facts = session.facts
+        if spec.container:
+            report.facts["container"] = {"name": spec.container, "engine": spec.container_engine,
+                                         "user": spec.container_user}
+            report.add("container", True, f"{spec.container} ({spec.container_engine}, running; "
+                       "everything on this host runs inside it)")
         where = ("this machine (local, no SSH)" if spec.local
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")

@@ -22,7 +22,7 @@ class ProbeSession:
     def __init__(self, transport: Transport, spec: HostSpec, timeout: float) -> None:
         self.spec = spec
         self.timeout = timeout
-        self._proc = transport.run(shell.remote_python(spec.python, spec.setup))
+        self._proc = transport.run(shell.remote_python(spec))
         self._stderr_thread, self._stderr = drain(self._proc)
         self._lines: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
@@ -66,6 +66,15 @@ class ProbeSession:
         err = self._stderr.decode("utf-8", "replace").strip()
         last = err.splitlines()[-5:] if err else []
         detail = ("\n    " + "\n    ".join(last)) if last else ""
+        if code == 127 and self.spec.container:
+            return ProgramError(Outcome.PROBE_FAILED,
+                f"{self.spec.name}: the interpreter `{self.spec.python}` was not found in "
+                f"container {self.spec.container!r}. Set `python:` to the container's Python 3 "
+                f"(or a `setup:` that puts it on PATH there).{detail}")
+        if code == shell.ENGINE_MISSING:
+            return ProgramError(Outcome.PROBE_FAILED,
+                f"{self.spec.name}: neither docker nor podman is installed there, and the "
+                f"inventory runs it in container {self.spec.container!r}.{detail}")
         if code == 127:
             return ProgramError(Outcome.PROBE_FAILED,
                 f"{self.spec.name}: the interpreter `{self.spec.python}` "

@@ -135,6 +135,8 @@ def down(root: Path) -> None:
     for network in state["networks"]:
         links += [network["bridge"]] + [nic["veth"] for nic in network["nics"]]
     spaces = {h["netns"] for h in state["hosts"]}
+    enabled = set(state.get("containers", {}).get("hosts", []))  # see sandbox.containers
+    sshd.remove_containers(root, [h for h in state["hosts"] if h["name"] in enabled])
     errors = net.remove_kernel_objects(prefix, sorted(spaces), links)
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -20,6 +21,12 @@ SSHD = "/usr/sbin/sshd"
 KEY = "ssh_host_ed25519_key"
 READY_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
+NETNS_DIR = "/run/netns"  # where `ip netns add` pins each namespace
+CRUN_STATE = "containers/crun"  # in a host's directory; bound over /run/crun inside the host
+# What an SSH session on a host gets, not this process's environment: CONTAINERS_CONF, TMPDIR
+# or XDG_* here would point podman at the machine's state instead of the host's.
+SESSION_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "USER": "root", "LOGNAME": "root", "LANG": "C.UTF-8"}
 
 # sshd runs as our child; keeping the Popen (by namespace) lets down() reap it, not leave a zombie.
 _children: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
@@ -67,6 +74,33 @@ def shared_under_tmp(python: str) -> list[str]:
     return sorted(p for p in candidates if p.startswith("/tmp/"))
 
 
+def sys_lines(scratch: str) -> list[str]:
+    """Commands giving the host a /sys of its own network namespace, with the cgroups.
+
+    A sysfs shows the network devices of the namespace that mounts it. Container runtimes
+    (crun) refuse to start without /sys/fs/cgroup, and crun 1.8 refuses a hybrid v1/v2 layout,
+    so the cgroup2 mount of such a machine is left out of the host's view (only the host's).
+    `scratch` is an empty directory; the new sysfs is built there and then moved over /sys.
+    """
+    q = shlex.quote
+    lines = [f"mount -t sysfs sysfs {q(scratch)}"]
+    if os.path.ismount("/sys/fs/cgroup"):
+        lines.append(f"mount --rbind /sys/fs/cgroup {q(scratch + '/fs/cgroup')}")
+        if _hybrid_cgroups():
+            lines.append(f"umount {q(scratch + '/fs/cgroup/unified')}")
+    if os.path.ismount("/sys"):  # the machine's, hidden under the new one, would still be listed
+        lines.append("umount --lazy /sys")
+    return [*lines, f"mount --move {q(scratch)} /sys"]
+
+
+def _hybrid_cgroups() -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(m.split()[1:3] == ["/sys/fs/cgroup/unified", "cgroup2"] for m in mounts)
+
+
 def start(root: Path, view: str, host: dict[str, Any],
           shared: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """Start the host's sshd in its namespace, with its own hostname and mounts."""
@@ -90,6 +124,7 @@ def start(root: Path, view: str, host: dict[str, Any],
     q = shlex.quote
     script = [
         "set -e",
+        *sys_lines(view),
         f"printf %s {q(host['name'])} > /proc/sys/kernel/hostname",
         f"mount --bind {q(str(root))} {q(view)}",
         f"mount --bind {q(home + '/hosts')} {q(hosts_target)}",
@@ -106,7 +141,8 @@ def start(root: Path, view: str, host: dict[str, Any],
                                                                          exist_ok=True)
         script.append(f"mount --bind {q(path)} {q(inside)}")
     script += [f"mount --rbind {q(home + '/tmp')} /tmp", f"exec {shlex.join(sshd)}"]
-    argv = ["ip", "netns", "exec", host["netns"], "unshare", "--uts", "--mount",
+    # Not `ip netns exec`: its own remount of /sys drops /sys/fs/cgroup (see sys_lines).
+    argv = ["nsenter", f"--net={NETNS_DIR}/{host['netns']}", "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c", "\n".join(script)]
     with open(root / host["name"] / "sshd.log", "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -177,6 +213,46 @@ def reap_children(killed_netns: set[str]) -> None:
                 proc.wait(timeout=2)
         if proc.poll() is not None:
             del _children[pid]
+
+
+def remove_containers(root: Path, hosts: Sequence[dict[str, Any]]) -> None:
+    """Remove the containers of these hosts (see clusterrun.sandbox.containers); down() calls
+    it before it kills the hosts' processes.
+
+    Killing a host's processes stops only the containers inside its network namespace: one on
+    a network of its own would run on. podman removes them while the host lives; crun's state
+    (each container's init, by pid and start time) finds what podman could not, such as the
+    containers of a host whose processes were all killed, and those get SIGKILL.
+    """
+    live = [h for h in hosts if _container_inits(root / h["name"] / CRUN_STATE)]
+
+    def podman_rm(host: dict[str, Any]) -> None:
+        argv = ["nsenter", "-t", str(host["sshd_pid"]), "-m", "-u", "-n", "--",
+                "podman", "rm", "--all", "--force", "--time", "0"]
+        with contextlib.suppress(SandboxError, subprocess.TimeoutExpired):  # best effort
+            if host["sshd_pid"] in net.netns_pids(host["netns"]):
+                subprocess.run(argv, env=SESSION_ENV, capture_output=True, timeout=60,
+                               check=False)
+
+    net.parallel(podman_rm, live)
+    for host in live:
+        for pid in _container_inits(root / host["name"] / CRUN_STATE):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # init of its pid namespace: all of it goes
+
+
+def _container_inits(state_dir: Path) -> list[int]:
+    found = []
+    for status in state_dir.glob("*/status"):
+        try:
+            state = json.loads(status.read_text())
+            pid, started = int(state["pid"]), int(state["process-start-time"])
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone, or never started
+        if int(stat.rsplit(")", 1)[1].split()[19]) == started:  # not a reused pid
+            found.append(pid)
+    return found
 
 
 def accepts(address: str) -> bool:

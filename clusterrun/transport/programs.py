@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from clusterrun.errors import ClusterrunError, Outcome
@@ -50,9 +51,10 @@ def send(proc: Process, program: str, request: dict[str, Any]) -> None:
 
 
 def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, Any],
-         timeout: float) -> dict[str, Any]:
-    """Run a helper program on a host with one request; return its last JSON reply."""
-    proc = transport.run(shell.remote_python(spec.python, spec.setup))
+         timeout: float, *, payload: Iterable[bytes] = ()) -> dict[str, Any]:
+    """Run a helper program on a host with one request (and ``payload`` after it on its stdin);
+    return its last JSON reply."""
+    proc = transport.run(shell.remote_python(spec))
     stderr_thread, stderr = drain(proc)
     out = bytearray()
 
@@ -69,6 +71,9 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     send(proc, program, request)
+    with contextlib.suppress(OSError):  # a program that died early: its exit status says why
+        for chunk in payload:
+            proc.write(chunk)
     with contextlib.suppress(OSError):
         proc.close_stdin()
     reader.join(timeout)

@@ -14,8 +14,23 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, Optional
 
+from clusterrun.inventory import HostSpec
+
 # Exit status of the remote wrapper when the inventory's `setup:` snippet fails.
 SETUP_FAILED = 97
+# ... and when a host with `container:` has neither docker nor podman.
+ENGINE_MISSING = 96
+
+# Sets $engine to the engine a host with `container:` and no `container_engine:` uses: docker
+# when its daemon can be there (its socket, or DOCKER_HOST), else podman, else a docker client
+# alone (whose error then says its daemon is missing). A docker CLI without a daemon is common
+# beside podman; checking the socket costs nothing, unlike asking the daemon.
+PICK_ENGINE = (
+    'engine=; if command -v docker >/dev/null 2>&1 && { [ -n "${DOCKER_HOST:-}" ] '
+    '|| [ -S /var/run/docker.sock ]; }; then engine=docker; '
+    'elif command -v podman >/dev/null 2>&1; then engine=podman; '
+    'elif command -v docker >/dev/null 2>&1; then engine=docker; fi'
+)
 
 # Reads a length-prefixed Python program from stdin and runs it: the same short command line on
 # every host, nothing secret in `ps`, and stdin stays open afterwards as the control channel.
@@ -35,16 +50,47 @@ def with_setup(setup: Optional[str], body: str) -> str:
     scripts need it). Setup's stdout goes to stderr so the program's stdout stays clean."""
     if not setup:
         return body
+    return join(_setup_argv(setup, body))
+
+
+def _setup_argv(setup: str, body: str) -> list[str]:
     script = (
         f"{{ {setup}\n}} >&2 || {{ echo \"clusterrun: the inventory's setup: failed (exit $?)\" "
         f">&2; exit {SETUP_FAILED}; }}\n{body}"
     )
-    return join(["exec", "bash", "-c", script])
+    return ["exec", "bash", "-c", script]
 
 
-def remote_python(python: str, setup: Optional[str]) -> str:
+def container_exec(spec: HostSpec, argv: Sequence[str]) -> str:
+    """``argv`` inside the host's running container, stdin attached (``docker exec -i`` /
+    ``podman exec -i``), for the host's shell. Neither engine forwards signals or ends what it
+    started when its client dies; the process inside sees EOF on stdin, which is why every
+    clusterrun program there treats stdin as its lifeline."""
+    assert spec.container is not None
+    words = ["exec", "-i", *(["-u", spec.container_user] if spec.container_user else []),
+             spec.container, *argv]
+    if spec.container_engine:
+        return join(["exec", spec.container_engine, *words])
+    script = (
+        f'{PICK_ENGINE}\n[ -n "$engine" ] && exec "$engine" "$@"\n'
+        f'echo "clusterrun: neither docker nor podman is installed" >&2; exit {ENGINE_MISSING}'
+    )
+    return join(["exec", "/bin/sh", "-c", script, "sh", *words])
+
+
+def run_there(spec: HostSpec, argv: Sequence[str]) -> str:
+    """The command line sshd runs for ``argv`` on ``spec``'s host: after its ``setup:``, in its
+    container when it has one."""
+    body = join(["exec", *argv])
+    if not spec.container:
+        return with_setup(spec.setup, body)
+    inner = _setup_argv(spec.setup, body)[1:] if spec.setup else list(argv)
+    return container_exec(spec, inner)
+
+
+def remote_python(spec: HostSpec) -> str:
     """Run a clusterrun helper program with the host's interpreter; see ``program_input``."""
-    return with_setup(setup, join(["exec", python, "-u", "-c", BOOTSTRAP]))
+    return run_there(spec, [spec.python, "-u", "-c", BOOTSTRAP])
 
 
 # A remote program's `from clusterrun.remote import a, b`: modules shipped along with it.

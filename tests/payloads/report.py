@@ -23,6 +23,9 @@ record = {
     "hostname": socket.gethostname(),
     "pid": os.getpid(),
     "cwd": os.getcwd(),
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+    # What podman and docker put in every container they run.
+    "in_container": os.path.exists("/run/.containerenv") or os.path.exists("/.dockerenv"),
 }
 with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as handle:
     json.dump(record, handle)
