@@ -58,6 +58,16 @@ def test_master_addr_is_the_ssh_address_only_when_the_master_holds_it(tmp_path: 
     assert decide.master_addr_from_facts(inv, inv.master, {"interfaces": []}) is None
 
 
+def test_master_addr_without_ssh_is_what_its_own_name_resolves_to(tmp_path: Path) -> None:
+    inv = fake_inventory(tmp_path, host_spec("gpu-a", transport="srun", slurm_job="7"),
+                         host_spec("gpu-b", transport="srun", slurm_job="7"))
+    step = {k: v for k, v in MASTER_FACTS.items() if k != "ssh_server_address"}  # srun: none
+    named = {**step, "dns": {"hostname": "gpu-a", "addresses": ["127.0.1.1", "10.0.0.1"]}}
+    assert decide.master_addr_from_facts(inv, inv.master, named) == "10.0.0.1"
+    elsewhere = {**step, "dns": {"hostname": "gpu-a", "addresses": ["10.9.9.9"]}}
+    assert decide.master_addr_from_facts(inv, inv.master, elsewhere) is None  # not its own
+
+
 # -- pick_interface ------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from clusterrun.cli.common import (
     ssh_options,
 )
 from clusterrun.errors import ExitStatus, UsageError
+from clusterrun.inventory import HostSpec
 from clusterrun.inventory.subset import select
 
 
@@ -99,6 +100,14 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     raise SystemExit(int(status))
 
 
+def _reached(spec: HostSpec) -> str:
+    if spec.transport == "srun":
+        return f"srun (job {spec.slurm_job})"
+    if spec.local:
+        return "local"
+    return f"ssh via {spec.proxy_jump}" if spec.proxy_jump else "ssh"
+
+
 @click.command("hosts", context_settings=CONTEXT)
 @click.argument("inventory_path", metavar="INVENTORY")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of hosts.")
@@ -108,7 +117,8 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     """Show the resolved host table (what a hostfile or a range turned into); no network.
 
     Columns: source (file:line), name, address, user and port (`-`: from ~/.ssh/config, else the
-    local user and 22), how the host is reached (ssh, or local for this machine; `> NAME` when
+    local user and 22), how the host is reached (ssh, `ssh via BASTION` with `proxy_jump:`, or
+    local for this machine; `> NAME` when
     everything there runs in container NAME), nproc per node and the master.
     """
     import json
@@ -119,7 +129,8 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     for text in notes:
         note(text)
     rows = [{"source": f"{h.source or inv.path}:{h.line}", "name": h.name, "address": h.host,
-             "user": h.user, "port": h.port, "reached": "local" if h.local else "ssh",
+             "user": h.user, "port": h.port,
+             "reached": _reached(h),
              "container": h.container, "nproc": h.nproc_per_node, "master": h.master}
             for h in inv.hosts]
     if as_json:

@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "container": None,
     "container_engine": None,  # None: docker if the host has it, else podman
     "container_user": None,  # None: the container's own user
+    "proxy_jump": None,  # [user@]host[:port] of a bastion every connection goes through
 }
 
 
@@ -65,6 +66,24 @@ class HostSpec:
     container: Optional[str] = None  # a running container everything on this host runs in
     container_engine: Optional[str] = None  # docker or podman; None: whichever the host has
     container_user: Optional[str] = None
+    proxy_jump: Optional[str] = None  # [user@]host[:port]; None: direct (or ~/.ssh/config's)
+    transport: str = "ssh"  # or "srun": a node of the Slurm job `slurm_job`, reached by job steps
+    slurm_job: Optional[str] = None
+
+    @property
+    def jump(self) -> Optional[tuple[Optional[str], str, Optional[int]]]:
+        """``proxy_jump`` as (user, host, port); user and port None when not given."""
+        if not self.proxy_jump:
+            return None
+        user, _, rest = self.proxy_jump.rpartition("@")
+        host, port = rest, None
+        if rest.startswith("["):  # [IPv6]:port
+            host, _, tail = rest[1:].partition("]")
+            port = int(tail[1:]) if tail.startswith(":") else None
+        elif rest.count(":") == 1:
+            host, _, digits = rest.partition(":")
+            port = int(digits)
+        return (user or None, host, port)
 
     @property
     def local(self) -> bool:

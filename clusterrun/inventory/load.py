@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, ranges, values, yaml_lines
+from clusterrun.inventory import hostfile, ranges, slurm, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
@@ -39,9 +39,10 @@ _HOST_SETTINGS = (
     "container",
     "container_engine",
     "container_user",
+    "proxy_jump",
 )
 _HOST_ONLY = ("host", "name", "master", "gpus")
-_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile")
+_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile", "transport")
 
 # The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
 # would read as syntax or an option. Host names and aliases are letters, digits, '.', '_', '-'.
@@ -77,11 +78,34 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
         "container": lambda v: values.text(chk, v, "container", values.CONTAINER_RE,
                                            values.CONTAINER_RULE),
         "container_engine": lambda v: values.engine(chk, v),
+        "proxy_jump": lambda v: _jump(chk, v),
         "container_user": lambda v: values.text(chk, v, "container_user",
                                                 values.CONTAINER_USER_RE,
                                                 "give a user name or uid, optionally :group."),
     }
     return {key: parsers[key](loc) for key, loc in found.items() if key in parsers}
+
+
+def _jump(chk: _Checker, loc: Located) -> Optional[str]:
+    """``[user@]host[:port]`` (``[v6addr]:port``), each part held to the rules of its key."""
+    value = values.text(chk, loc, "proxy_jump")
+    if value is None:
+        return None
+    user, _, rest = value.rpartition("@")
+    host, port = rest, ""
+    if rest.startswith("[") and "]" in rest:
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else ("x" if tail else "")
+    elif rest.count(":") == 1:
+        host, _, port = rest.partition(":")
+    good = ((not user or values.USER_RE.fullmatch(user) is not None)
+            and (_HOST_RE.fullmatch(host) is not None or _ip_host(host))
+            and (not port or (port.isdigit() and 1 <= int(port) <= 65535)))
+    if not good:
+        chk.fail(loc.line, f"proxy_jump {value!r} is not allowed: write [user@]host[:port] "
+                 "(e.g. ops@bastion.example.com:2222); " + values.HOST_RULE)
+        return None
+    return value
 
 
 def _ip_host(value: str) -> bool:
@@ -200,6 +224,13 @@ def load(path: Union[str, Path]) -> Inventory:
     """Read and validate an inventory (a YAML file, or a hostfile given directly); raise
     InventoryError listing every problem with its file and line."""
     path = Path(path)
+    if str(path) == slurm.WORD and not path.exists():  # INVENTORY `slurm`: settings as a hostfile
+        chk = _Checker(path)
+        job, items = slurm.allocation(chk, 1, os.environ)
+        chk.raise_if_any()
+        inv = _finish(chk, chk, path, items, defaults=dict(DEFAULTS), master_addr=AUTO,
+                      master_port=None)
+        return _in_job(inv, job, "srun")
     if hostfile.looks_like(path):  # SSH settings: ~/.ssh/config and the command line
         chk = _Checker(path)
         return _finish(chk, chk, path, hostfile.read(chk, path), defaults=dict(DEFAULTS),
@@ -225,18 +256,48 @@ def load(path: Union[str, Path]) -> Inventory:
     master_port = None
     if "master_port" in top and top["master_port"].value != AUTO:
         master_port = values.port(chk, top["master_port"], "master_port")
+    hosts_loc = top.get("hosts")
+    transport = _transport(chk, top, slurm_hosts=hosts_loc is not None
+                           and hosts_loc.value == slurm.WORD)
     if "hostfile" in top:
         return _from_hostfile(chk, top, defaults, nproc_set=nproc_set, master_addr=master_addr,
                               master_port=master_port)
-    hosts_loc = top.get("hosts")
+    if hosts_loc is not None and hosts_loc.value == slurm.WORD:
+        job, items = slurm.allocation(chk, hosts_loc.line, os.environ)
+        chk.raise_if_any()
+        inv = _finish(chk, chk, path, items, defaults=defaults, master_addr=master_addr,
+                      master_port=master_port)
+        return _in_job(inv, job, transport)
     if hosts_loc is None or not isinstance(hosts_loc.value, list) or not hosts_loc.value:
         line = hosts_loc.line if hosts_loc else root.line
         chk.fail(line, "`hosts:` must be a non-empty list, e.g.\n  hosts:\n    - host: 10.0.0.11"
-                 "\nor `hostfile: PATH` (a DeepSpeed/MPI hostfile).")
+                 "\nor `hostfile: PATH` (a DeepSpeed/MPI hostfile), or `hosts: slurm` (the nodes "
+                 "of the Slurm allocation this runs in).")
         chk.raise_if_any()
     assert hosts_loc is not None
     return _finish(chk, chk, path, hosts_loc.value, defaults=defaults, master_addr=master_addr,
                    master_port=master_port)
+
+
+def _transport(chk: _Checker, top: dict[str, Located], *, slurm_hosts: bool) -> str:
+    loc = top.get("transport")
+    if loc is None:
+        return "srun"
+    if not slurm_hosts:
+        chk.fail(loc.line, "`transport:` applies to `hosts: slurm` only; other hosts are "
+                 "reached over SSH.")
+    elif loc.value not in slurm.TRANSPORTS:
+        chk.fail(loc.line, f"transport: {loc.value!r} must be srun (job steps, the default) or "
+                 "ssh.")
+    return str(loc.value)
+
+
+def _in_job(inv: Inventory, job: str, transport: str) -> Inventory:
+    """The allocation's nodes, reached with job steps of ``job`` unless `transport: ssh`."""
+    if transport != "srun":
+        return inv
+    hosts = tuple(_replace(h, transport="srun", slurm_job=job) for h in inv.hosts)
+    return Inventory(inv.path, hosts, inv.master_addr, inv.master_port, inv.master_named)
 
 
 def _from_hostfile(chk: _Checker, top: dict[str, Located], defaults: dict[str, Any], *,

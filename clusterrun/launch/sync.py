@@ -1,8 +1,9 @@
 """Copying the script's directory to every host, and proving each host has the same bytes.
 
 rsync over the same SSH settings moves only changed files and is what users already trust for
-this; where rsync is missing on either side, changed files go over SFTP. Either way every file's
-SHA-256 on the host is compared with this machine's afterwards.
+this; where rsync is missing on either side, changed files go over SFTP; into a container or
+onto a Slurm node, on the stdin of a receiver there. Every file's SHA-256 on the host is
+compared with this machine's afterwards.
 """
 
 from __future__ import annotations
@@ -155,10 +156,11 @@ def _sftp_makedirs(sftp: object, path: str) -> None:
             sftp.mkdir(part, 0o700)  # type: ignore[attr-defined]
 
 
-def _through_engine(transport: Transport, spec: HostSpec, src: Path, dest: str, *,
-                    files: list[str], local: dict[str, tuple[int, str]]) -> None:
-    """Into a container: the files' bytes on the stdin of a small receiver run there with
-    `docker/podman exec -i`, which needs nothing in the container but its Python."""
+def _through_stdin(transport: Transport, spec: HostSpec, src: Path, dest: str, *,
+                   files: list[str], local: dict[str, tuple[int, str]]) -> None:
+    """Where neither rsync nor SFTP reaches (into a container through `docker/podman exec -i`,
+    onto a Slurm node through a job step): the files' bytes on the stdin of a small receiver
+    run there, which needs nothing but the Python the job runs with."""
     entries = [(rel, local[rel][0], os.stat(src / rel).st_mode) for rel in files]
 
     def payload() -> Iterator[bytes]:
@@ -176,8 +178,8 @@ def _through_engine(transport: Transport, spec: HostSpec, src: Path, dest: str, 
         call(transport, spec, "unpack.py", {"root": dest, "files": entries},
              timeout=SYNC_SECONDS, payload=payload())
     except ProgramError as exc:
-        raise SyncError(f"{spec.name}: copying into container {spec.container!r} failed: "
-                        f"{exc.message}") from None
+        into = f" into container {spec.container!r}" if spec.container else ""
+        raise SyncError(f"{spec.name}: copying{into} failed: {exc.message}") from None
 
 
 def require_present(plan: LaunchPlan, transports: dict[str, Transport],
@@ -218,9 +220,9 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         before = _remote(transport, spec, dest, files, mkdir=True)
         changed = [rel for rel in files if before.get(rel) != local[rel]]
         method = "unchanged"
-        if changed and spec.container:
-            method = f"{spec.container_engine or 'engine'} exec"
-            _through_engine(transport, spec, src, dest, files=changed, local=local)
+        if changed and (spec.container or spec.transport == "srun"):
+            method = f"{spec.container_engine or 'engine'} exec" if spec.container else "srun"
+            _through_stdin(transport, spec, src, dest, files=changed, local=local)
         elif changed:
             assert isinstance(transport, SshTransport)
             use_rsync = have_rsync and facts[spec.name].get("rsync") and not force_sftp

@@ -21,7 +21,8 @@ from clusterrun.preflight.report import CheckReport, HostReport
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
 # file has changed since.
 CONNECTION_KEYS = ("host", "name", "user", "port", "identity_file", "known_hosts", "python",
-                   "setup", "workdir", "container", "container_engine", "container_user")
+                   "setup", "workdir", "container", "container_engine", "container_user",
+                   "proxy_jump", "transport", "slurm_job")
 
 
 def new_run_id(name: str) -> str:

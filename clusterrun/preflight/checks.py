@@ -96,6 +96,8 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
             report.add("container", True, f"{spec.container} ({spec.container_engine}, running; "
                        "everything on this host runs inside it)")
         where = ("this machine (local, no SSH)" if spec.local
+                 else f"a step of Slurm job {spec.slurm_job} on {spec.host}"
+                 if spec.transport == "srun"
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
         report.checks.extend(decide.host_checks(spec, report.facts))

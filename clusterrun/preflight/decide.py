@@ -71,8 +71,8 @@ def master_addr_from_facts(inv: Inventory, master: HostSpec,
                            facts: dict[str, Any]) -> Optional[str]:
     """The address workers should reach the master on, when the facts alone say it: the
     inventory's, 127.0.0.1 for an all-local inventory, the master's address on its named
-    interface, or the address the controller reached it on (when the master holds it). None:
-    ask the master which address faces the other hosts."""
+    interface, the address the controller reached it on (when the master holds it), or the
+    one its name resolves to. None: ask the master which address faces the other hosts."""
     if inv.master_addr != AUTO:
         return inv.master_addr
     if all(h.local for h in inv.hosts):
@@ -86,6 +86,11 @@ def master_addr_from_facts(inv: Inventory, master: HostSpec,
     server = facts.get("ssh_server_address")
     if server and owner_of(server, facts):
         return str(server)
+    # Reached without SSH (a Slurm job step): the address its own name resolves to, as the
+    # scheduler's nodes resolve each other's names, when the master holds it.
+    for addr in (facts.get("dns") or {}).get("addresses", []):
+        if not str(addr).startswith("127.") and ":" not in str(addr) and owner_of(addr, facts):
+            return str(addr)
     return None
 
 

@@ -204,8 +204,9 @@ class Supervisor:
     def tick(self):
         for sig in self.loop.take_signals():
             force = sig == procs.FORCE_SIGNAL
-            self.stop(Cause.SIGNAL, "stopped by %s (clusterrun stop%s)" % (
-                signal.Signals(sig).name, " --force" if force else ""), force=force)
+            self.stop(Cause.SIGNAL, "stopped by %s (%s)" % (
+                signal.Signals(sig).name, "clusterrun stop --force" if force
+                else "clusterrun stop, or the scheduler: scancel, a time limit"), force=force)
         if self.lifeline is not None and not self.detached:
             quiet = self.lifeline.quiet()
             if quiet > self.lease:

@@ -17,7 +17,7 @@ import paramiko
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.transport import hostkeys
+from clusterrun.transport import hostkeys, shell
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 
 # paramiko logs every failed handshake with a traceback from its own thread; with no handler
@@ -58,6 +58,7 @@ class SshTransport:
         self.spec = spec
         self.options = options
         self._cxn: Optional[fabric.Connection] = None
+        self._jump: Optional[SshTransport] = None
         self._lock = threading.Lock()
 
     @property
@@ -79,6 +80,8 @@ class SshTransport:
                     f"{spec.name}: identity_file {key} does not exist. "
                                    "Fix the path in the inventory or create the key (ssh-keygen).")
             connect_kwargs["key_filename"] = [str(key)]
+        if spec.jump is not None:
+            connect_kwargs["sock"] = self._through_jump()
         cxn = fabric.Connection(
             spec.host, user=spec.user, port=spec.port, forward_agent=False,
             connect_timeout=self.options.connect_timeout, connect_kwargs=connect_kwargs,
@@ -87,10 +90,21 @@ class SshTransport:
         # `--connect-timeout 0.5` would wait for TCP's own give-up (minutes) on a dead host.
         cxn.connect_timeout = self.options.connect_timeout
         known_hosts = Path(os.path.expanduser(spec.known_hosts))
-        # fabric installs AutoAddPolicy and loads no known_hosts (fabric#2071): replace both.
-        hostkeys.load_into(cxn.client, known_hosts)
-        cxn.client.set_missing_host_key_policy(
-            hostkeys.Policy(known_hosts, self.options.accept_new_host_keys))
+        if spec.jump is not None:
+            cxn.gateway = None  # the inventory's proxy_jump replaces ~/.ssh/config's
+        # fabric installs AutoAddPolicy and loads no known_hosts (fabric#2071): replace both,
+        # on the connection and on every ProxyJump hop fabric made from ~/.ssh/config, and give
+        # the hops the inventory's key and timeouts, as `proxy_jump:` does.
+        hop: object = cxn
+        while isinstance(hop, fabric.Connection):
+            hostkeys.load_into(hop.client, known_hosts)
+            hop.client.set_missing_host_key_policy(
+                hostkeys.Policy(known_hosts, self.options.accept_new_host_keys))
+            hop.connect_timeout = self.options.connect_timeout
+            for option, value in connect_kwargs.items():
+                if option != "sock":
+                    hop.connect_kwargs.setdefault(option, value)
+            hop = hop.gateway
         try:
             cxn.open()
         except BaseException as exc:
@@ -104,6 +118,39 @@ class SshTransport:
             # supervisor's heartbeats, since paramiko's keepalive never notices a dead peer.
             transport.set_keepalive(15)
         self._cxn = cxn
+
+    def _through_jump(self) -> paramiko.Channel:
+        """A TCP stream to the host opened by the bastion (`proxy_jump:`), as OpenSSH's
+        ProxyJump does: the bastion is an SSH host of its own, with the same identity, the same
+        known_hosts and the same strict checking; the host's own key is checked end to end."""
+        spec = self.spec
+        assert spec.jump is not None
+        user, host, port = spec.jump
+        jump = SshTransport(HostSpec(
+            host=host, name=f"{spec.name}'s proxy_jump {host}", master=False, line=spec.line,
+            user=user or spec.user, port=port, identity_file=spec.identity_file,
+            known_hosts=spec.known_hosts), self.options)
+        jump.connect()
+        self._jump = jump
+        assert jump._cxn is not None
+        ssh = jump._cxn.client.get_transport()
+        target = (spec.host, spec.port or 22)
+        try:
+            assert ssh is not None
+            channel: paramiko.Channel = ssh.open_channel(
+                "direct-tcpip", dest_addr=target, src_addr=("", 0),
+                timeout=self.options.connect_timeout)
+            return channel
+        except (paramiko.SSHException, OSError, EOFError, AssertionError) as exc:
+            jump.close()
+            self._jump = None
+            why = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+            timed_out = "timeout" in why.lower()
+            raise ConnectError(
+                Outcome.CONNECT_TIMEOUT if timed_out else Outcome.UNREACHABLE,
+                f"{spec.name}: the proxy_jump host {host} could not open a connection to "
+                f"{target[0]}:{target[1]} ({why}). Check that the host is up and that the "
+                "bastion may reach its SSH port.") from None
 
     def run(self, command: str) -> Process:
         with self._lock:
@@ -134,19 +181,22 @@ class SshTransport:
     def ssh_argv(self) -> list[str]:
         """An OpenSSH client command line with the same settings, for rsync's -e."""
         spec = self.spec
-        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
+        base = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
                 "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
                 "-o", f"ConnectTimeout={max(1, math.ceil(self.options.connect_timeout))}",
                 "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
                 "-o", "StrictHostKeyChecking=" + ("accept-new" if self.options.accept_new_host_keys
                                                   else "yes"),
                 "-o", "UserKnownHostsFile=" + os.path.expanduser(spec.known_hosts)]
-        if spec.user:
-            argv += ["-l", spec.user]
-        if spec.port:
-            argv += ["-p", str(spec.port)]
         if spec.identity_file:
-            argv += ["-i", os.path.expanduser(spec.identity_file)]
+            base += ["-i", os.path.expanduser(spec.identity_file)]
+        argv = [*base, *_login(spec.user, spec.port)]
+        if spec.jump is not None:
+            # Not -J: the jump's own ssh would not get these options (strict host keys,
+            # known_hosts, timeouts, identity); a ProxyCommand of the same ssh gets them all.
+            user, host, port = spec.jump
+            jump = [*base, *_login(user or spec.user, port), "-W", "[%h]:%p", host]
+            argv += ["-o", "ProxyCommand=" + shell.join(jump)]
         return argv
 
     def close(self) -> None:
@@ -154,6 +204,13 @@ class SshTransport:
             if self._cxn is not None:
                 self._cxn.close()
                 self._cxn = None
+            if self._jump is not None:
+                self._jump.close()
+                self._jump = None
+
+
+def _login(user: Optional[str], port: Optional[int]) -> list[str]:
+    return [*(["-l", user] if user else []), *(["-p", str(port)] if port else [])]
 
 
 # What paramiko says when its handshake wait (bounded by the connect timeout) ends before the
