@@ -30,6 +30,7 @@ from clusterrun import sandbox
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.logs import wire
 from clusterrun.sandbox import containers as sandbox_containers
+from clusterrun.sandbox import slurm as sandbox_slurm
 from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
 from clusterrun.transport.local import LocalTransport
@@ -214,6 +215,40 @@ def podman_hosts(containers: Containers) -> Iterator[Containers]:
     """`containers`, with every container the test starts through it removed afterwards."""
     yield containers
     containers.remove_started()
+
+
+# The hosts that are Slurm's nodes, used by no other test: once `slurm` has run, each runs a
+# slurmd besides its sshd (so wait for a job's processes to end with wait_no_job_processes).
+SLURM_HOSTS = [f"node{k}" for k in range(23, 27)]
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster: Cluster) -> sandbox_slurm.SlurmCluster:
+    """A real Slurm whose nodes are SLURM_HOSTS (clusterrun.sandbox.slurm): run its clients
+    (salloc, srun, scancel...) with env=slurm.env(). sandbox.down ends it with the cluster."""
+    return sandbox_slurm.enable(cluster.sb, SLURM_HOSTS)
+
+
+@pytest.fixture
+def slurm_nodes(slurm: sandbox_slurm.SlurmCluster) -> Iterator[sandbox_slurm.SlurmCluster]:
+    """`slurm`, with every job the test leaves cancelled and its nodes idle again afterwards,
+    so that the next test's allocation never waits for them."""
+    yield slurm
+    sandbox_slurm.scancel(slurm)
+    sandbox_slurm.wait_idle(slurm)
+
+
+def wait_no_job_processes(cluster: Cluster, names: Sequence[str],
+                          timeout: float) -> dict[str, list[str]]:
+    """Cluster.wait_no_processes for Slurm nodes, whose slurmd stays: wait until nothing of a
+    job lives in these hosts; return what is left after ``timeout`` (empty when clean)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {n: sandbox_slurm.pids(cluster.sb, n) for n in names}
+        left = {n: p for n, p in left.items() if p}
+        if not left or time.monotonic() > deadline:
+            return {n: [_cmdline(pid) for pid in p] for n, p in left.items()}
+        time.sleep(0.05)
 
 
 @pytest.fixture

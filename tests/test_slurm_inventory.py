@@ -70,6 +70,16 @@ def test_each_command_is_one_step_on_one_node(tmp_path: Path, allocation: None,
     assert argv[argv.index("--nodelist") + 1] == "gpu08"
     assert "--overlap" in argv and "--nodes=1" in argv and "--ntasks=1" in argv
     assert argv[-3:] == ["/bin/sh", "-c", "exec python3 -u -c 'x'"]
+    assert "--cpus-per-task=72" in step_argv(spec, "true", 72)
     # The controller's secrets stay here, as over SSH.
     export = next(a for a in argv if a.startswith("--export="))
     assert "ALL" not in export and "PATH" in export
+
+
+def test_a_step_asks_for_the_jobs_cpus_on_its_node() -> None:
+    from clusterrun.transport.srun import job_cpus
+
+    env = {"SLURM_JOB_NODELIST": "gpu[07-08],login3", "SLURM_JOB_CPUS_PER_NODE": "72(x2),36"}
+    assert job_cpus(env) == {"gpu07": 72, "gpu08": 72, "login3": 36}
+    assert job_cpus({"SLURM_JOB_NODELIST": "a[1-2]", "SLURM_JOB_CPUS_PER_NODE": "8"}) == {}
+    assert job_cpus({}) == {}

@@ -63,7 +63,9 @@ def request(plan: LaunchPlan, node: NodePlan,
     req = {"node": node.name, "rundir": node.rundir, "cwd": node.cwd,
            "argv": list(node.argv), "env": dict(node.env), "public": public,
            "detach": plan.detach, "grace": plan.grace, "lease": plan.lease,
-           "heartbeat": HEARTBEAT}
+           "heartbeat": HEARTBEAT,
+           # A Slurm step ends, with every process in it, when its first process exits.
+           "hold_step": dict(node.connection).get("transport") == "srun"}
     if node.processes:  # --no-torchrun: the supervisor starts each process itself
         req["ranks"] = [{"argv": list(p.argv), "env": dict(p.env)} for p in node.processes]
         req["python"] = node.python

@@ -274,17 +274,23 @@ def prepare(req):
     common.write_json(os.path.join(req["rundir"], "spec.json"), req.get("public", {}))
 
 
-def daemonize():
+def daemonize(hold=False):
     """Detach from the SSH session: the run must outlive it. Returns in the daemon a pipe for
-    its first event; the original process relays that event and exits."""
+    its first event; the original process relays that event and exits. With ``hold`` (a Slurm
+    job step, which Slurm ends with all its processes once its first one exits) it relays the
+    event and then stays until the daemon ends, holding the step open; the daemon keeps the
+    pipe until then."""
     read_end, write_end = os.pipe()
     if os.fork() > 0:
         os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
-            data = pipe.read()
-        out = os.fdopen(1, "wb")
-        out.write(data)
-        out.flush()
+            data = pipe.readline() if hold else pipe.read()
+            out = os.fdopen(1, "wb")
+            out.write(data)
+            out.flush()
+            if hold and data:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                pipe.read()  # until the daemon exits
         os._exit(0 if data else 1)
     os.close(read_end)
     os.setsid()
@@ -317,7 +323,8 @@ def main(req):
     umask = os.umask(0o077)
     prepare(req)
     detached = bool(req.get("detach"))
-    pipe = daemonize() if detached else None
+    hold = bool(req.get("hold_step"))
+    pipe = daemonize(hold) if detached else None
     writer = common.Writer(clock, req["rundir"], heartbeat=float(req.get("heartbeat", 2)))
     loop = mainloop.Loop()
     loop.catch((*procs.STOP_SIGNALS, procs.FORCE_SIGNAL))
@@ -332,7 +339,8 @@ def main(req):
     first = sup.start()
     if pipe is not None:
         os.write(pipe, b"J " + json.dumps(first).encode() + b"\n")
-        os.close(pipe)
+        if not hold:
+            os.close(pipe)
         writer.broken = True  # nobody is listening; `clusterrun logs -f` reads the files
     else:
         writer.events.put(first)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import net, sshd
+from clusterrun.sandbox import daemons, net, sshd
 
 STATE_FILE = "sandbox.json"
 PARTITION_TABLE = "clusterrun_partition"
@@ -137,7 +137,8 @@ def down(root: Path) -> None:
     spaces = {h["netns"] for h in state["hosts"]}
     enabled = set(state.get("containers", {}).get("hosts", []))  # see sandbox.containers
     sshd.remove_containers(root, [h for h in state["hosts"] if h["name"] in enabled])
-    errors = net.remove_kernel_objects(prefix, sorted(spaces), links)
+    errors = daemons.stop(state.get("slurm", {}).get("daemons", []))  # see sandbox.slurm
+    errors += net.remove_kernel_objects(prefix, sorted(spaces), links)
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):
         (net.RUN_DIR / prefix).rmdir()

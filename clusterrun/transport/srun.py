@@ -2,14 +2,22 @@
 
 Each command is one step, ``srun --jobid JOB -N1 -n1 -w NODE --overlap``: Slurm starts it on the
 node, tracks every process it forks, and ends them all with the job (`scancel`, the end of the
-allocation). Its stdin is this process's pipe, forwarded by srun: when this process dies or
-closes it, the program on the node sees EOF, the same lifeline an SSH channel gives.
+allocation). Its stdin is this process's pipe, forwarded by srun, which runs in a session of
+its own: when this process dies or closes the pipe, srun lives on and the program on the node
+sees EOF (within milliseconds), the same lifeline an SSH channel gives. Should srun itself be
+killed with its helper, the step gets neither EOF nor a signal; the supervisor's lease (no
+heartbeat from here) ends it then. `--unbuffered` gives the step a pseudo-terminal as stdout,
+in raw mode: the supervisor's frames pass byte for byte, and the ranks write to files anyway.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
+from typing import Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
@@ -22,11 +30,33 @@ from clusterrun.transport.local import LocalProcess
 EXPORTED = "PATH,LD_LIBRARY_PATH,HOME,USER,LOGNAME,LANG"
 
 
-def step_argv(spec: HostSpec, command: str) -> list[str]:
+def job_cpus(environ: Mapping[str, str]) -> dict[str, int]:
+    """The job's CPUs on each of its nodes: SLURM_JOB_CPUS_PER_NODE (``72(x2),36``) follows
+    SLURM_JOB_NODELIST's order. Empty outside the job's own environment."""
+    from ClusterShell.NodeSet import NodeSet, NodeSetException
+
+    counts: list[int] = []
+    for part in environ.get("SLURM_JOB_CPUS_PER_NODE", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return {}
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    try:
+        nodes = list(NodeSet(environ.get("SLURM_JOB_NODELIST", "")))
+    except NodeSetException:
+        return {}
+    return dict(zip(nodes, counts)) if len(nodes) == len(counts) else {}
+
+
+def step_argv(spec: HostSpec, command: str, cpus: Optional[int] = None) -> list[str]:
+    """One task on one node. A step gets one CPU unless told otherwise, and where Slurm binds
+    tasks to their CPUs (task/affinity, task/cgroup) torchrun and every rank would share it:
+    the step asks for all the job's CPUs on the node (``--overlap`` lets steps share them)."""
     assert spec.slurm_job is not None
     return ["srun", "--jobid", spec.slurm_job, "--nodes=1", "--ntasks=1", "--nodelist",
-            spec.host, "--overlap", "--unbuffered", "--quiet", "--kill-on-bad-exit=0",
-            f"--export={EXPORTED}", "--job-name=clusterrun", "/bin/sh", "-c", command]
+            spec.host, "--overlap", *([f"--cpus-per-task={cpus}"] if cpus else []),
+            "--unbuffered", "--quiet", "--kill-on-bad-exit=0", f"--export={EXPORTED}",
+            "--job-name=clusterrun", "/bin/sh", "-c", command]
 
 
 class SrunTransport:
@@ -46,8 +76,9 @@ class SrunTransport:
 
     def run(self, command: str) -> Process:
         try:
+            cpus = job_cpus(os.environ).get(self.spec.host)
             proc = subprocess.Popen(
-                step_argv(self.spec, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                step_argv(self.spec, command, cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise ConnectError(Outcome.UNREACHABLE,

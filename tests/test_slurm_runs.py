@@ -1,0 +1,115 @@
+"""`hosts: slurm` against a real Slurm: slurmctld and one slurmd per namespace host, real
+`salloc` and `srun` job steps, real torchrun; assertions on what ran on the nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from clusterrun.sandbox.slurm import SlurmCluster
+from tests.conftest import Cluster, Reader, clusterrun_argv
+
+pytestmark = pytest.mark.cluster
+
+NODES = ["node23", "node24", "node25"]
+
+
+def slurm_inventory(cluster: Cluster, path: Path) -> Path:
+    base = yaml.safe_load(cluster.sb.inventory.read_text())
+    doc = {"defaults": {"python": base["defaults"]["python"], "workdir": "/tmp/clusterrun"},
+           "hosts": "slurm"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def in_allocation(slurm: SlurmCluster, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """`salloc -N3 -w NODES clusterrun ARGS...`, as a user types it."""
+    return subprocess.Popen(slurm.salloc_argv(3, NODES, clusterrun_argv(*args)),
+                            env=slurm.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
+
+
+def run_leftovers(cluster: Cluster, run_id: str, timeout: float) -> dict[str, list[str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {n: cluster.run_processes(n, run_id, supervisors=True) for n in NODES}
+        left = {n: p for n, p in left.items() if p}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+def test_a_launch_inside_an_allocation_runs_as_job_steps(
+        cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path,
+        payload: Path) -> None:
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc = in_allocation(slurm_nodes, "launch", "--nproc-per-node", "2", "--env",
+                         f"TEST_DIR={test_dir}", str(inv), str(payload), "--lr", "0.1")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert err.count("job/ srun: 1 of 1 files copied, all 1 verified") == 3, err
+    jobs = set()
+    for node_rank, node in enumerate(NODES):
+        for rank in (2 * node_rank, 2 * node_rank + 1):
+            rec = json.loads(cluster.read(node, f"{test_dir}/rank-{rank}.json"))
+            assert rec["hostname"] == node  # three different nodes, in Slurm's order
+            assert rec["env"]["GLOO_SOCKET_IFNAME"] == cluster.host(node).ifname
+            assert rec["env"]["MASTER_ADDR"] == cluster.host(NODES[0]).address
+            jobs.add(rec["env"]["SLURM_JOB_ID"])  # a process of one of the job's steps
+            assert f"[{node} r{rank}] report rank {rank} on {node}" in out
+    assert len(jobs) == 1
+    run_id = next((home / "runs").iterdir()).name
+    assert run_leftovers(cluster, run_id, 10) == {}
+
+
+def test_scancel_ends_the_run_on_every_node(cluster: Cluster, slurm_nodes: SlurmCluster,
+                                            home: Path, tmp_path: Path, payload: Path) -> None:
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc = in_allocation(slurm_nodes, "launch", "--env", f"TEST_DIR={test_dir}", "--env",
+                         "SLEEP=600", str(inv), str(payload))
+    out, err = Reader(proc.stdout), Reader(proc.stderr)
+    out.wait_for(r"report rank \d on", count=3)
+    run_id = next((home / "runs").iterdir()).name
+    job = json.loads(cluster.read(NODES[1], f"{test_dir}/rank-1.json"))["env"]["SLURM_JOB_ID"]
+    subprocess.run(["scancel", job], env=slurm_nodes.env(), check=True, timeout=30)
+    proc.wait(60)
+    out.join()
+    err.join()
+    assert run_leftovers(cluster, run_id, 20) == {}
+    assert proc.returncode != 0
+    assert "Traceback" not in err.text
+
+
+def test_a_detached_run_is_listed_and_stopped_through_job_steps(
+        cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path,
+        payload: Path) -> None:
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    me = " ".join(clusterrun_argv())
+    # One allocation, as an interactive salloc shell would hold it: launch detached, look at
+    # it from `ps`, end it with `stop`, all while the job exists.
+    script = (f"set -e; {me} launch --detach --env SLEEP=600 {inv} {payload}; sleep 8; "
+              f"squeue -h -s -j $SLURM_JOB_ID -o '%i %j %N' > {tmp_path}/steps.txt; "
+              f"{me} ps --json > {tmp_path}/ps.json; "
+              f"{me} stop $({me} ps --json | python3 -c "
+              "'import json,sys; print(json.load(sys.stdin)[0][\"id\"])')")
+    cp = subprocess.run(slurm_nodes.salloc_argv(3, NODES, ["/bin/sh", "-c", script]),
+                        env=slurm_nodes.env(), capture_output=True, text=True, timeout=180,
+                        check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    listed = json.loads((tmp_path / "ps.json").read_text())[0]
+    assert listed["state"] == "running" and listed["hosts"] == NODES
+    assert "stopped" in cp.stdout + cp.stderr
+    # The supervisors' steps stayed open after `launch --detach` returned: where Slurm tracks
+    # a step's processes by cgroup, the run would otherwise end with them.
+    steps = (tmp_path / "steps.txt").read_text().split("\n")
+    assert sorted(line.split()[2] for line in steps if " clusterrun " in line) == NODES
+    assert run_leftovers(cluster, listed["id"], 20) == {}
