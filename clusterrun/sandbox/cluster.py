@@ -129,7 +129,7 @@ def down(root: Path) -> None:
     root = Path(root).resolve()
     if not (root / STATE_FILE).exists():
         return  # never built, or already removed; a directory without state is not ours to wipe
-    state = _read_state(root)
+    state = read_state(root)
     prefix = state["prefix"]
     links = [state["bridge"]] + [h["veth"] for h in state["hosts"]]
     for network in state["networks"]:
@@ -159,7 +159,7 @@ def down(root: Path) -> None:
 
 def load(root: Path) -> Sandbox:
     root = Path(root).resolve()
-    state = _read_state(root)
+    state = read_state(root)
     if state["status"] != "up":
         raise SandboxError(f"the sandbox at {root} was never completely built; run down on it")
     return _from_state(root, state)
@@ -167,7 +167,7 @@ def load(root: Path) -> Sandbox:
 
 def add_network(sb: Sandbox, *, ifnames: Sequence[str] | None = None) -> dict[str, str]:
     """Give every host one more NIC on a new bridge and /24; return {host name: new address}."""
-    state = _read_state(sb.root)
+    state = read_state(sb.root)
     index = len(state["networks"]) + 1
     if index > net.MAX_NETWORKS:
         raise SandboxError(f"a sandbox has at most {net.MAX_NETWORKS} added networks")
@@ -186,7 +186,7 @@ def add_network(sb: Sandbox, *, ifnames: Sequence[str] | None = None) -> dict[st
                      for k, (h, name) in enumerate(zip(hosts, names), 1)],
         }
         state["networks"].append(entry)
-        _write_state(sb.root, state)  # first, so that down() removes whatever gets built
+        write_state(sb.root, state)  # first, so that down() removes whatever gets built
         try:
             _wire_network(hosts, entry)
         except SandboxError:
@@ -196,7 +196,7 @@ def add_network(sb: Sandbox, *, ifnames: Sequence[str] | None = None) -> dict[st
                 if link in present:
                     net.delete_quietly(["ip", "link", "delete", link], errors)
             state["networks"].pop()
-            _write_state(sb.root, state)
+            write_state(sb.root, state)
             raise
     return {nic["host"]: nic["address"] for nic in entry["nics"]}
 
@@ -299,7 +299,7 @@ def _build(root: Path, state: dict[str, Any], n: int) -> None:
                     "ifname": net.nic_name(k, n), "address": net.host_address(subnet, k),
                     "veth": net.veth_name(prefix, k), "sshd_pid": 0} for k in range(1, n + 1)],
         )
-        _write_state(root, state)  # before any kernel object exists, so down() finds them all
+        write_state(root, state)  # before any kernel object exists, so down() finds them all
         with net.step("create the mount point directory"):
             (net.RUN_DIR / prefix).mkdir(mode=0o700)
         # The bridge's address claims the subnet for sandboxes started after the lock is released.
@@ -327,7 +327,7 @@ def _build(root: Path, state: dict[str, Any], n: int) -> None:
         sshd.write_private(root / "known_hosts", known)
         _write_inventory(root, state)
         state["status"] = "up"
-        _write_state(root, state)
+        write_state(root, state)
 
 
 def _wire_network(hosts: list[dict[str, Any]], entry: dict[str, Any]) -> None:
@@ -362,11 +362,11 @@ def _cleanup_after_failure(root: Path, *, created: bool) -> str:
 # ---------------------------------------------------------------- files and state
 
 
-def _write_state(root: Path, state: dict[str, Any]) -> None:
+def write_state(root: Path, state: dict[str, Any]) -> None:
     sshd.write_private(root / STATE_FILE, json.dumps(state, indent=2) + "\n")
 
 
-def _read_state(root: Path) -> dict[str, Any]:
+def read_state(root: Path) -> dict[str, Any]:
     try:
         state: dict[str, Any] = json.loads((root / STATE_FILE).read_text())
     except FileNotFoundError:

@@ -51,7 +51,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
     require_podman()
     names = [sb.host(name).name for name in hosts] if hosts is not None else [
         h.name for h in sb.hosts]
-    state = _read_state(sb.root)
+    state = cluster.read_state(sb.root)
     entry = state.setdefault("containers", {"hosts": [], "mounts": None, "path": CONTAINER_PATH,
                                             "image": False})
     new = [name for name in dict.fromkeys(names) if name not in entry["hosts"]]
@@ -73,7 +73,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
         _import_image(sb, new[0], view)
         entry["image"] = True
     entry["hosts"] += new
-    _write_state(sb.root, state)
+    cluster.write_state(sb.root, state)
 
 
 def run(sb: cluster.Sandbox, host: str, name: str, *, python: bool = True,
@@ -116,7 +116,7 @@ def remove(sb: cluster.Sandbox, host: str, name: str) -> None:
 
 
 def enabled_hosts(sb: cluster.Sandbox) -> list[str]:
-    hosts: list[str] = _read_state(sb.root).get("containers", {}).get("hosts", [])
+    hosts: list[str] = cluster.read_state(sb.root).get("containers", {}).get("hosts", [])
     return list(hosts)
 
 
@@ -125,7 +125,7 @@ def enabled_hosts(sb: cluster.Sandbox) -> list[str]:
 
 def _enabled(sb: cluster.Sandbox, host: str) -> dict[str, Any]:
     sb.host(host)
-    entry: dict[str, Any] = _read_state(sb.root).get("containers", {})
+    entry: dict[str, Any] = cluster.read_state(sb.root).get("containers", {})
     if host not in entry.get("hosts", []):
         raise SandboxError(f"containers are not enabled on {host}: call containers.enable first")
     return entry
@@ -283,15 +283,3 @@ def _rootfs() -> bytes:
         add("etc/nsswitch.conf", mode=0o644, text="passwd: files\ngroup: files\n"
             "hosts: files dns\n")
     return buf.getvalue()
-
-
-def _read_state(root: Path) -> dict[str, Any]:
-    try:
-        state: dict[str, Any] = json.loads((root / cluster.STATE_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise SandboxError(f"cannot read the sandbox state in {root}: {exc}") from None
-    return state
-
-
-def _write_state(root: Path, state: dict[str, Any]) -> None:
-    sshd.write_private(root / cluster.STATE_FILE, json.dumps(state, indent=2) + "\n")

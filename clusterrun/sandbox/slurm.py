@@ -12,7 +12,6 @@ daemons the state records (slurmd, slurmctld, munged), then removes the namespac
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -108,7 +107,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> SlurmCluster:
     if not PLAIN_PATH.match(str(home)):
         raise SandboxError(f"Slurm cannot run in a sandbox at {sb.root}: its configuration "
                            "cannot hold a path with spaces or such characters")
-    state = _read_state(sb.root)
+    state = cluster.read_state(sb.root)
     if "slurm" in state:
         entry = state["slurm"]
         if entry["nodes"] != names:
@@ -124,7 +123,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> SlurmCluster:
         "veth": net.veth_name(sb.prefix, 0), "address": net.host_address(sb.subnet, 0),
         "daemons": [[] for _ in DAEMONS],
     }
-    _write_state(sb.root, state)  # first, so that down() finds whatever gets started
+    cluster.write_state(sb.root, state)  # first, so that down() finds whatever gets started
     try:
         _start(sb, state)
     except BaseException as exc:
@@ -137,7 +136,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> SlurmCluster:
 
 def load(sb: cluster.Sandbox) -> SlurmCluster:
     """The Slurm that enable() started in this sandbox (in this process or another)."""
-    entry = _read_state(sb.root).get("slurm")
+    entry = cluster.read_state(sb.root).get("slurm")
     if entry is None:
         raise SandboxError(f"Slurm is not enabled in the sandbox at {sb.root}")
     return _cluster(sb.root, entry)
@@ -173,7 +172,7 @@ def wait_idle(slurm: SlurmCluster, timeout: float = READY_TIMEOUT) -> None:
 
 def pids(sb: cluster.Sandbox, host: str) -> list[int]:
     """Every process living in the host, except its sshd listener and slurmd: what jobs left."""
-    entry = _read_state(sb.root).get("slurm", {})
+    entry = cluster.read_state(sb.root).get("slurm", {})
     own = {r["pid"] for group in entry.get("daemons", []) for r in group
            if r["name"] == f"slurmd {host}"}
     return [pid for pid in cluster.pids(sb, host) if pid not in own]
@@ -286,7 +285,7 @@ def _launch(root: Path, state: dict[str, Any], name: str, argv: list[str],
             log: Path) -> dict[str, Any]:
     record = daemons.start(name, argv, log)
     state["slurm"]["daemons"][DAEMONS.index(name.split(maxsplit=1)[0])].append(record)
-    _write_state(root, state)
+    cluster.write_state(root, state)
     return record
 
 
@@ -303,7 +302,7 @@ def _undo(root: Path, state: dict[str, Any]) -> str:
         return f" (cleanup also failed: {'; '.join(errors)}; run sandbox down on {root})"
     shutil.rmtree(root / DIR, ignore_errors=True)
     del state["slurm"]
-    _write_state(root, state)
+    cluster.write_state(root, state)
     return " (everything it had started was removed)"
 
 
@@ -385,15 +384,3 @@ def _path(name: str) -> str:
 def _cluster(root: Path, entry: dict[str, Any]) -> SlurmCluster:
     return SlurmCluster(conf=root / DIR / "slurm.conf", nodes=tuple(entry["nodes"]),
                         controller_address=entry["address"])
-
-
-def _read_state(root: Path) -> dict[str, Any]:
-    try:
-        state: dict[str, Any] = json.loads((root / cluster.STATE_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise SandboxError(f"cannot read the sandbox state in {root}: {exc}") from None
-    return state
-
-
-def _write_state(root: Path, state: dict[str, Any]) -> None:
-    sshd.write_private(root / cluster.STATE_FILE, json.dumps(state, indent=2) + "\n")
