@@ -198,3 +198,22 @@ def containers_write(cluster: Cluster, host: str, path: Path) -> None:
     write = ("import os, sys; os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True); "
              "open(sys.argv[1], 'w').write(sys.argv[2])")
     in_container(cluster, host, "python3", "-c", write, str(path), path.read_text())
+
+
+def test_exec_runs_in_the_container_unless_told_otherwise(cluster: Cluster,
+                                                          trainers: list[str], home: Path,
+                                                          tmp_path: Path) -> None:
+    inv = inventory(cluster, tmp_path)
+    probe = "test -e /run/.containerenv && echo inside || echo outside"
+    inside = run_cli("exec", str(inv), "--", probe)
+    assert inside.returncode == 0, inside.stderr
+    assert sorted(inside.stdout.splitlines()) == [f"{h}: inside" for h in HOSTS]
+    outside = run_cli("exec", str(inv), "--on-host", "--", probe)
+    assert sorted(outside.stdout.splitlines()) == [f"{h}: outside" for h in HOSTS]
+    # --on-host is where the engine is: the containers clusterrun runs in are there.
+    listed = run_cli("exec", str(inv), "-w", HOSTS[0], "--on-host", "--", "podman", "ps",
+                     "--format", "{{.Names}}")
+    assert f"{HOSTS[0]}: {NAME}" in listed.stdout.splitlines()
+    missing = run_cli("exec", str(inv), "--container", "nosuch", "--", "true")
+    assert missing.returncode != 0 and "nosuch" in missing.stderr
+    assert "Traceback" not in missing.stderr

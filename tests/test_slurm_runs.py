@@ -61,6 +61,7 @@ def test_a_launch_inside_an_allocation_runs_as_job_steps(
         for rank in (2 * node_rank, 2 * node_rank + 1):
             rec = json.loads(cluster.read(node, f"{test_dir}/rank-{rank}.json"))
             assert rec["hostname"] == node  # three different nodes, in Slurm's order
+            assert rec["env"]["GROUP_RANK"] == str(node_rank)
             assert rec["env"]["GLOO_SOCKET_IFNAME"] == cluster.host(node).ifname
             assert rec["env"]["MASTER_ADDR"] == cluster.host(NODES[0]).address
             jobs.add(rec["env"]["SLURM_JOB_ID"])  # a process of one of the job's steps
@@ -68,6 +69,24 @@ def test_a_launch_inside_an_allocation_runs_as_job_steps(
     assert len(jobs) == 1
     run_id = next((home / "runs").iterdir()).name
     assert run_leftovers(cluster, run_id, 10) == {}
+
+
+def test_a_failing_rank_ends_the_other_steps_and_is_named_first(
+        cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path,
+        payload: Path) -> None:
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    proc = in_allocation(slurm_nodes, "launch", "--nproc-per-node", "2", "--env",
+                         f"TEST_DIR={test_dir}", "--env", "FAIL_RANK=3", "--env", "FAIL_CODE=3",
+                         "--env", "FAIL_AFTER=2", "--env", "SLEEP=600", str(inv), str(payload))
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    causes = [line for line in err.splitlines() if "root cause" in line]
+    assert causes[0] == "clusterrun: root cause: node24 rank 3 exited with code 3", err
+    run_id = next((home / "runs").iterdir()).name
+    assert run_leftovers(cluster, run_id, 15) == {}
+    for node in ("node23", "node25"):  # stopped by clusterrun, not by a collective's timeout
+        assert ".term" in cluster.run_on(node, "sh", "-c", f"ls {test_dir}")
 
 
 def test_scancel_ends_the_run_on_every_node(cluster: Cluster, slurm_nodes: SlurmCluster,
