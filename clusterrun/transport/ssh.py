@@ -111,6 +111,9 @@ class SshTransport:
             ssh = cxn.client.get_transport()
             stalled = ssh is not None and not getattr(ssh, "initial_kex_done", True)
             cxn.close()
+            if self._jump is not None:  # the tunnel was for this connection only
+                self._jump.close()
+                self._jump = None
             raise _classify(spec, cxn, known_hosts, self.options, exc, stalled=stalled) from None
         transport = cxn.client.get_transport()
         if transport is not None:
