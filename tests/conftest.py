@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -74,16 +74,31 @@ class Cluster:
     def read(self, name: str, path: str) -> str:
         return self.run_on(name, "cat", path)
 
+    def wait_gone(self, names: Sequence[str], found: Callable[[str], list[str]],
+                  timeout: float, interval: float = 0.25) -> dict[str, list[str]]:
+        """Poll ``found(host)`` on these hosts until it is empty on all of them; return what
+        is left after ``timeout`` (empty when clean)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {n: found(n) for n in names}
+            left = {n: p for n, p in left.items() if p}
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(interval)
+
     def wait_no_processes(self, names: Sequence[str], timeout: float) -> dict[str, list[str]]:
         """Wait until nothing but sshd lives in these hosts; return what is left after
         ``timeout`` (empty when clean), with each process's command line."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = {n: self.pids(n) for n in names}
-            left = {n: p for n, p in left.items() if p}
-            if not left or time.monotonic() > deadline:
-                return {n: [_cmdline(pid) for pid in p] for n, p in left.items()}
-            time.sleep(0.25)
+        return self.wait_gone(names, lambda n: [_cmdline(pid) for pid in self.pids(n)],
+                              timeout)
+
+    def wait_run_gone(self, names: Sequence[str], run_id: str,
+                      timeout: float) -> dict[str, list[str]]:
+        """Wait until no process of the run (ranks, torchrun, supervisors, the engine or srun
+        clients that started them) is left on these hosts, for hosts where other processes
+        stay (containers, slurmd); return what is left after ``timeout``."""
+        return self.wait_gone(
+            names, lambda n: self.run_processes(n, run_id, supervisors=True), timeout)
 
     def run_processes(self, name: str, run_id: str, *, supervisors: bool = False) -> list[str]:
         """Command lines of a run's processes on a host: its torchrun and ranks (by the run id in
@@ -242,13 +257,9 @@ def wait_no_job_processes(cluster: Cluster, names: Sequence[str],
                           timeout: float) -> dict[str, list[str]]:
     """Cluster.wait_no_processes for Slurm nodes, whose slurmd stays: wait until nothing of a
     job lives in these hosts; return what is left after ``timeout`` (empty when clean)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = {n: sandbox_slurm.pids(cluster.sb, n) for n in names}
-        left = {n: p for n, p in left.items() if p}
-        if not left or time.monotonic() > deadline:
-            return {n: [_cmdline(pid) for pid in p] for n, p in left.items()}
-        time.sleep(0.05)
+    return cluster.wait_gone(
+        names, lambda n: [_cmdline(pid) for pid in sandbox_slurm.pids(cluster.sb, n)], timeout,
+        interval=0.05)
 
 
 @pytest.fixture

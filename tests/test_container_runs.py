@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,19 +34,6 @@ def trainers(cluster: Cluster, containers: Containers) -> Iterator[list[str]]:
 def in_container(cluster: Cluster, host: str, *argv: str, check: bool = True) -> str:
     cp = engine.podman(cluster.sb, host, "exec", NAME, *argv, check=check)
     return str(cp.stdout)
-
-
-def run_leftovers(cluster: Cluster, run_id: str, timeout: float) -> dict[str, list[str]]:
-    """Wait until no process of the run (ranks, torchrun, supervisors, `podman exec` clients)
-    is left on HOSTS, containers included (they share the host's network namespace); return
-    what is left after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = {h: cluster.run_processes(h, run_id, supervisors=True) for h in HOSTS}
-        left = {h: p for h, p in left.items() if p}
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.25)
 
 
 def inventory(cluster: Cluster, tmp_path: Path, **hosts: dict[str, str]) -> Path:
@@ -83,7 +69,7 @@ def test_ranks_run_inside_each_hosts_container(cluster: Cluster, trainers: list[
                               "2>/dev/null || true") == ""
         assert "state.json" in in_container(cluster, host, "ls",
                                             f"/tmp/clusterrun/runs/{run_id}/{host}")
-    assert run_leftovers(cluster, run_id, 10) == {}
+    assert cluster.wait_run_gone(HOSTS, run_id, 10) == {}
     # The plan remembers the container: `logs` replays, `ps` asks inside it.
     logs = run_cli("logs", run_id)
     assert logs.returncode == 0 and "report rank 5" in logs.stdout
@@ -109,7 +95,7 @@ def test_a_failing_rank_in_one_container_ends_the_others(cluster: Cluster, train
     causes = [line for _, line in err.lines if "root cause" in line]
     assert causes and causes[0] == "clusterrun: root cause: node28 rank 3 exited with code 3"
     run_id = next((home / "runs").iterdir()).name
-    assert run_leftovers(cluster, run_id, 15) == {}
+    assert cluster.wait_run_gone(HOSTS, run_id, 15) == {}
     # The others were ended by clusterrun (SIGTERM), inside their containers.
     for host in ("node27", "node29"):
         assert ".term" in in_container(cluster, host, "ls", test_dir)
@@ -125,12 +111,12 @@ def test_a_killed_controller_leaves_nothing_in_any_container(cluster: Cluster,
     out = Reader(proc.stdout)
     out.wait_for(r"report rank \d on", count=6)
     run_id = next((home / "runs").iterdir()).name
-    assert run_leftovers(cluster, run_id, 0) != {}  # the run is there ...
+    assert cluster.wait_run_gone(HOSTS, run_id, 0) != {}  # the run is there ...
     proc.kill()
     proc.wait(10)
     # ... and within the lease (30 s) nothing of it is: no signal reaches a process that
     # `podman exec` started, so this is the supervisor's own lifeline at work.
-    assert run_leftovers(cluster, run_id, 30) == {}
+    assert cluster.wait_run_gone(HOSTS, run_id, 30) == {}
     state = json.loads(in_container(cluster, "node28", "cat",
                                     f"/tmp/clusterrun/runs/{run_id}/node28/state.json"))
     assert state["state"] == "lost" and "lifeline lost" in state["reason"]
@@ -171,7 +157,7 @@ def test_each_container_problem_is_a_clear_preflight_failure(cluster: Cluster,
     assert ("node29: container 'trainer' is exited, not running. Start it with `podman start "
             "trainer`") in text
     assert "Traceback" not in text
-    assert run_leftovers(cluster, "no-run", 0) == {}  # no probe or engine client stays
+    assert cluster.wait_run_gone(HOSTS, "no-run", 0) == {}  # no probe or engine client stays
 
 
 def test_no_sync_needs_the_code_in_the_container_already(cluster: Cluster, trainers: list[str],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,16 +35,6 @@ def in_allocation(slurm: SlurmCluster, *args: str, **kwargs: Any) -> subprocess.
                             text=True, **kwargs)
 
 
-def run_leftovers(cluster: Cluster, run_id: str, timeout: float) -> dict[str, list[str]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = {n: cluster.run_processes(n, run_id, supervisors=True) for n in NODES}
-        left = {n: p for n, p in left.items() if p}
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.25)
-
-
 def test_a_launch_inside_an_allocation_runs_as_job_steps(
         cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path,
         payload: Path) -> None:
@@ -68,7 +57,7 @@ def test_a_launch_inside_an_allocation_runs_as_job_steps(
             assert f"[{node} r{rank}] report rank {rank} on {node}" in out
     assert len(jobs) == 1
     run_id = next((home / "runs").iterdir()).name
-    assert run_leftovers(cluster, run_id, 10) == {}
+    assert cluster.wait_run_gone(NODES, run_id, 10) == {}
 
 
 def test_a_failing_rank_ends_the_other_steps_and_is_named_first(
@@ -84,7 +73,7 @@ def test_a_failing_rank_ends_the_other_steps_and_is_named_first(
     causes = [line for line in err.splitlines() if "root cause" in line]
     assert causes[0] == "clusterrun: root cause: node24 rank 3 exited with code 3", err
     run_id = next((home / "runs").iterdir()).name
-    assert run_leftovers(cluster, run_id, 15) == {}
+    assert cluster.wait_run_gone(NODES, run_id, 15) == {}
     for node in ("node23", "node25"):  # stopped by clusterrun, not by a collective's timeout
         assert ".term" in cluster.run_on(node, "sh", "-c", f"ls {test_dir}")
 
@@ -103,7 +92,7 @@ def test_scancel_ends_the_run_on_every_node(cluster: Cluster, slurm_nodes: Slurm
     proc.wait(60)
     out.join()
     err.join()
-    assert run_leftovers(cluster, run_id, 20) == {}
+    assert cluster.wait_run_gone(NODES, run_id, 20) == {}
     assert proc.returncode != 0
     assert "Traceback" not in err.text
 
@@ -131,4 +120,4 @@ def test_a_detached_run_is_listed_and_stopped_through_job_steps(
     # a step's processes by cgroup, the run would otherwise end with them.
     steps = (tmp_path / "steps.txt").read_text().split("\n")
     assert sorted(line.split()[2] for line in steps if " clusterrun " in line) == NODES
-    assert run_leftovers(cluster, listed["id"], 20) == {}
+    assert cluster.wait_run_gone(NODES, listed["id"], 20) == {}

@@ -168,25 +168,12 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
     for line in planview.banner(plan):
         say(line)
     specs = {h.spec.name: h.spec for h in report.hosts}
-    if not plan.sync:
-        try:
-            sync.require_present(plan, pool.transports, specs)
-        except ClusterrunError as exc:
-            lifecycle.record(run_dir, RunState.FAILED, reason="the script is not on the hosts",
-                             exit_status=exc.exit_status)
-            raise
-    if plan.sync and any(not n.local for n in plan.nodes):
-        facts = {h.spec.name: h.facts for h in report.hosts}
-        try:
-            secret_files = sync.env_file_excludes(
-                plan.code_dir, [opts.env_file, *(s.env_file for s in specs.values())])
-            for name, how in sync.sync(plan, pool.transports, specs, facts,
-                                       (*opts.excludes, *secret_files)).items():
-                say(f"{name}: {plan.code_dir.name}/ {how}")
-        except ClusterrunError as exc:  # a host's copy failed, or the host went away meanwhile
-            lifecycle.record(run_dir, RunState.FAILED, reason="copying the code failed",
-                             exit_status=exc.exit_status)
-            raise
+    try:
+        _code_on_hosts(plan, report, pool, opts=opts, say=say)
+    except ClusterrunError as exc:  # a copy failed, the script is missing, or a host went away
+        reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
+        lifecycle.record(run_dir, RunState.FAILED, reason=reason, exit_status=exc.exit_status)
+        raise
     mirror = Mirror(run_dir)
     view = LogView(Printer(out))
     session = Session(plan, pool.transports, specs, mirror=mirror, view=view, notify=say)
@@ -201,6 +188,24 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
     if lock is not None:
         os.close(lock)
     return status
+
+
+def _code_on_hosts(plan: LaunchPlan, report: CheckReport, pool: Connections, *,
+                   opts: LaunchOptions, say: Callable[[str], None]) -> None:
+    """The script's directory on every host: copied and verified, or with --no-sync, checked
+    to be there already."""
+    specs = {h.spec.name: h.spec for h in report.hosts}
+    if not plan.sync:
+        sync.require_present(plan, pool.transports, specs)
+        return
+    if all(n.local for n in plan.nodes):
+        return
+    facts = {h.spec.name: h.facts for h in report.hosts}
+    secret_files = sync.env_file_excludes(
+        plan.code_dir, [opts.env_file, *(s.env_file for s in specs.values())])
+    for name, how in sync.sync(plan, pool.transports, specs, facts,
+                               (*opts.excludes, *secret_files)).items():
+        say(f"{name}: {plan.code_dir.name}/ {how}")
 
 
 def _detached(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,

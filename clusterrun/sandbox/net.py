@@ -13,7 +13,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,15 +35,17 @@ IFNAME_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}$")
 
 
 def run(
-    argv: Sequence[str], *, step: str, input: str | None = None, timeout: float = 30.0
+    argv: Sequence[str], *, step: str, input: str | None = None, timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """Run a command; any failure becomes a SandboxError naming the step, command and stderr."""
     cmd = shlex.join(argv)
     try:
         cp = subprocess.run(
-            list(argv), input=input, capture_output=True, text=True, timeout=timeout, check=False
+            list(argv), input=input, capture_output=True, text=True, timeout=timeout,
+            check=False, env=env,
         )
-    except FileNotFoundError as exc:
+    except OSError as exc:
         raise SandboxError(f"{step}: cannot run `{cmd}`: {exc.strerror}") from None
     except subprocess.TimeoutExpired:
         raise SandboxError(f"{step}: `{cmd}` did not finish within {timeout:g} s") from None

@@ -18,7 +18,6 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -328,18 +327,7 @@ def _wait_until(what: str, ready: Callable[[], bool],
 
 
 def _client(slurm: SlurmCluster, argv: list[str]) -> str:
-    cmd = shlex.join(argv)
-    try:
-        cp = subprocess.run(argv, env=slurm.env(), capture_output=True, text=True,
-                            timeout=CLIENT_TIMEOUT, check=False)
-    except OSError as exc:
-        raise SandboxError(f"cannot run `{cmd}`: {exc.strerror}") from None
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"`{cmd}` did not finish within {CLIENT_TIMEOUT:g} s") from None
-    if cp.returncode != 0:
-        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
-        raise SandboxError(f"`{cmd}` failed with exit status {cp.returncode}: {detail}")
-    return cp.stdout
+    return net.run(argv, step=f"slurm {argv[0]}", timeout=CLIENT_TIMEOUT, env=slurm.env())
 
 
 def _node_states(slurm: SlurmCluster) -> dict[str, str] | None:

@@ -50,7 +50,7 @@ def with_setup(setup: Optional[str], body: str) -> str:
     scripts need it). Setup's stdout goes to stderr so the program's stdout stays clean."""
     if not setup:
         return body
-    return join(_setup_argv(setup, body))
+    return join(["exec", *_setup_argv(setup, body)])
 
 
 def _setup_argv(setup: str, body: str) -> list[str]:
@@ -58,7 +58,7 @@ def _setup_argv(setup: str, body: str) -> list[str]:
         f"{{ {setup}\n}} >&2 || {{ echo \"clusterrun: the inventory's setup: failed (exit $?)\" "
         f">&2; exit {SETUP_FAILED}; }}\n{body}"
     )
-    return ["exec", "bash", "-c", script]
+    return ["bash", "-c", script]
 
 
 def container_exec(spec: HostSpec, argv: Sequence[str]) -> str:
@@ -84,7 +84,7 @@ def run_there(spec: HostSpec, argv: Sequence[str]) -> str:
     body = join(["exec", *argv])
     if not spec.container:
         return with_setup(spec.setup, body)
-    inner = _setup_argv(spec.setup, body)[1:] if spec.setup else list(argv)
+    inner = _setup_argv(spec.setup, body) if spec.setup else list(argv)
     return container_exec(spec, inner)
 
 
