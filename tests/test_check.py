@@ -28,10 +28,10 @@ pytestmark = pytest.mark.cluster
 
 HOSTS4 = ["node1", "node2", "node3", "node4"]
 NICS4 = {"node1": "eth0", "node2": "ens5", "node3": "enp3s0", "node4": "eno1"}
-REPORT_KEYS = {"ok", "master_addr", "master_port", "hosts"}
+REPORT_KEYS = {"ok", "master_addr", "master_port", "hosts", "pairs"}
 HOST_KEYS = {"host", "name", "node_rank", "ok", "interface", "address", "python", "torch", "gpus",
              "checks"}
-CHECK_KEYS = {"name", "ok", "detail"}
+CHECK_KEYS = {"name", "ok", "warning", "detail"}
 
 
 Completed = subprocess.CompletedProcess

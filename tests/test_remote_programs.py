@@ -59,7 +59,11 @@ def test_a_program_arrives_with_the_shared_modules_it_imports() -> None:
     source = shell.program_source("run.py")
     assert b'"clusterrun.remote.common"' in source and b'"clusterrun.remote.gang"' in source
     assert source.index(b'"clusterrun.remote.common"') < source.index(b"<clusterrun run.py>")
-    assert shell.program_source("probe.py") == (REMOTE / "probe.py").read_bytes()
+    probe = shell.program_source("probe.py")
+    for module in ("gpus", "mesh", "sysinfo", "throughput"):
+        assert b'"clusterrun.remote.%s"' % module.encode() in probe
+    # A program that imports nothing of clusterrun's is shipped as it is.
+    assert shell.program_source("unpack.py") == (REMOTE / "unpack.py").read_bytes()
 
 
 def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: Path) -> None:

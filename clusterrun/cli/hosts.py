@@ -26,12 +26,20 @@ from clusterrun.inventory.subset import select
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
+@click.option("--bandwidth", is_flag=True,
+              help="Also measure each worker's TCP throughput to the master on its chosen "
+                   "interface (about a second per worker); with --smoke, the all-reduce's bus "
+                   "bandwidth too.")
+@click.option("--allow-busy-gpus", is_flag=True,
+              help="Report busy or unhealthy GPUs as warnings instead of failures.")
 @selection_options
 @ssh_options
-def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: float,
-          accept_new_host_keys: bool, only_hosts: Optional[str],
-          exclude_hosts: Optional[str]) -> None:
-    """Preflight every host in parallel: SSH, interfaces, data path to the master, versions.
+def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
+          allow_busy_gpus: bool, connect_timeout: float, accept_new_host_keys: bool,
+          only_hosts: Optional[str], exclude_hosts: Optional[str]) -> None:
+    """Preflight every host in parallel: SSH, interfaces, the data path to the master and
+    between every pair of hosts, names, software and package parity, GPUs, limits and links
+    (docs/troubleshooting.md says what each failure means and how to fix it).
 
     Exits 0 only when every host passes; 3 when a check fails; 4 when a host cannot be
     reached, authenticated or trusted.
@@ -45,7 +53,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
     inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
-        report = preflight.run(inv, pool)
+        report = preflight.run(inv, pool, bandwidth=bandwidth, allow_busy_gpus=allow_busy_gpus)
         if as_json:
             checkview.render_json(report, sys.stdout)
         elif sys.stdout.isatty():
@@ -58,7 +66,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, connect_timeout: floa
         if smoke_home is not None:
             from clusterrun.launch import smoke as smoke_test
 
-            raise SystemExit(smoke_test.run(inv, report, pool, smoke_home))
+            raise SystemExit(smoke_test.run(inv, report, pool, smoke_home, bandwidth=bandwidth))
 
 
 @click.command("exec", context_settings=CONTEXT)

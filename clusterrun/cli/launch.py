@@ -51,6 +51,10 @@ from clusterrun.cli.common import (
                    "WANDB_*, HF_*, ... are forwarded already).")
 @click.option("--no-check", is_flag=True,
               help="Launch even if preflight checks fail (hosts must still be reachable).")
+@click.option("--allow-busy-gpus", is_flag=True,
+              help="Go on when GPUs this run will use are busy (memory in use, other users' "
+                   "processes) or unhealthy (compute mode, ECC, row remaps): warnings, not "
+                   "failures.")
 @click.option("--no-sync", is_flag=True,
               help="Do not copy the script's directory (a shared filesystem has it already).")
 @click.option("--exclude-files", "excludes", multiple=True, metavar="PATTERN",
@@ -108,6 +112,7 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         master_port=opt["master_port"], env=env_pairs,
         env_file=opt["env_file"], forward_env=opt["forward_env"], check=not opt["no_check"],
         sync=not opt["no_sync"], dry_run=opt["dry_run"], detach=opt["detach"],
-        name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"])
+        name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
+        allow_busy_gpus=opt["allow_busy_gpus"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
     raise SystemExit(launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home))

@@ -54,6 +54,7 @@ class LaunchOptions:
     excludes: tuple[str, ...] = ()
     env_file: Optional[str] = None
     forward_env: tuple[str, ...] = ()
+    allow_busy_gpus: bool = False
 
 
 def job_for(script: Optional[str], args: tuple[str, ...], *, module: Optional[str] = None,
@@ -116,7 +117,8 @@ class Interrupts:
 
 def _preflight(inv: Inventory, pool: Connections, opts: LaunchOptions,
                err: TextIO) -> CheckReport:
-    report = preflight.run(inv, pool, data_path=opts.check)
+    report = preflight.run(inv, pool, data_path=opts.check,
+                           allow_busy_gpus=opts.allow_busy_gpus)
     if report.ok:
         return report
     checkview.render_plain(report, err)

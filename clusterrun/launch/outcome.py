@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from clusterrun.errors import ExitStatus
-from clusterrun.logs.wire import End, RankExit, Started, TorchrunExit
+from clusterrun.launch import nccl
+from clusterrun.logs.wire import End, NcclReport, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
 from clusterrun.transport.parallel import fold
@@ -54,6 +55,7 @@ class NodeOutcome:
     rank_exits: dict[int, RankExit] = field(default_factory=dict)
     torchrun_exit: Optional[TorchrunExit] = None
     folded: int = 0  # lines of torchrun's own shutdown output not shown on the console
+    nccl: Optional[NcclReport] = None  # what NCCL chose there, as last reported
 
     @property
     def done(self) -> bool:
@@ -206,6 +208,8 @@ def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], s
             "detail": root.detail, "lost": root.code is None},
         "nodes": [_node_summary(n, root, interrupted) for n in nodes],
         "logs": checks,
+        "nccl": nccl.summary([nccl.HostNccl(n.plan.name, n.plan.ranks, n.nccl) for n in nodes],
+                             sum(n.plan.nproc for n in nodes)),
     }
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from clusterrun.inventory import HostSpec
+from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failures
 from clusterrun.logs import wire
 from clusterrun.logs.mirror import Mirror, receive
@@ -128,6 +129,7 @@ class Session:
         self.notify = notify  # one line for the user, on stderr
         self.nodes = {n.name: NodeOutcome(n) for n in plan.nodes}
         self.fold = Fold(view, self.nodes)
+        self.nccl = NcclWatch({n.name: n.ranks for n in plan.nodes}, notify)
         self.procs: dict[str, Process] = {}
         self.stderr: dict[str, bytearray] = {}
         self.events: queue.Queue[tuple[str, Item, float]] = queue.Queue()
@@ -256,6 +258,9 @@ class Session:
                 self.fold.hush(name)
         elif isinstance(ev, wire.TorchrunExit):
             node.torchrun_exit = ev
+        elif isinstance(ev, wire.NcclReport):
+            node.nccl = ev
+            self.nccl.update(name, ev, arrived)
         elif isinstance(ev, wire.End):
             node.end = ev
         elif isinstance(ev, _Broken):
@@ -305,6 +310,7 @@ class Session:
                     self.notify(f"{found[0].detail}; stopping every node")
                     self.stop_all(reason=f"stopped after {found[0].detail}")
             self.check_timers(self.plan.lease)
+            self.nccl.tick(time.monotonic())
             self.view.tick()
         while True:  # what is already queued (e.g. each node's end-of-stream)
             try:
@@ -312,6 +318,7 @@ class Session:
             except queue.Empty:
                 break
         self.fold.close()
+        self.nccl.finish()
 
     def stop_started(self) -> list[str]:
         """Detached, when not every node started: end it on those that did (their daemons no

@@ -63,6 +63,31 @@ class TorchrunExit:
 
 
 @dataclass(frozen=True)
+class NcclReport:
+    """What NCCL chose on a host, from its ranks' NCCL_DEBUG files (remote/nccl.py); sent again
+    whenever it changes. ``init_done``: global ranks whose world communicator is initialised."""
+
+    elapsed: float
+    interfaces: tuple[tuple[str, str], ...] = ()  # (interface, address)
+    networks: tuple[str, ...] = ()  # IB, Socket, or a plugin's name
+    devices: tuple[str, ...] = ()  # "mlx5_0:1/IB"
+    no_ib: bool = False  # NCCL looked for IB devices there and found none
+    gdr: Optional[str] = None  # on, off, partly; None: unknown or not IB
+    nranks: Optional[int] = None  # the world communicator's size as NCCL saw it
+    nnodes: Optional[int] = None  # the nodes NCCL counted in it (NCCL 2.19 on)
+    init_started: tuple[int, ...] = ()
+    init_done: tuple[int, ...] = ()
+    version: Optional[str] = None
+
+    def public(self) -> dict[str, Any]:
+        return {"interfaces": [list(p) for p in self.interfaces], "networks": list(self.networks),
+                "devices": list(self.devices), "no_ib": self.no_ib, "gdr": self.gdr,
+                "nranks": self.nranks, "nnodes": self.nnodes,
+                "init_started": list(self.init_started), "init_done": list(self.init_done),
+                "version": self.version}
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     elapsed: float
 
@@ -97,7 +122,7 @@ class StopResult:
     state: Optional[dict[str, Any]]
 
 
-Event = Union[Started, RankExit, TorchrunExit, Heartbeat, End, Status, StopResult]
+Event = Union[Started, RankExit, TorchrunExit, NcclReport, Heartbeat, End, Status, StopResult]
 
 
 def root_cause(raw: Any) -> Optional[RootCause]:
@@ -110,6 +135,23 @@ def root_cause(raw: Any) -> Optional[RootCause]:
 
 def _float(ev: dict[str, Any]) -> float:
     return float(ev.get("e") or 0.0)
+
+
+def _optional_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def nccl_report(ev: dict[str, Any]) -> NcclReport:
+    return NcclReport(
+        _float(ev),
+        interfaces=tuple((str(i), str(a)) for i, a in ev.get("interfaces") or ()),
+        networks=tuple(str(n) for n in ev.get("networks") or ()),
+        devices=tuple(str(d) for d in ev.get("devices") or ()),
+        no_ib=bool(ev.get("no_ib")), gdr=ev.get("gdr"),
+        nranks=_optional_int(ev.get("nranks")), nnodes=_optional_int(ev.get("nnodes")),
+        init_started=tuple(int(r) for r in ev.get("init_started") or ()),
+        init_done=tuple(int(r) for r in ev.get("init_done") or ()),
+        version=ev.get("version"))
 
 
 def parse(ev: dict[str, Any]) -> Event:
@@ -126,6 +168,8 @@ def parse(ev: dict[str, Any]) -> Event:
             return RankExit(_float(ev), int(ev["rank"]), int(ev["code"]), bool(ev["stopping"]))
         if kind == "torchrun_exit":
             return TorchrunExit(_float(ev), int(ev["code"]), bool(ev["stopping"]))
+        if kind == "nccl":
+            return nccl_report(ev)
         if kind == "end":
             return End(_float(ev), str(ev.get("state") or "unknown"),
                        exit_code=ev.get("exit_code"), reason=ev.get("reason"),

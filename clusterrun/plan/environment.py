@@ -6,6 +6,11 @@ Precedence, lowest first: forwarded from the controller's environment < env file
 variables (each host's NCCL/Gloo interface, CLUSTERRUN_*, torchrun's) are set last: a value
 forwarded from this shell is one machine's, and interfaces differ between hosts. The inventory's
 `interface:` is how to choose one.
+
+NCCL's own log: unless the user chose NCCL_DEBUG (anywhere above), the ranks get
+NCCL_DEBUG=INFO with NCCL_DEBUG_FILE in the run's folder on their host, one file per process,
+never the console; each host's supervisor reads them to report what NCCL chose
+(clusterrun/remote/nccl.py). A gloo run never opens them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,19 @@ FORWARDED = ("NCCL_*", "GLOO_*", "TORCH_*", "PYTORCH_*", "CUDA_*", "OMP_NUM_THRE
 NEVER_FORWARDED = ("CUDA_VISIBLE_DEVICES",)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# NCCL expands %h (hostname) and %p (pid) in NCCL_DEBUG_FILE; remote/nccl.py reads this glob.
+NCCL_LOG_NAME = "nccl-%h.%p.log"
+
+
+def nccl_debug(env: Mapping[str, str], rundir: str) -> dict[str, str]:
+    """What to add to a host's environment so NCCL logs what it chose into the run's folder:
+    nothing when the user set NCCL_DEBUG or NCCL_DEBUG_FILE themselves (theirs wins, as set)."""
+    if "NCCL_DEBUG" in env or "NCCL_DEBUG_FILE" in env:
+        return {}
+    # NCCL reads '%' as the start of a placeholder: a literal one in the path is written %%.
+    folder = rundir.replace("%", "%%")
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{folder}/{NCCL_LOG_NAME}"}
 
 
 def forwarded(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.plan import ranks
-from clusterrun.preflight import container, decide
+from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.transport import parallel
@@ -45,21 +45,49 @@ class _Master:
         return self.addr is not None and self.port_free and self.lifeline_port is not None
 
 
-def run(inv: Inventory, pool: Connections, *, data_path: bool = True) -> CheckReport:
-    """Probe every host; never raises for a host's failure (it is in the report)."""
+def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth: bool = False,
+        allow_busy_gpus: bool = False) -> CheckReport:
+    """Probe every host; never raises for a host's failure (it is in the report).
+    ``bandwidth``: also measure each worker's throughput to the master (`check --bandwidth`);
+    ``allow_busy_gpus``: GPU problems are warnings, not failures."""
     ordered = ranks.in_rank_order(inv.hosts)
     reports = [HostReport(h, rank) for rank, h in enumerate(ordered)]
     sessions: dict[str, ProbeSession] = {}
+    pairs = None
     try:
-        _facts(reports, pool, sessions)
+        _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus)
         master = _master(inv, reports[0], sessions.get(ordered[0].name), pool,
                          data_path=data_path)
         _workers(reports[1:], sessions, master, data_path=data_path)
+        pairs = mesh.run(inv, reports, sessions) if data_path else None
+        if bandwidth and master.addr is not None:
+            from clusterrun.preflight import bandwidth as throughput
+
+            throughput.measure(reports, sessions, master.addr)
     finally:
         parallel.run(lambda s: s.close(), list(sessions.values()), 5.0,
                      name=lambda s: s.spec.name)
+    _host_limits(inv, reports)
     decide.compare_versions(reports)
-    return CheckReport(reports, master.addr, master.port, master.lifeline_port)
+    parity.compare(reports)
+    gpus.compare_drivers(reports)
+    return CheckReport(reports, master.addr, master.port, master.lifeline_port, pairs)
+
+
+def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
+    """Each host's names and limits, judged against the size of the whole job."""
+    per_host = {r.spec.name: (r.spec.nproc_per_node if isinstance(r.spec.nproc_per_node, int)
+                              else max(r.gpus, 1)) for r in reports}
+    world = sum(per_host.values())
+    alone = all(h.local for h in inv.hosts)  # the demo: loopback is the right answer there
+    for r in reports:
+        if not r.facts or r.outcome is not None:
+            continue
+        found = None if alone else names.local_check(r.spec, r.facts)
+        if found is not None:
+            r.checks.append(found)
+        r.checks.extend(limits.host_checks(r.spec, r.facts, world=world, gpu_ranks=(
+            per_host[r.spec.name] if r.gpus else 0)))
 
 
 def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections) -> None:
@@ -76,7 +104,7 @@ def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections)
 
 
 def _facts(reports: Sequence[HostReport], pool: Connections,
-           sessions: dict[str, ProbeSession]) -> None:
+           sessions: dict[str, ProbeSession], *, allow_busy_gpus: bool) -> None:
     def one(report: HostReport) -> None:
         spec = report.spec
         transport = pool.get(spec)
@@ -101,6 +129,7 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
         report.checks.extend(decide.host_checks(spec, report.facts))
+        report.checks.extend(gpus.host_checks(spec, report.facts, allow_busy_gpus=allow_busy_gpus))
 
     results = parallel.run(one, reports, pool.options.connect_timeout + PROBE_SECONDS,
                            name=lambda r: r.spec.name)

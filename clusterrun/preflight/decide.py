@@ -30,7 +30,8 @@ def owner_of(addr: str, facts: dict[str, Any]) -> Optional[str]:
 
 
 def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
-    """What one host's facts say on their own: Python, torch, workdir, name lookup, GPUs."""
+    """What one host's facts say on their own: Python, torch, workdir, name lookup (GPUs:
+    clusterrun/preflight/gpus.py)."""
     name = spec.name
     checks = [Check("python", True, f"{facts['python']} ({facts['python_path']})")]
     torch = facts.get("torch")
@@ -57,13 +58,6 @@ def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
     else:
         checks.append(Check("dns", True, f"{dns.get('hostname')} -> "
                             f"{', '.join(dns.get('addresses', []))}"))
-    gpus, visible = spec.gpus, int(facts.get("gpus") or 0)
-    if gpus is not None and (visible == 0 or max(gpus) >= visible):
-        checks.append(Check("gpus", True, f"warning: `gpus: {list(gpus)}` but nvidia-smi lists "
-                            f"{visible} GPU(s) on {name}."))
-    else:
-        checks.append(Check("gpus", True, f"{len(gpus) if gpus is not None else visible} "
-                            "visible"))
     return checks
 
 

@@ -14,9 +14,22 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # The same problem in words that do not name the host, so that the report says it once for
+    # every host that has it: `gpu[03,07]: mtu: MTU 9000 on eth0, others 1500`.
+    group: Optional[str] = None
+
+    @property
+    def warning(self) -> bool:
+        """Passed, with something the user should know (the job may be slow or fragile)."""
+        return self.ok and self.detail.startswith("warning:")
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+        return {"name": self.name, "ok": self.ok, "warning": self.warning,
+                "detail": self.detail}
+
+
+def warn(name: str, detail: str, group: Optional[str] = None) -> Check:
+    return Check(name, True, f"warning: {detail}", group and f"warning: {group}")
 
 
 @dataclass
@@ -56,8 +69,8 @@ class HostReport:
     def workdir(self) -> Optional[str]:
         return (self.facts.get("workdir") or {}).get("path")
 
-    def add(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append(Check(name, ok, detail))
+    def add(self, name: str, ok: bool, detail: str, group: Optional[str] = None) -> None:
+        self.checks.append(Check(name, ok, detail, group))
 
     def replace(self, check: Check) -> None:
         """Put ``check`` in place of the one with its name (or add it)."""
@@ -80,6 +93,28 @@ class HostReport:
                 "checks": [c.as_json() for c in self.checks]}
 
 
+@dataclass(frozen=True)
+class Blocked:
+    source: str
+    target: str
+    error: str
+
+
+@dataclass
+class Pairs:
+    """Every host's TCP connection to every other host's ephemeral port: which pairs failed."""
+
+    hosts: list[str]
+    blocked: list[Blocked]
+    port_ranges: dict[str, Optional[list[int]]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"hosts": self.hosts, "tested": len(self.hosts) * (len(self.hosts) - 1),
+                "blocked": [{"from": b.source, "to": b.target, "error": b.error}
+                            for b in self.blocked],
+                "port_ranges": self.port_ranges}
+
+
 @dataclass
 class CheckReport:
     hosts: list[HostReport]
@@ -88,6 +123,8 @@ class CheckReport:
     # A second port proved open from every worker to the master: detached runs' supervisors
     # keep their lifeline to the master's supervisor on it.
     lifeline_port: Optional[int] = None
+    # The all-pairs test (preflight/mesh.py): None when fewer than two hosts got that far.
+    pairs: Optional[Pairs] = None
 
     @property
     def ok(self) -> bool:
@@ -99,4 +136,5 @@ class CheckReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "master_addr": self.master_addr, "master_port": self.master_port,
-                "hosts": [h.as_json() for h in self.hosts]}
+                "hosts": [h.as_json() for h in self.hosts],
+                "pairs": self.pairs.as_json() if self.pairs else None}

@@ -9,12 +9,59 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from clusterrun.preflight.report import CheckReport, HostReport
+from clusterrun.preflight.report import CheckReport, HostReport, Pairs
+from clusterrun.transport import parallel
+
+MATRIX_HOSTS = 12  # up to this many hosts, blocked pairs are drawn as a from x to matrix
 
 
-def _problems(host: HostReport) -> list[str]:
-    return [f"{c.name}: {c.detail}" for c in host.checks
-            if not c.ok or c.detail.startswith("warning:")]
+def problems(report: CheckReport) -> list[tuple[str, bool]]:
+    """(line, is a warning) for every failed check and warning, failures first. A problem that
+    several hosts share, in the same words, is said once for all of them:
+    `node[3,7]: mtu: warning: MTU 1400, others 1500`."""
+    groups: dict[tuple[str, bool, str], list[str]] = {}
+    for host in report.hosts:
+        for c in host.checks:
+            if c.ok and not c.warning:
+                continue
+            text = c.group if c.group else f"{c.detail}\0{host.spec.name}"
+            groups.setdefault((c.name, c.warning, text), []).append(host.spec.name)
+    details = {(c.name, c.warning, c.group): c.detail for host in report.hosts
+               for c in host.checks if c.group}
+    lines = []
+    for (name, warning, text), names in groups.items():
+        # One host: its own words (they name the interface, the other hosts, the fix).
+        said = details.get((name, warning, text), text) if len(names) == 1 else text
+        lines.append((f"{parallel.fold(names)}: {name}: {said.split(chr(0))[0]}", warning))
+    return sorted(lines, key=lambda item: item[1])  # stable: failures first, host order kept
+
+
+def pair_lines(pairs: Pairs) -> list[str]:
+    """The blocked pairs: a from x to matrix for a few hosts, else grouped by target."""
+    if not pairs.blocked:
+        return []
+    total = len(pairs.hosts) * (len(pairs.hosts) - 1)
+    lines = [f"pairs: {len(pairs.blocked)} of {total} connections between hosts failed "
+             "(from -> to, TCP to an ephemeral port on the chosen interface):"]
+    bad = {(b.source, b.target) for b in pairs.blocked}
+    if len(pairs.hosts) <= MATRIX_HOSTS:
+        width = max(len("BLOCKED"), *(len(h) for h in pairs.hosts))
+        lines.append("  " + " " * width + "  to: " + " ".join(h.ljust(width)
+                                                              for h in pairs.hosts).rstrip())
+        for source in pairs.hosts:
+            cells = ["-" if source == t else "BLOCKED" if (source, t) in bad else "ok"
+                     for t in pairs.hosts]
+            lines.append((f"  {source.ljust(width)}  from " + " ".join(
+                c.ljust(width) for c in cells)).rstrip())
+    else:
+        by_target: dict[str, list[str]] = {}
+        for b in pairs.blocked:
+            by_target.setdefault(b.target, []).append(b.source)
+        for target, sources in by_target.items():
+            lines.append(f"  {parallel.fold(sources)} -> {target}")
+    reasons = sorted({b.error for b in pairs.blocked})
+    lines.append(f"  ({'; '.join(reasons[:3])}; the hosts' lines above say how to fix it)")
+    return lines
 
 
 def _status(host: HostReport) -> str:
@@ -41,10 +88,12 @@ def render_table(report: CheckReport, console: Console) -> None:
                       Text(host.interface or "-"), Text(host.address or "-"),
                       Text(host.python or "-"), Text(host.torch or "-"), str(host.gpus))
     console.print(table)
-    for host in report.hosts:
-        for problem in _problems(host):
-            color = "yellow" if ": warning:" in problem else "red"
-            console.print(Text.assemble((host.spec.name, color), " ", problem), highlight=False)
+    for line, warning in problems(report):
+        hosts, rest = line.split(": ", 1)
+        console.print(Text.assemble((hosts, "yellow" if warning else "red"), ": ", rest),
+                      highlight=False)
+    for line in pair_lines(report.pairs) if report.pairs else []:
+        console.print(Text(line), highlight=False)
     console.print(Text(summary(report)), highlight=False)
 
 
@@ -53,8 +102,10 @@ def render_plain(report: CheckReport, out: TextIO) -> None:
         out.write(f"{host.spec.name}  rank {host.node_rank}  {_status(host)}  "
                   f"interface {host.interface or '-'} {host.address or '-'}  "
                   f"python {host.python or '-'}  torch {host.torch or '-'}  gpus {host.gpus}\n")
-        for problem in _problems(host):
-            out.write(f"  {problem}\n")
+    for line, _warning in problems(report):
+        out.write(f"  {line}\n")
+    for line in pair_lines(report.pairs) if report.pairs else []:
+        out.write(f"{line}\n")
     out.write(summary(report) + "\n")
 
 

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any  # noqa: F401 - used in type comments (no annotations: Python 3.6)
 
+from clusterrun.remote import gpus, mesh, sysinfo, throughput
+
 SIOCGIFFLAGS = 0x8913
 SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
@@ -144,13 +146,6 @@ def torch_info():
         return None
 
 
-def gpu_count():
-    text = run(["nvidia-smi", "-L"], timeout=15)
-    if text is None:
-        return 0
-    return sum(1 for line in text.splitlines() if line.startswith("GPU "))
-
-
 def resolve_self(timeout):
     """How long this host takes to look its own name up (torch does it at start-up)."""
     name = socket.gethostname()
@@ -196,19 +191,39 @@ def check_workdir(path):
 
 def facts(request):
     ssh = os.environ.get("SSH_CONNECTION", "").split()
+    nvidia = gpus.facts()
     return {
         "hostname": socket.gethostname(),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         "python": sys.version.split()[0],
         "python_path": sys.executable,
         "torch": torch_info(),
-        "gpus": gpu_count(),
+        "gpus": nvidia["count"],
+        "nvidia": nvidia,
         "interfaces": interfaces(),
         "ssh_server_address": ssh[2] if len(ssh) == 4 else None,
         "dns": resolve_self(request.get("dns_timeout", 5)),
         "workdir": check_workdir(request.get("workdir", "~/clusterrun")),
         "rsync": any(os.access(os.path.join(d, "rsync"), os.X_OK)
                      for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)),
+        **system_facts(request),
+    }
+
+
+def system_facts(request):
+    """Names, software, limits and links (clusterrun/remote/sysinfo.py)."""
+    installed = sysinfo.packages()
+    torch = torch_info() or {}
+    ifaces = [i["name"] for i in interfaces()]
+    return {
+        "names": sysinfo.names(request.get("dns_timeout", 5)),
+        "port_range": sysinfo.port_range(),
+        "packages": installed,
+        "nccl": sysinfo.nccl_version(installed, torch.get("path")),
+        "limits": sysinfo.limits(),
+        "links": sysinfo.links(ifaces),
+        "infiniband": sysinfo.infiniband(),
+        "env": sysinfo.environment(),
     }
 
 
@@ -264,30 +279,60 @@ def connect(addr, port, src, timeout):
     return {"ok": True, "seconds": round(time.monotonic() - start, 3)}
 
 
+def _listen(state, op):
+    family = socket.AF_INET6 if ":" in op.get("addr", "") else socket.AF_INET
+    try:
+        state["listener"] = Listener(family, op.get("port") or 0)
+        return {"ok": True, "port": state["listener"].port}
+    except OSError as exc:
+        return {"ok": False, "port": op.get("port"), "errno": exc.errno,
+                "error": exc.strerror or str(exc)}
+
+
+def _mesh_listen(state, addr):
+    try:
+        state["mesh"] = mesh.EphemeralListener(addr)
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc)}
+    return {"ok": True, "port": state["mesh"].port}
+
+
+def _peers(state, _op):
+    listener = state.get("listener")
+    return list(listener.peers) if listener else []
+
+
+# The operations the controller may ask for after the facts: name -> handler(state, op) -> reply.
+# ``state`` lives as long as the probe (listeners the controller opened, and so on).
+OPS = {
+    "route": lambda _state, op: route(op["addr"]),
+    "listen": _listen,
+    "connect": lambda _state, op: connect(op["addr"], op["port"], op.get("src"),
+                                          op.get("timeout", 5)),
+    "peers": _peers,
+    "mesh_listen": lambda state, op: _mesh_listen(state, op["addr"]),
+    "mesh_connect": lambda _state, op: mesh.connect_many(op["targets"], op.get("src"),
+                                                         op.get("timeout", 5)),
+    "resolve": lambda _state, op: sysinfo.resolve_many(op["names"], op.get("timeout", 5)),
+    "sink": throughput.sink,
+    "blast": throughput.blast,
+}
+
+
 def serve():
     request = json.loads(sys.stdin.buffer.readline() or b"{}")
     emit({"facts": facts(request)})
-    listener = None
+    state = {}  # type: dict[str, Any]
     for raw in iter(sys.stdin.buffer.readline, b""):
         op = json.loads(raw)
         kind = op.get("op")
-        if kind == "route":
-            emit({"route": route(op["addr"])})
-        elif kind == "listen":
-            family = socket.AF_INET6 if ":" in op.get("addr", "") else socket.AF_INET
-            try:
-                listener = Listener(family, op.get("port") or 0)
-                emit({"listen": {"ok": True, "port": listener.port}})
-            except OSError as exc:
-                emit({"listen": {"ok": False, "port": op.get("port"), "errno": exc.errno,
-                                 "error": exc.strerror or str(exc)}})
-        elif kind == "connect":
-            emit({"connect": connect(op["addr"], op["port"], op.get("src"),
-                                     op.get("timeout", 5))})
-        elif kind == "peers":
-            emit({"peers": list(listener.peers) if listener else []})
-        elif kind == "exit":
+        if kind == "exit":
             break
+        handler = OPS.get(kind)
+        if handler is None:
+            emit({kind: {"ok": False, "error": "unknown operation %r" % kind}})
+            continue
+        emit({kind: handler(state, op)})
 
 
 serve()

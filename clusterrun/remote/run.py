@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from clusterrun.remote import common, gang, launcher, mainloop, procs
+from clusterrun.remote import common, gang, launcher, mainloop, nccl, procs
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -77,6 +77,8 @@ class Supervisor:
         self.peer = None
         self.settle_by = None
         self.report_by = None
+        # What NCCL chose here, from the files NCCL_DEBUG_FILE names (none on a gloo run).
+        self.nccl = nccl.Watcher(self.rundir, req.get("public", {}).get("world_size"))
 
     # -- state ---------------------------------------------------------------------------
 
@@ -195,6 +197,12 @@ class Supervisor:
             if code != 0 and not stopping:
                 self._failed(rank, code, elapsed)
 
+    def _nccl(self, force=False):
+        found = self.nccl.poll(time.monotonic(), force)
+        if found is not None:
+            self.state(nccl=found)  # for `ps`/`logs` of a detached run: nobody hears the event
+            self.writer.event("nccl", **found)
+
     def _torchrun_exited(self):
         code = self.tree.code
         self.writer.event("torchrun_exit", code=code, stopping=self.cause is not None)
@@ -213,6 +221,7 @@ class Supervisor:
                 self.stop(Cause.LEASE_EXPIRED, "lifeline lost: no heartbeat from the "
                           "controller for %d s" % quiet)
         self._check_ranks()
+        self._nccl()
         if self.tree.reap():
             self._torchrun_exited()
         now = time.monotonic()
@@ -244,6 +253,7 @@ class Supervisor:
             self.loop.once(common.POLL)
             self.tick()
         self._check_ranks()
+        self._nccl(force=True)
         return self.finish()
 
     def finish(self):

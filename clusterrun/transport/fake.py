@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import errno
 import functools
-import ipaddress
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.transport import shell
 from clusterrun.transport.base import ConnectError, Process, SshOptions
+from clusterrun.transport.fake_hosts import FakeHost, Interface, Reply
+
+__all__ = ["FakeHost", "FakeNetwork", "FakeTransport", "Interface", "Reply"]
 
 # Every remote program's command line contains this (see shell.BOOTSTRAP), however quoted.
 _PROGRAM_MARK = "sys.stdin.buffer.readline"
@@ -46,107 +48,6 @@ _CONNECT_MESSAGES = {
     Outcome.AUTH: "authentication failed",
     Outcome.HOST_KEY: "the host key does not match known_hosts",
 }
-
-
-@dataclass(frozen=True)
-class Interface:
-    name: str
-    addrs: tuple[str, ...]  # CIDRs, e.g. "10.0.0.1/24"
-    up: bool = True
-
-    def __init__(self, name: str, *addrs: str, up: bool = True) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "addrs", tuple(addrs))
-        object.__setattr__(self, "up", up)
-
-    def as_fact(self) -> dict[str, Any]:
-        return {"name": self.name, "up": self.up, "addrs": list(self.addrs)}
-
-    def ipv4(self) -> Optional[str]:
-        return next((a.split("/")[0] for a in self.addrs if ":" not in a), None)
-
-
-@dataclass
-class Reply:
-    """What a scripted program or shell command does: its output, then its exit status
-    (after ``seconds``; ``None``: it never ends on its own)."""
-
-    stdout: bytes = b""
-    stderr: bytes = b""
-    code: int = 0
-    seconds: Optional[float] = 0.0
-
-
-Handler = Callable[[dict[str, Any]], Reply]
-
-
-@dataclass
-class FakeHost:
-    """One scripted host. ``unreachable``: connecting fails with that outcome. ``probe``:
-    "answers", "silent" (started, never answers) or "exits" (``probe_exit``, ``probe_stderr``).
-    ``firewalled``: ports whose connections from other hosts time out. ``connect_error``: every
-    data-path connect from this host fails so."""
-
-    address: str
-    interfaces: list[Interface]
-    hostname: str = ""
-    user: str = "user"
-    unreachable: Optional[Outcome] = None
-    connect_delay: float = 0.0
-    probe: str = "answers"
-    probe_exit: int = 1
-    probe_stderr: bytes = b""
-    python: str = "3.11.7"
-    torch: Optional[str] = "2.4.0"
-    gpus: int = 0
-    facts: dict[str, Any] = field(default_factory=dict)
-    routes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    default_route: Optional[str] = None  # interface name for addresses on no subnet of ours
-    ports_in_use: set[int] = field(default_factory=set)
-    firewalled: set[int] = field(default_factory=set)
-    connect_error: Optional[str] = None
-    silent_ops: set[str] = field(default_factory=set)  # probe operations never answered
-    programs: dict[str, Handler] = field(default_factory=dict)
-    shell: Optional[Callable[[str], Reply]] = None
-
-    def owns(self, addr: str) -> bool:
-        return any(a.split("/")[0] == addr for i in self.interfaces for a in i.addrs)
-
-    def all_facts(self, request: dict[str, Any], server_address: str) -> dict[str, Any]:
-        name = self.hostname or self.address
-        first = next((i.ipv4() for i in self.interfaces if i.ipv4()), None)
-        workdir = str(request.get("workdir", "~/clusterrun")).replace("~", f"/home/{self.user}", 1)
-        facts = {
-            "hostname": name, "user": self.user, "python": self.python,
-            "python_path": "/usr/bin/python3",
-            "torch": {"version": self.torch, "cuda": None, "path": None} if self.torch else None,
-            "gpus": self.gpus, "interfaces": [i.as_fact() for i in self.interfaces],
-            "ssh_server_address": server_address if self.owns(server_address) else None,
-            "dns": {"hostname": name, "seconds": 0.001, "addresses": [first] if first else [],
-                    "error": None},
-            "workdir": {"path": workdir, "ok": True, "error": None},
-            "rsync": True,
-        }
-        facts.update(self.facts)
-        return facts
-
-    def route(self, addr: str) -> dict[str, Any]:
-        """As probe.py answers: the device holding ``addr``, else the one on its subnet."""
-        if addr in self.routes:
-            return self.routes[addr]
-        for iface in self.interfaces:
-            if any(a.split("/")[0] == addr for a in iface.addrs):
-                return {"dev": iface.name, "src": addr, "local": True}
-        target = ipaddress.ip_address(addr)
-        for iface in self.interfaces:
-            for cidr in iface.addrs:
-                net = ipaddress.ip_interface(cidr).network
-                if iface.up and target.version == net.version and target in net:
-                    return {"dev": iface.name, "src": cidr.split("/")[0], "local": False}
-        gateway = next((i for i in self.interfaces if i.name == self.default_route), None)
-        if gateway is not None and gateway.up and gateway.ipv4():
-            return {"dev": gateway.name, "src": gateway.ipv4(), "local": False}
-        return {"dev": None, "src": None, "error": f"no route to {addr} (Network is unreachable)"}
 
 
 class FakeNetwork:
@@ -206,7 +107,9 @@ class FakeNetwork:
         target = self.owner(addr)
         if target is None:
             return {"ok": False, "error": "No route to host"}
-        if port in target.firewalled and target is not source:
+        blocked = port in target.firewalled or (target.admits is not None
+                                                and port not in target.admits)
+        if blocked and target is not source:
             return {"ok": False, "error": f"timed out after {timeout:g} s"}
         with self._lock:
             listener = self._listening.get((target.address, port))
@@ -249,7 +152,8 @@ class FakeTransport:
 @functools.lru_cache(maxsize=1)
 def _program_sources() -> dict[bytes, str]:
     folder = resources.files("clusterrun.remote")
-    return {item.read_bytes(): item.name for item in folder.iterdir()
+    # As shipped: a program that imports shared modules arrives with them, behind a loader.
+    return {shell.program_source(item.name): item.name for item in folder.iterdir()
             if item.name.endswith(".py")}
 
 
@@ -371,7 +275,7 @@ class FakeProcess:
         return True
 
     def _probe(self, request: dict[str, Any]) -> None:
-        host, network = self.host, self.transport.network
+        host = self.host
         if not self._started:
             self._started = True
             if host.probe == "exits":
@@ -383,18 +287,27 @@ class FakeProcess:
         op = str(request.get("op"))
         if op == "exit":
             self._end(0)
-        elif op in host.silent_ops:
-            return
-        elif op == "route":
-            self._answer("route", host.route(str(request["addr"])))
-        elif op == "listen":
-            self._answer("listen", network.listen(self, host, int(request.get("port") or 0)))
-        elif op == "connect":
-            self._answer("connect", network.connect_to(
-                host, str(request["addr"]), int(request["port"]), request.get("src"),
-                float(request.get("timeout", 5))))
-        elif op == "peers":
-            self._answer("peers", list(self.peers))
+        elif op not in host.silent_ops:
+            self._answer(op, self._operation(op, request))
+
+    def _operation(self, op: str, request: dict[str, Any]) -> Any:
+        host, network = self.host, self.transport.network
+        timeout = float(request.get("timeout", 5))
+        if op == "route":
+            return host.route(str(request["addr"]))
+        if op in ("listen", "mesh_listen"):
+            return network.listen(self, host, int(request.get("port") or 0))
+        if op == "connect":
+            return network.connect_to(host, str(request["addr"]), int(request["port"]),
+                                      request.get("src"), timeout)
+        if op == "mesh_connect":
+            return {key: network.connect_to(host, addr, int(port), request.get("src"), timeout)
+                    for key, addr, port in request["targets"]}
+        if op == "resolve":  # every fake host's name resolves to its first address
+            return {name: {"addresses": [h.address for h in network.hosts.values()
+                                         if (h.hostname or h.address) == name][:1],
+                           "error": None} for name in request["names"]}
+        return list(self.peers) if op == "peers" else {"ok": False, "error": "unknown op"}
 
     def _answer(self, key: str, value: Any) -> None:
         self._emit(json.dumps({key: value}).encode() + b"\n")

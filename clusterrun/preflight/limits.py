@@ -1,0 +1,156 @@
+"""The limits the job will run under on each host, and its RDMA devices: read by the probe the
+way the job starts (after `setup:`, inside the container), judged here.
+
+- /dev/shm: NCCL's intra-node transport and DataLoader workers live there; containers get
+  64 MiB by default, and NCCL then fails at init with an unhandled system error (nccl#342).
+- open files: NCCL opens several sockets per peer; thousands of ranks need more than the usual
+  soft limit of 1024 (nccl#1917).
+- locked memory: RDMA registers (locks) its buffers; without `ulimit -l unlimited` IB fails to
+  register memory (nccl-tests#206).
+- stack: NCCL's documentation warns against an unlimited stack size.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from clusterrun.inventory import HostSpec
+from clusterrun.preflight.report import Check, warn
+
+SHM = "/dev/shm"  # noqa: S108 - named in messages, nothing is written there
+MiB = 1 << 20
+GiB = 1 << 30
+SHM_FAIL = 512 * MiB  # below this, NCCL's shared-memory transport fails with several GPUs
+SHM_WARN = 1 * GiB
+MEMLOCK_FAIL = 64 * MiB
+NOFILE_PER_RANK = 16
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n // MiB} MiB"
+
+
+def host_checks(spec: HostSpec, facts: dict[str, Any], *, gpu_ranks: int,
+                world: int) -> list[Check]:
+    limits = facts.get("limits") or {}
+    out = [c for c in (_shm(spec, limits, gpu_ranks), _nofile(spec, limits, world),
+                       _stack(spec, limits)) if c is not None]
+    out.extend(_rdma(spec, facts, limits))
+    if not any(not c.ok or c.warning for c in out):
+        nofile = (limits.get("nofile") or [None])[0]
+        shm = (limits.get("shm") or {}).get("size")
+        out.append(Check("limits", True, f"{SHM} {_size(shm) if shm else '?'}, open files "
+                         f"{nofile or 'unlimited'}"))
+    return out
+
+
+def _shm(spec: HostSpec, limits: dict[str, Any], gpu_ranks: int) -> Optional[Check]:
+    shm = limits.get("shm")
+    if not shm:
+        return None
+    size = int(shm.get("size") or 0)
+    fix = ("Give the container more (docker/podman run --shm-size=16g, or --ipc=host), or "
+           "remount it larger (mount -o remount,size=16G " + SHM + ").")
+    if gpu_ranks >= 2 and size < SHM_FAIL:
+        return Check("shm", False, f"{SHM} on {spec.name} is {_size(size)}: NCCL's "
+                     f"transport between its {gpu_ranks} GPU ranks there needs more and fails "
+                     f"at init. {fix}", f"{SHM} is {_size(size)}, too small for NCCL "
+                     "between the GPUs of one host. " + fix)
+    if size < SHM_WARN:
+        return warn("shm", f"{SHM} on {spec.name} is {_size(size)}: DataLoader workers "
+                    f"and NCCL keep shared memory there and may fail with a bus error. {fix}",
+                    f"{SHM} is only {_size(size)}. {fix}")
+    return None
+
+
+def _nofile(spec: HostSpec, limits: dict[str, Any], world: int) -> Optional[Check]:
+    soft, hard = (limits.get("nofile") or [None, None])[:2]
+    need = max(1024, NOFILE_PER_RANK * world)
+    if soft is None or soft >= need:
+        return None
+    raise_to = need if hard is None else min(max(need, 65536), hard)
+    how = (f"Add `ulimit -n {raise_to}` to `setup:`" if hard is None or hard >= need else
+           f"The hard limit is {hard}: raise it in /etc/security/limits.conf (or the "
+           "container's --ulimit nofile=...) and add `ulimit -n` to `setup:`")
+    return warn("nofile", f"open files are limited to {soft} on {spec.name}; with {world} "
+                f"ranks NCCL may need about {need} (a socket or more per peer) and fail with "
+                f"'Too many open files'. {how}.",
+                f"open files limited to {soft} (about {need} needed for {world} ranks). {how}.")
+
+
+def _stack(spec: HostSpec, limits: dict[str, Any]) -> Optional[Check]:
+    soft = (limits.get("stack") or [0])[0]
+    if soft is not None:
+        return None
+    return warn("stack", f"the stack size is unlimited (`ulimit -s unlimited`) on {spec.name}; "
+                "NCCL's documentation warns against it. Set a finite one, e.g. `ulimit -s "
+                "8192` in `setup:`.",
+                "stack size unlimited, which NCCL's documentation warns against; set e.g. "
+                "`ulimit -s 8192` in `setup:`")
+
+
+def active_ports(facts: dict[str, Any]) -> list[str]:
+    """`mlx5_0:1`-style names of the RDMA ports that are ACTIVE."""
+    found = facts.get("infiniband") or {}
+    return [f"{dev}:{port}" for dev, ports in sorted(found.items())
+            for port, item in sorted(ports.items()) if (item.get("state") or "") == "ACTIVE"]
+
+
+def ib_hca(spec: HostSpec, facts: dict[str, Any]) -> Optional[str]:
+    """NCCL_IB_HCA as the ranks will see it: the inventory's, else this shell's (forwarded),
+    else the host's own environment."""
+    for source in (dict(spec.env), os.environ, facts.get("env") or {}):
+        if "NCCL_IB_HCA" in source:
+            return str(source["NCCL_IB_HCA"])
+    return None
+
+
+def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list[Check]:
+    devices = facts.get("infiniband") or {}
+    out: list[Check] = []
+    hca = ib_hca(spec, facts)
+    if devices:
+        active = active_ports(facts)
+        if not active:
+            out.append(warn("infiniband", f"{spec.name} has RDMA devices ({', '.join(devices)}) "
+                            "but no ACTIVE port: NCCL will use TCP sockets there. Check the "
+                            "cables and the subnet manager (ibstat).",
+                            "RDMA devices but no ACTIVE port; NCCL falls back to sockets"))
+        else:
+            out.append(Check("infiniband", True, ", ".join(
+                f"{p} {port_info(facts, p).get('link_layer')} {port_info(facts, p).get('rate')}"
+                for p in active)))
+        memlock = (limits.get("memlock") or [None])[0]
+        if memlock is not None:
+            text = (f"locked memory is limited to {_size(memlock)} on {spec.name}, which has "
+                    "RDMA devices: NCCL cannot register its buffers for InfiniBand/RoCE. Set "
+                    "`ulimit -l unlimited` (/etc/security/limits.conf, or the container's "
+                    "--ulimit memlock=-1).")
+            out.append(Check("memlock", False, text, "locked memory limited with RDMA "
+                             "devices present; set `ulimit -l unlimited`")
+                       if memlock < MEMLOCK_FAIL else warn("memlock", text))
+    if hca and not hca.startswith("^"):
+        exact = hca.startswith("=")
+        for entry in hca.lstrip("=").split(","):
+            dev = entry.split(":")[0].strip()
+            if not dev:
+                continue
+            hit = [d for d in devices if (d == dev if exact else d.startswith(dev))]
+            if not hit:
+                have = ", ".join(devices) or "none"
+                check = Check("nccl_ib_hca", False, f"NCCL_IB_HCA={hca} names {dev!r}, which "
+                              f"{spec.name} does not have (its RDMA devices: {have}). Name "
+                              "devices from /sys/class/infiniband, or unset it.")
+                out.append(check if devices else warn(
+                    "nccl_ib_hca", f"NCCL_IB_HCA={hca} is set but {spec.name} has no RDMA "
+                    "devices; NCCL will use TCP sockets there.",
+                    f"NCCL_IB_HCA={hca} is set, but no RDMA devices here; NCCL uses TCP "
+                    "sockets"))
+                break
+    return out
+
+
+def port_info(facts: dict[str, Any], name: str) -> dict[str, Any]:
+    dev, port = name.split(":")
+    return dict((facts.get("infiniband") or {}).get(dev, {}).get(port, {}))

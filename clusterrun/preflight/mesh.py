@@ -1,0 +1,146 @@
+"""Preflight's last phase: every host to every other host, as NCCL and Gloo will connect them.
+
+Checking each worker against the master proves only the bootstrap: the ranks then connect
+every pair on ephemeral ports, and a firewall that admits SSH and the master port passes every
+other check and hangs the job at init (NVIDIA/nccl#388, pytorch/gloo#54). So every host listens
+on an ephemeral port of its chosen address, every host connects to all the others at once, and
+every host looks up the others' names and master_addr, so a name that resolves to another
+address on some host is caught too. One round trip per host, in parallel: a host that drops
+SYNs costs one connect timeout in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from clusterrun.errors import Outcome
+from clusterrun.inventory import Inventory
+from clusterrun.preflight import names as naming
+from clusterrun.preflight.probe_session import ProbeSession
+from clusterrun.preflight.report import Blocked, HostReport, Pairs
+from clusterrun.transport import parallel
+
+PAIR_SECONDS = 5.0
+RESOLVE_SECONDS = 5.0
+
+
+def run(inv: Inventory, reports: Sequence[HostReport],
+        sessions: dict[str, ProbeSession]) -> Optional[Pairs]:
+    members = [r for r in reports if r.outcome is None and r.address and r.spec.name in sessions]
+    ports = _listen(members, sessions)
+    listening = [r for r in members if r.spec.name in ports]
+    wanted = naming.names_to_resolve(inv, listening)
+    answers: dict[str, dict[str, Any]] = {}
+
+    def one(report: HostReport) -> None:
+        session = sessions[report.spec.name]
+        targets = [[o.spec.name, o.address, ports[o.spec.name]] for o in listening
+                   if o is not report]
+        if targets:
+            answers.setdefault(report.spec.name, {})["connect"] = session.ask(
+                "mesh_connect", targets=targets, src=report.address, timeout=PAIR_SECONDS)
+        if wanted:
+            answers.setdefault(report.spec.name, {})["resolve"] = session.ask(
+                "resolve", names=wanted, timeout=RESOLVE_SECONDS)
+
+    results = parallel.run(one, listening, PAIR_SECONDS + RESOLVE_SECONDS + 10,
+                           name=lambda r: r.spec.name)
+    for result in results.failed:
+        assert result.failure is not None
+        outcome = result.failure.outcome
+        result.item.fail(Outcome.PROBE_TIMEOUT if outcome is Outcome.COMMAND_TIMEOUT else outcome,
+                         "probe", result.failure.message)
+    answered = [r for r in listening if r.spec.name in answers and r.outcome is None]
+    naming.judge(inv, answered, {n: a.get("resolve") or {} for n, a in answers.items()})
+    if len(answered) < 2:
+        return None
+    pairs = Pairs([r.spec.name for r in answered], [], {})
+    for r in answered:
+        pairs.port_ranges[r.spec.name] = r.facts.get("port_range")
+        for target, result in (answers[r.spec.name].get("connect") or {}).items():
+            if not result.get("ok") and target in pairs.hosts:
+                pairs.blocked.append(Blocked(r.spec.name, target, str(result.get("error"))))
+    _judge_pairs(answered, pairs)
+    _judge_port_ranges(answered)
+    return pairs
+
+
+def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) -> dict[str, int]:
+    ports: dict[str, int] = {}
+
+    def one(report: HostReport) -> None:
+        reply = sessions[report.spec.name].ask("mesh_listen", addr=report.address)
+        if reply.get("ok"):
+            ports[report.spec.name] = int(reply["port"])
+        else:
+            report.add("pairs", False, f"{report.spec.name}: cannot listen on an ephemeral port "
+                       f"of {report.address}: {reply.get('error')}.")
+
+    results = parallel.run(one, members, 15.0, name=lambda r: r.spec.name)
+    for result in results.failed:
+        assert result.failure is not None
+        result.item.fail(Outcome.PROBE_FAILED, "probe", result.failure.message)
+    return ports
+
+
+def blamed(pairs: Pairs) -> dict[str, list[Blocked]]:
+    """Which host each failed pair is put on: a host nobody reaches (its firewall) or a host
+    that reaches nobody (its egress); otherwise the one connected to."""
+    incoming: dict[str, int] = {}
+    outgoing: dict[str, int] = {}
+    for b in pairs.blocked:
+        incoming[b.target] = incoming.get(b.target, 0) + 1
+        outgoing[b.source] = outgoing.get(b.source, 0) + 1
+    others = len(pairs.hosts) - 1
+    out: dict[str, list[Blocked]] = {}
+    for b in pairs.blocked:
+        if incoming[b.target] < others and outgoing[b.source] == others:
+            out.setdefault(b.source, []).append(b)
+        else:
+            out.setdefault(b.target, []).append(b)
+    return out
+
+
+def fix(port_range: Optional[list[int]]) -> str:
+    span = f"{port_range[0]}-{port_range[1]}" if port_range else "net.ipv4.ip_local_port_range"
+    return (f"NCCL and Gloo connect every pair of ranks on ephemeral ports ({span}), not only "
+            "the master port. Open that range between the hosts in their firewalls, or narrow "
+            "it on every host (sysctl -w net.ipv4.ip_local_port_range='50000 51000') and open "
+            "that.")
+
+
+def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
+    blame = blamed(pairs)
+    for r in answered:
+        name = r.spec.name
+        mine = blame.get(name, [])
+        if not mine:
+            r.add("pairs", True, f"reached all {len(pairs.hosts) - 1} other hosts on ephemeral "
+                  "ports, and reached from them")
+            continue
+        into = [b for b in mine if b.target == name]
+        out = [b for b in mine if b.source == name]
+        parts = []
+        if into:
+            parts.append(f"{parallel.fold([b.source for b in into])} cannot connect to {name} "
+                         f"({r.address}) on an ephemeral port: {into[0].error}")
+        if out:
+            parts.append(f"{name} cannot connect to {parallel.fold([b.target for b in out])} "
+                         f"on an ephemeral port: {out[0].error}")
+        r.add("pairs", False, "; ".join(parts) + ". " + fix(r.facts.get("port_range")))
+
+
+def _judge_port_ranges(answered: Sequence[HostReport]) -> None:
+    ref = answered[0]
+    want = ref.facts.get("port_range")
+    for r in answered[1:]:
+        have = r.facts.get("port_range")
+        if have and want and have != want:
+            text = (f"net.ipv4.ip_local_port_range is {have[0]}-{have[1]}, but {want[0]}-"
+                    f"{want[1]} on {ref.spec.name}: a firewall rule written for one range "
+                    "leaves the other's ports closed. Set the same range on every host.")
+            r.add("port_range", True, f"warning: {text}")
+            r.checks[-1].group = (f"warning: net.ipv4.ip_local_port_range {have[0]}-{have[1]}, "
+                                  f"{want[0]}-{want[1]} on {ref.spec.name}; set the same range "
+                                  "on every host")

@@ -1,0 +1,195 @@
+"""What the preflight probe reads about a host besides its interfaces (stdlib only, 3.6+):
+its names, the software ranks will load, the limits they will run under, and its links.
+
+Everything is read from files (/proc, /sys, dist-info folder names) without importing torch or
+any other package: importing torch takes seconds and proves nothing here. The probe runs the
+same way the job will (after `setup:`, in the container), so these are the job's own values.
+"""
+
+import os
+import re
+import resource
+import socket
+import sys
+import threading
+import time
+from typing import Any  # noqa: F401 - used in type comments (no annotations: Python 3.6)
+
+INFINIBAND = "/sys/class/infiniband"
+_DIST = re.compile(r"^(.+?)-([^-]+?)(?:-py\d.*)?\.(?:dist-info|egg-info)$")
+
+
+def _lookup(name, timeout):
+    """Every address ``name`` resolves to (any family), bounded in time: a resolver that hangs
+    must not hang the probe."""
+    out = {"addresses": [], "error": None, "seconds": None}  # type: dict[str, Any]
+
+    def lookup():
+        start = time.monotonic()
+        try:
+            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+            out["addresses"] = sorted({info[4][0] for info in infos})
+        except OSError as exc:
+            out["error"] = str(exc)
+        out["seconds"] = round(time.monotonic() - start, 3)
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        out["error"] = "no answer within %g s" % timeout
+    return out
+
+
+def resolve_many(names, timeout):
+    """name -> lookup result, all looked up at once (one timeout for the lot)."""
+    results = {}
+    threads = []
+    for name in sorted(set(names)):
+        def one(name=name):
+            results[name] = _lookup(name, timeout)
+        thread = threading.Thread(target=one, daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + timeout + 1
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for name in names:
+        results.setdefault(name, {"addresses": [], "error": "no answer within %g s" % timeout,
+                                  "seconds": None})
+    return results
+
+
+def names(timeout):
+    """The host's own name and fully qualified name, and what each resolves to here."""
+    hostname = socket.gethostname()
+    try:
+        fqdn = socket.getfqdn()
+    except OSError:
+        fqdn = hostname
+    return {"hostname": hostname, "fqdn": fqdn,
+            "resolved": resolve_many([hostname, fqdn], timeout)}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def port_range():
+    text = _read("/proc/sys/net/ipv4/ip_local_port_range")
+    try:
+        low, high = (int(x) for x in text.split())
+    except (AttributeError, ValueError):
+        return None
+    return [low, high]
+
+
+def packages():
+    """Installed distributions as {normalized name: version}, from the folder names on sys.path
+    (the first one on the path wins, as it does for imports)."""
+    found = {}
+    for entry in sys.path:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            match = _DIST.match(item)
+            if not match:
+                continue
+            name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            found.setdefault(name, match.group(2))
+    return found
+
+
+def nccl_version(installed, torch_path):
+    """The NCCL torch will load, when that can be told without importing torch: the
+    nvidia-nccl-cu* wheel torch's CUDA builds depend on, or a versioned libnccl in torch/lib.
+    None for CPU builds and builds that link NCCL statically."""
+    for name in sorted(installed):
+        if name.startswith("nvidia-nccl-cu"):
+            return installed[name]
+    if torch_path:
+        lib = os.path.join(os.path.dirname(torch_path), "lib")
+        try:
+            listing = os.listdir(lib)
+        except OSError:
+            listing = []
+        for item in sorted(listing):
+            match = re.match(r"^libnccl\.so\.(\d+\.\d+\.\d+)$", item)
+            if match:
+                return match.group(1)
+    return None
+
+
+def _limit(which):
+    soft, hard = resource.getrlimit(which)
+    return [None if soft == resource.RLIM_INFINITY else soft,
+            None if hard == resource.RLIM_INFINITY else hard]
+
+
+def limits():
+    """The limits the job's processes inherit (None = unlimited), and /dev/shm's size."""
+    out = {"nofile": _limit(resource.RLIMIT_NOFILE), "memlock": _limit(resource.RLIMIT_MEMLOCK),
+           "stack": _limit(resource.RLIMIT_STACK), "shm": None}
+    try:
+        stat = os.statvfs("/dev/shm")  # noqa: S108 - its size is read, nothing is written
+        out["shm"] = {"size": stat.f_blocks * stat.f_frsize,
+                      "free": stat.f_bavail * stat.f_frsize}
+    except OSError:
+        pass
+    return out
+
+
+def _number(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def links(names_):
+    """MTU and speed (Mbit/s; None where the driver does not say, as for virtual links) of each
+    interface."""
+    out = {}
+    for name in names_:
+        base = os.path.join("/sys/class/net", name)
+        speed = _number(_read(os.path.join(base, "speed")))
+        out[name] = {"mtu": _number(_read(os.path.join(base, "mtu"))),
+                     "speed": speed if speed is not None and speed > 0 else None}
+    return out
+
+
+def infiniband(root=INFINIBAND):
+    """RDMA devices and their ports: state, link layer and rate, as the kernel shows them.
+    None when the host has no RDMA stack at all."""
+    try:
+        devices = sorted(os.listdir(root))
+    except OSError:
+        return None
+    out = {}
+    for device in devices:
+        ports_dir = os.path.join(root, device, "ports")
+        try:
+            ports = sorted(os.listdir(ports_dir), key=lambda p: _number(p) or 0)
+        except OSError:
+            ports = []
+        out[device] = {}
+        for port in ports:
+            base = os.path.join(ports_dir, port)
+            state = _read(os.path.join(base, "state")) or ""
+            out[device][port] = {
+                "state": state.split(":", 1)[-1].strip() or None,  # "4: ACTIVE" -> ACTIVE
+                "link_layer": _read(os.path.join(base, "link_layer")),
+                "rate": _read(os.path.join(base, "rate")),
+            }
+    return out
+
+
+def environment():
+    """The NCCL/Gloo variables the host's own environment sets (after `setup:`)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))}
