@@ -8,7 +8,12 @@ offline) and shows the practices every multi-GPU guide teaches, in one readable 
 * BatchNorm converted to SyncBatchNorm on GPU (plain BatchNorm on CPU, see ``build_model``);
 * ``DistributedSampler`` for train (shuffled, ``set_epoch`` every epoch) and for eval;
 * metrics all-reduced across ranks (sum of correct / sum of total), printed by rank 0;
-* a checkpoint written by rank 0 only (atomically), then ``dist.barrier()``; ``--resume``;
+* a checkpoint written by rank 0 only (atomically), then ``dist.barrier()``;
+* restartable: with ``--resume``, or when the launcher says this is a restart
+  (``CLUSTERRUN_RESTART_COUNT`` / ``TORCHELASTIC_RESTART_COUNT`` > 0), rank 0 loads the
+  checkpoint (model, optimizer, epoch, RNG state) and broadcasts it; the shuffle of each epoch
+  comes from (seed, epoch), so a resumed run ends with the same parameters as an
+  uninterrupted one (``final parameter sha256 ...``);
 * a final ``dist.barrier()``, ``destroy_process_group()``, exit code 0 on success.
 
 Run it on one machine with two processes (CPU/Gloo works fine)::
@@ -31,6 +36,7 @@ on the first run; local rank 0 of each node downloads, the others wait at a barr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import socket
 import sys
@@ -66,7 +72,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-dir", type=Path, default=DEFAULT_CHECKPOINT_DIR)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint if any")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint if any (implied when CLUSTERRUN_RESTART_COUNT or "
+        "TORCHELASTIC_RESTART_COUNT is above 0)",
+    )
     p.add_argument("--no-checkpoint", action="store_true", help="do not write checkpoints")
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
@@ -221,27 +232,88 @@ def build_model(in_features: int, num_classes: int, device: torch.device) -> nn.
 
 # -------------------------------------------------------------------------- checkpoints
 
+# clusterrun sets the first on every rank of a restarted run; torchrun sets the second when it
+# restarts its workers itself (--max-restarts). Both are 0 (or unset) on the first attempt.
+RESTART_COUNT_VARS = ("CLUSTERRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def restart_count() -> int:
+    """0 on a first attempt, k on the k-th restart, whichever launcher restarted us."""
+    count = 0
+    for name in RESTART_COUNT_VARS:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            count = max(count, int(value))
+        except ValueError:
+            sys.exit(f"{name}={value!r} is not a whole number")
+    return count
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's random state. Dropout masks come from it, and DataLoader draws a seed from
+    it every epoch; the shuffle does not (DistributedSampler derives it from seed and epoch).
+    The script uses neither numpy's nor Python's global RNG: save those too if yours does."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def gather_rng_states(device: torch.device, rank: int, world_size: int) -> Optional[list[Any]]:
+    """Every rank's random state, on rank 0 (None elsewhere). Collective: all ranks call it.
+    The ranks' streams need not be identical, so rank 0's own state alone would not do."""
+    states: Optional[list[Any]] = [None] * world_size if rank == 0 else None
+    dist.gather_object(rng_state(device), states, dst=0)
+    return states
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is only durable once the directory entry is on disk too. Windows cannot
+    # open a directory for fsync.
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 def save_checkpoint(
     path: Path,
     model: DistributedDataParallel,
     opt: torch.optim.Optimizer,
     epoch: int,
+    *,
+    rng_states: Optional[list[Any]],
     args: argparse.Namespace,
 ) -> None:
-    """Rank 0 only. Write to a temp file and rename, so a crash never leaves half a file."""
+    """Rank 0 only. A crash at any point leaves either the previous checkpoint or this one,
+    never half a file: write a temp file next to it, fsync, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.module.state_dict(),  # .module: no "module." prefix in the keys
-            "optimizer": opt.state_dict(),
-            "epoch": epoch,  # epochs completed
-            "args": {k: str(v) for k, v in vars(args).items()},
-        },
-        tmp,
-    )
+    # Same directory as the target: os.replace is atomic only within one filesystem.
+    tmp = path.with_name(path.name + ".tmp")
+    state = {
+        "model": model.module.state_dict(),  # .module: no "module." prefix in the keys
+        "optimizer": opt.state_dict(),
+        "epoch": epoch,  # epochs completed
+        "rng": rng_states,  # one entry per rank, indexed by global rank
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def load_checkpoint(path: Path, rank: int) -> Optional[dict[str, Any]]:
@@ -257,9 +329,14 @@ def load_checkpoint(path: Path, rank: int) -> Optional[dict[str, Any]]:
 
 
 def resume(
-    path: Path, model: DistributedDataParallel, opt: torch.optim.Optimizer, rank: int
+    path: Path,
+    model: DistributedDataParallel,
+    opt: torch.optim.Optimizer,
+    device: torch.device,
+    seed: int,
 ) -> int:
-    """Load model and optimizer state if a checkpoint exists; return epochs already done."""
+    """Load model, optimizer and RNG state if a checkpoint exists; return epochs already done."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     ckpt = load_checkpoint(path, rank)
     if ckpt is None:
         if rank == 0:
@@ -267,9 +344,48 @@ def resume(
         return 0
     model.module.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
+    epoch = int(ckpt["epoch"])
+    states = ckpt.get("rng")
+    note = ""
+    if states is not None and len(states) == world_size:
+        set_rng_state(states[rank], device)
+    else:
+        # Saved by another number of ranks (e.g. a restart with fewer nodes): their streams do
+        # not map onto ours. Still deterministic, though not the uninterrupted run's numbers
+        # (those depend on the world size anyway: it sets the global batch).
+        torch.manual_seed(seed + epoch)
+        saved = "it holds no RNG state" if states is None else f"saved by {len(states)} ranks"
+        note = f" ({saved}, {world_size} now: RNG reseeded from seed and epoch)"
     if rank == 0:
-        say(f"resumed from {path} after epoch {ckpt['epoch']}")
-    return int(ckpt["epoch"])
+        say(f"resumed from {path} after epoch {epoch}{note}")
+    return epoch
+
+
+def crash_for_tests(epochs_done: int, rank: int, restarts: int) -> None:
+    """Testing aid: TRAIN_DIGITS_CRASH_AFTER_EPOCH=k makes rank TRAIN_DIGITS_CRASH_RANK
+    (default 1) die right after the checkpoint of epoch k is on disk, on the first attempt
+    only, so a restart test can kill a run at a known point and expect the restart to finish."""
+    after = os.environ.get("TRAIN_DIGITS_CRASH_AFTER_EPOCH", "").strip()
+    if restarts > 0 or not after or int(after) != epochs_done:
+        return
+    if rank == int(os.environ.get("TRAIN_DIGITS_CRASH_RANK", "1")):
+        sys.stderr.write(
+            f"rank {rank}: TRAIN_DIGITS_CRASH_AFTER_EPOCH={after}: exiting with code 1 "
+            "(testing aid)\n"
+        )
+        sys.stderr.flush()
+        os._exit(1)  # no cleanup, no barrier: as abrupt as a lost process
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """sha256 over the bytes of every parameter and buffer (BatchNorm running statistics),
+    in state_dict order: equal digests mean bitwise-equal models."""
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        # Viewed as bytes so any dtype (bfloat16 too) hashes without numpy knowing it.
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        h.update(raw.numpy().tobytes())
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------- train / evaluate
@@ -354,7 +470,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
 
     ckpt_path = args.checkpoint_dir / f"{args.dataset}_ddp.pt"
-    start_epoch = resume(ckpt_path, model, opt, rank) if args.resume else 0
+    restarts = restart_count()
+    start_epoch = 0
+    if args.resume or restarts > 0:
+        start_epoch = resume(ckpt_path, model, opt, device, args.seed)
 
     if rank == 0 and start_epoch < args.epochs:
         say(
@@ -368,12 +487,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         train_sampler.set_epoch(epoch)  # else every epoch reuses the same shuffle
         loss = train_one_epoch(model, train_loader, opt, device)
         acc = evaluate(model.module, test_loader, test_sampler, len(test_ds), device)
+        # Taken where the next epoch would start: nothing draws random numbers from here on.
+        rng_states = None if args.no_checkpoint else gather_rng_states(device, rank, world_size)
         if rank == 0:
             say(f"epoch {epoch + 1}/{args.epochs} loss {loss:.4f} test accuracy {acc:.4f}")
             if not args.no_checkpoint:
-                save_checkpoint(ckpt_path, model, opt, epoch + 1, args)
+                save_checkpoint(ckpt_path, model, opt, epoch + 1, rng_states=rng_states, args=args)
         # Nobody starts the next epoch (or exits, or reads the file) before it is written.
         barrier(device)
+        crash_for_tests(epoch + 1, rank, restarts)
 
     if start_epoch >= args.epochs:  # resumed a finished run: just report
         acc = evaluate(model.module, test_loader, test_sampler, len(test_ds), device)
@@ -386,6 +508,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"final test accuracy {acc:.4f} ({max(start_epoch, args.epochs)} epochs, "
             f"{world_size} ranks, {time.perf_counter() - t0:.1f}s{where})"
         )
+        say(f"final parameter sha256 {parameter_digest(model.module)}")
     shutdown(device, backend)
     return 0
 
