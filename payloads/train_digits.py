@@ -36,6 +36,7 @@ on the first run; local rank 0 of each node downloads, the others wait at a barr
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import socket
@@ -466,7 +467,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     test_loader = DataLoader(test_ds, batch_size=256, sampler=test_sampler, pin_memory=pin)
 
     net = build_model(in_features, 10, device)
-    model = DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
+
+    def wrap() -> DistributedDataParallel:
+        ids = [local_rank] if device.type == "cuda" else None
+        return DistributedDataParallel(net, device_ids=ids)
+
+    model = wrap()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
 
     ckpt_path = args.checkpoint_dir / f"{args.dataset}_ddp.pt"
@@ -484,6 +490,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     acc = float("nan")
     for epoch in range(start_epoch, args.epochs):
+        if epoch > start_epoch:
+            # A fresh DDP wrapper every epoch, as a restarted run has for its first one. DDP
+            # lays its gradient buckets out anew after its first step, and with three or more
+            # ranks the order in which the all-reduce adds the ranks' gradients follows that
+            # layout; without this a run resumed at an epoch boundary would differ from one
+            # that never stopped in the last bits. The old wrapper must be gone first: its
+            # hooks would still fire on the same parameters.
+            del model
+            gc.collect()
+            model = wrap()
         train_sampler.set_epoch(epoch)  # else every epoch reuses the same shuffle
         loss = train_one_epoch(model, train_loader, opt, device)
         acc = evaluate(model.module, test_loader, test_sampler, len(test_ds), device)

@@ -129,7 +129,7 @@ def test_hosts_command(tmp_path: Path) -> None:
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
     assert lines[0].split() == ["SOURCE", "NAME", "ADDRESS", "USER", "PORT", "REACHED", "NPROC",
-                                "MASTER"]
+                                "MASTER", "SPARE"]
     assert lines[1].split() == [f"{tmp_path / 'hosts.txt'}:2", "gpu01", "gpu01", "-", "-", "ssh",
                                 "4", "yes"]
     cp = run_cli("hosts", "--json", "-x", "gpu01", str(inv), timeout=60)
@@ -137,7 +137,7 @@ def test_hosts_command(tmp_path: Path) -> None:
     rows = json.loads(cp.stdout)
     assert rows[0] == {"source": f"{tmp_path / 'hosts.txt'}:4", "name": "gpu02",
                        "address": "gpu02", "user": None, "port": None, "reached": "ssh",
-                       "container": None, "nproc": "auto", "master": True}
+                       "container": None, "nproc": "auto", "master": True, "spare": False}
     assert [r["name"] for r in rows] == ["gpu02", "10.0.0.11", "10.0.0.12"]
     local = write(tmp_path, "local.yaml", "hosts:\n  - host: localhost\n    name: a\n"
                   "  - host: localhost\n    name: b\n    master: true\n")

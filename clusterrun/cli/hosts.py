@@ -127,7 +127,8 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     Columns: source (file:line), name, address, user and port (`-`: from ~/.ssh/config, else the
     local user and 22), how the host is reached (ssh, `ssh via BASTION` with `proxy_jump:`, or
     local for this machine; `> NAME` when
-    everything there runs in container NAME), nproc per node and the master.
+    everything there runs in container NAME), nproc per node, the master, and the spares
+    (`spare: true`: held back for restarts).
     """
     import json
 
@@ -139,16 +140,18 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     rows = [{"source": f"{h.source or inv.path}:{h.line}", "name": h.name, "address": h.host,
              "user": h.user, "port": h.port,
              "reached": _reached(h),
-             "container": h.container, "nproc": h.nproc_per_node, "master": h.master}
+             "container": h.container, "nproc": h.nproc_per_node, "master": h.master,
+             "spare": h.spare}
             for h in inv.hosts]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    head = ["SOURCE", "NAME", "ADDRESS", "USER", "PORT", "REACHED", "NPROC", "MASTER"]
+    head = ["SOURCE", "NAME", "ADDRESS", "USER", "PORT", "REACHED", "NPROC", "MASTER", "SPARE"]
     table = [head] + [[str(r["source"]), str(r["name"]), str(r["address"]),
                        str(r["user"] or "-"), str(r["port"] or "-"),
                        str(r["reached"]) + (f" > {r['container']}" if r["container"] else ""),
-                       str(r["nproc"]), "yes" if r["master"] else ""] for r in rows]
+                       str(r["nproc"]), "yes" if r["master"] else "",
+                       "yes" if r["spare"] else ""] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

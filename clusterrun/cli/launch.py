@@ -17,6 +17,7 @@ from clusterrun.cli.common import (
     selection_options,
     ssh_options,
 )
+from clusterrun.errors import UsageError
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
@@ -62,6 +63,14 @@ from clusterrun.cli.common import (
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan and start nothing.")
 @click.option("--detach", is_flag=True,
               help="Return once every host has started; the run goes on without this terminal.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N",
+              help="After a failure, start the run again up to N times on healthy hosts, "
+                   "spares taking the failed hosts' places (docs/restarts.md). Needs the "
+                   "attached controller: not with --detach.")
+@click.option("--min-nodes", type=click.IntRange(min=1), default=None, metavar="M",
+              help="With --max-restarts: when no spare is left, restart on fewer hosts, down to "
+                   "M (node ranks renumbered, the world shrinks; default: the full count).")
 @click.option("--name", default=None, help="A name for the run (default: the script's name).")
 @click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL when a run is stopped.")
@@ -101,7 +110,13 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
     job = launching.job_for(script, args, module=opt["module"], torchrun=not opt["no_torchrun"],
                             local_rank_arg=opt["local_rank_arg"],
                             torchrun_args=opt["torchrun_args"])
+    _check_restarts(opt["max_restarts"], opt["min_nodes"], detach=opt["detach"])
     inv = load_inventory(inventory_path, opt["only_hosts"], opt["exclude_hosts"])
+    starts = len(inv.active)
+    if opt["min_nodes"] is not None and opt["min_nodes"] > starts:
+        raise UsageError(f"--min-nodes {opt['min_nodes']} is more than the {starts} "
+                         f"host{'s' if starts != 1 else ''} a run starts on in {inv.path} "
+                         "(spares not counted): give at most that many.")
     nproc = opt["nproc_per_node"]
     if nproc == inventory.AUTO:  # for every host, whatever the inventory says
         inv = dataclasses.replace(inv, hosts=tuple(
@@ -113,6 +128,18 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         env_file=opt["env_file"], forward_env=opt["forward_env"], check=not opt["no_check"],
         sync=not opt["no_sync"], dry_run=opt["dry_run"], detach=opt["detach"],
         name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
-        allow_busy_gpus=opt["allow_busy_gpus"])
+        allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
+        min_nodes=opt["min_nodes"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
     raise SystemExit(launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home))
+
+
+def _check_restarts(max_restarts: int, min_nodes: Optional[int], *, detach: bool) -> None:
+    """--max-restarts and --min-nodes against the other flags, before any host is contacted."""
+    if max_restarts > 0 and detach:
+        raise UsageError("restarts need the attached controller: a detached run has no process "
+                         "left to restart it. Run it attached (inside tmux, screen or nohup) to "
+                         "use --max-restarts.")
+    if min_nodes is not None and max_restarts == 0:
+        raise UsageError("--min-nodes only matters when a run restarts: give --max-restarts N "
+                         "too, or leave --min-nodes out.")

@@ -28,21 +28,25 @@ from clusterrun.runs import names
               help="Only lines matching this regular expression.")
 @click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",
               help="Start with the last N lines.")
+@click.option("--attempt", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Attempt K of a restarted run (default: the current one).")
 @ssh_options
 def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tuple[int, ...],
-         pattern: Optional[str], tail: Optional[int], connect_timeout: float,
-         accept_new_host_keys: bool) -> None:
+         pattern: Optional[str], tail: Optional[int], attempt: Optional[int],
+         connect_timeout: float, accept_new_host_keys: bool) -> None:
     """Aggregated logs of a run (the latest by default), every line prefixed [node rRANK].
 
     A finished run is read from the local mirrors; with -f a live run is followed from its
     hosts' files by byte offset, resuming where the mirrors end, so nothing is lost or shown
-    twice, also after the launching terminal has gone.
+    twice, also after the launching terminal has gone. A restarted run shows its current
+    attempt (with -f, each new attempt as it starts); --attempt K shows an earlier one.
     """
     import re
 
     from clusterrun.console import Printer
     from clusterrun.logs import show as logview_cmd
     from clusterrun.logs.view import Filter
+    from clusterrun.runs import attempts
 
     try:
         grep = re.compile(pattern) if pattern else None
@@ -50,20 +54,30 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
         raise ClusterrunError(f"--grep {pattern!r}: not a valid regular expression ({exc}).",
                               exit_status=ExitStatus.USAGE) from None
     run = names.resolve(home(write=False), run_id, note=note)
-    known = {n["name"] for n in run.plan.get("nodes", [])}
+    total = attempts.count(run)
+    if attempt is not None and attempt > total:
+        had = "1 attempt" if total == 1 else f"{total} attempts (1-{total})"
+        raise UsageError(f"run {run.id} has no attempt {attempt}; it has had {had}.")
+    if attempt is None and total > 1:
+        earlier = "1" if total == 2 else f"1 to {total - 1}"
+        note(f"run {run.id}: attempt {total} of {total} (earlier: --attempt {earlier})")
+    # Hosts and ranks may differ between attempts: check against the one shown.
+    plan = attempts.attempt_dir(run, attempt or total).plan
+    known = {n["name"] for n in plan.get("nodes", [])}
     unknown = set(nodes) - known
+    of = f"attempt {attempt or total} of run {run.id}" if total > 1 else f"run {run.id}"
     if unknown:
-        raise ClusterrunError(f"run {run.id} has no node {', '.join(sorted(unknown))}; its "
+        raise ClusterrunError(f"{of} has no node {', '.join(sorted(unknown))}; its "
                               f"nodes: {', '.join(sorted(known))}.", exit_status=ExitStatus.USAGE)
-    world = int(run.plan.get("world_size") or 0)
+    world = int(plan.get("world_size") or 0)
     missing = sorted(set(ranks_) - set(range(world)))
     if missing:
-        raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
+        raise UsageError(f"{of} has no rank {', '.join(map(str, missing))}; it has "
                          f"ranks 0-{world - 1}.")
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
     status = logview_cmd.show(run, flt, tail=tail, follow=follow,
                               ssh=make_options(connect_timeout, accept_new_host_keys),
-                              printer=Printer(),
+                              printer=Printer(), attempt=attempt,
                               say=lambda text: click.echo(f"clusterrun: {text}", err=True))
     raise SystemExit(status)
 
@@ -77,7 +91,9 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
        accept_new_host_keys: bool) -> None:
     """List runs, newest first: id, name, state, hosts, start time, duration.
 
-    States: running, succeeded, failed, stopped, lost (a node or the controller was lost).
+    States: running, succeeded, failed, stopped, lost (a node or the controller was lost). A
+    restarted run shows its attempt, e.g. running (attempt 2/3), and the current attempt's
+    hosts; hosts it quarantined are listed on a line under it.
     """
     import json
     import time
@@ -92,12 +108,15 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     if not rows:
         click.echo("no runs yet")
         return
-    click.echo(f"{'RUN':34} {'STATE':10} {'STARTED':19} {'DURATION':>9}  HOSTS")
+    width = max(10, *(len(listing.state_text(row)) for row in rows))
+    click.echo(f"{'RUN':34} {'STATE':{width}} {'STARTED':19} {'DURATION':>9}  HOSTS")
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started_at"] or 0))
         duration = f"{row['duration']:.0f}s" if row["duration"] is not None else "-"
-        click.echo(f"{row['id']:34} {row['state']:10} {started:19} {duration:>9}  "
-                   f"{','.join(row['hosts'])}")
+        click.echo(f"{row['id']:34} {listing.state_text(row):{width}} {started:19} "
+                   f"{duration:>9}  {','.join(row['hosts'])}")
+        if row["quarantined"]:
+            click.echo(listing.quarantine_line(row))
 
 
 @click.command(context_settings=CONTEXT)
@@ -110,9 +129,10 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
          accept_new_host_keys: bool) -> None:
     """End a run on every host (graceful, then forced), also after its controller died.
 
-    Only this run's processes are touched: other runs on the same hosts go on.
+    Only this run's processes are touched: other runs on the same hosts go on. A restarted run
+    is stopped on the hosts of its current attempt.
     """
-    from clusterrun.runs import lifecycle
+    from clusterrun.runs import attempts, lifecycle
     from clusterrun.runs import remote as remote_runs
 
     run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
@@ -122,7 +142,9 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
         click.echo(f"run {run.id} already {ended.value}; nothing to stop")
         return
     ssh = make_options(connect_timeout, accept_new_host_keys)
-    results = remote_runs.stop(run, ssh, grace, force)
+    # The current attempt's hosts and rundirs: earlier attempts have ended (and some of their
+    # hosts are quarantined, maybe unreachable).
+    results = remote_runs.stop(attempts.current(run), ssh, grace, force)
     failed = []
     for name, result in results.items():
         if "error" in result:

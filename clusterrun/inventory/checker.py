@@ -27,7 +27,9 @@ class Checker:
         if not self.problems:
             return
         own = str(self.path)
-        ordered = sorted(self.problems, key=lambda p: (p[0] != own, p[0], p[1]))
+        # A range's hosts share a line and repeat the same problem: say it once.
+        unique = list(dict.fromkeys(self.problems))
+        ordered = sorted(unique, key=lambda p: (p[0] != own, p[0], p[1]))
         raise InventoryError("\n".join(f"{path}:{line}: {msg}" for path, line, msg in ordered))
 
     def keys(self, loc: Located, allowed: tuple[str, ...], where: str) -> dict[str, Located]:

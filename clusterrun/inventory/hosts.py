@@ -69,6 +69,7 @@ class HostSpec:
     proxy_jump: Optional[str] = None  # [user@]host[:port]; None: direct (or ~/.ssh/config's)
     transport: str = "ssh"  # or "srun": a node of the Slurm job `slurm_job`, reached by job steps
     slurm_job: Optional[str] = None
+    spare: bool = False  # kept out of the first attempt; takes a failed host's place on a restart
 
     @property
     def jump(self) -> Optional[tuple[Optional[str], str, Optional[int]]]:
@@ -112,3 +113,13 @@ class Inventory:
     @property
     def master(self) -> HostSpec:
         return next(h for h in self.hosts if h.master)
+
+    @property
+    def active(self) -> tuple[HostSpec, ...]:
+        """The hosts a run starts on (every one but the spares), in inventory order."""
+        return tuple(h for h in self.hosts if not h.spare)
+
+    @property
+    def spares(self) -> tuple[HostSpec, ...]:
+        """The hosts held back for restarts (`spare: true`), in inventory order."""
+        return tuple(h for h in self.hosts if h.spare)

@@ -41,7 +41,7 @@ _HOST_SETTINGS = (
     "container_user",
     "proxy_jump",
 )
-_HOST_ONLY = ("host", "name", "master", "gpus")
+_HOST_ONLY = ("host", "name", "master", "gpus", "spare")
 _TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile", "transport")
 
 # The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
@@ -139,12 +139,13 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
                     "with '.' or '-'.") or host
     elif not _NAME_RE.fullmatch(host):  # an IPv6 address: ':' and '%' make poor file names
         name = re.sub(r"[^A-Za-z0-9._-]", "-", host)
-    master = False
-    if "master" in found:
-        if not isinstance(found["master"].value, bool):
-            chk.fail(found["master"].line, f"{where}.master must be true or false.")
-        else:
-            master = found["master"].value
+    master = "master" in found and bool(values.flag(chk, found["master"], f"{where}.master"))
+    spare = "spare" in found and bool(values.flag(chk, found["spare"], f"{where}.spare"))
+    if master and spare:
+        # No index in the message: every host of a range repeats it on the same line.
+        chk.fail(found["spare"].line, "a host cannot be both `master: true` and `spare: true`: "
+                 "the master runs every attempt and a spare none until a host fails. Remove "
+                 "one of the two.")
     gpus = None
     if "gpus" in found:
         gpus = _gpus(chk, found["gpus"], where)
@@ -156,7 +157,7 @@ def _host(chk: _Checker, index: int, loc: Located, defaults: dict[str, Any]) -> 
     env = tuple(sorted((settings.pop("env") or {}).items()))
     _where_it_runs(settings, local=host in LOCAL_HOSTS)
     return HostSpec(host=host, name=name, master=master, line=loc.line, gpus=gpus, env=env,
-                    **settings)
+                    spare=spare, **settings)
 
 
 def _where_it_runs(settings: dict[str, Any], *, local: bool) -> None:
@@ -242,7 +243,7 @@ def load(path: Union[str, Path]) -> Inventory:
     defaults = dict(DEFAULTS)
     nproc_set = False
     if "defaults" in top and top["defaults"].value is not None:  # None: all commented out
-        found = chk.keys(top["defaults"], _HOST_SETTINGS, "defaults")
+        found = chk.keys(_without_spare(chk, top["defaults"]), _HOST_SETTINGS, "defaults")
         nproc_set = "nproc_per_node" in found
         defaults.update({k: v for k, v in _settings(chk, found).items() if v is not None})
     master_addr = AUTO
@@ -277,6 +278,16 @@ def load(path: Union[str, Path]) -> Inventory:
     assert hosts_loc is not None
     return _finish(chk, chk, path, hosts_loc.value, defaults=defaults, master_addr=master_addr,
                    master_port=master_port)
+
+
+def _without_spare(chk: _Checker, loc: Located) -> Located:
+    """`defaults:` less a `spare:`, refused with its own reason rather than as an unknown key."""
+    if not isinstance(loc.value, dict) or "spare" not in loc.value:
+        return loc
+    chk.fail(loc.value["spare"].line, "`spare:` is refused in `defaults:`: a spare is a host held "
+             "back for restarts, and a run needs hosts that are not. Set `spare: true` on the "
+             "hosts to hold back.")
+    return Located({k: v for k, v in loc.value.items() if k != "spare"}, loc.line)
 
 
 def _transport(chk: _Checker, top: dict[str, Located], *, slurm_hosts: bool) -> str:
@@ -337,7 +348,12 @@ def _finish(chk: _Checker, hchk: _Checker, path: Path, items: list[Located], *,
     hosts = [s for s in specs if s is not None]
     check_unique(chk, hosts)
     chk.raise_if_any()
+    if all(h.spare for h in hosts):
+        chk.fail(hosts[0].line, "every host is `spare: true`; a run starts on the hosts that "
+                 "are not spares, so at least one must not be.", hosts[0].source)
+        chk.raise_if_any()
     named = any(h.master for h in hosts)
-    if not named:
-        hosts[0] = _replace(hosts[0], master=True)
+    if not named:  # the first host that runs the first attempt: a spare may never run at all
+        first = next(i for i, h in enumerate(hosts) if not h.spare)
+        hosts[first] = _replace(hosts[first], master=True)
     return Inventory(path, tuple(hosts), master_addr, master_port, master_named=named)

@@ -41,8 +41,9 @@ def select(inv: Inventory, hosts: Optional[str] = None,
            exclude: Optional[str] = None) -> tuple[Inventory, list[str]]:
     """The inventory narrowed to the hosts ``hosts`` names (all if None) less those ``exclude``
     names, by name or address, in the inventory's order; and notes for stderr. The master stays
-    the master when selected; otherwise the first selected host becomes it (with a note when the
-    inventory had named one)."""
+    the master when selected; otherwise the first selected host that is not a spare becomes it
+    (with a note when the inventory had named one). A selection of spares only uses them as
+    ordinary hosts."""
     if hosts is None and exclude is None:
         return inv, []
     keep = list(inv.hosts)
@@ -56,15 +57,21 @@ def select(inv: Inventory, hosts: Optional[str] = None,
         raise UsageError(f"the selection (-w/--hosts, -x/--exclude) leaves no host of {inv.path}. "
                          f"Its hosts: {_listing(inv)}.")
     notes: list[str] = []
+    if all(h.spare for h in keep):
+        # Naming only spares (`exec -w gpu-e -- nvidia-smi`) means using them: as ordinary hosts.
+        keep = [dataclasses.replace(h, spare=False) for h in keep]
+        notes.append(f"the selection holds only spare hosts ({ranges.fold(h.name for h in keep)});"
+                     " they are used as ordinary hosts.")
     master_addr = inv.master_addr
     if not any(h.master for h in keep):
         old = inv.master
-        keep[0] = dataclasses.replace(keep[0], master=True)
+        first = next(i for i, h in enumerate(keep) if not h.spare)
+        keep[first] = dataclasses.replace(keep[first], master=True)
         if inv.master_named:
-            notes.append(f"the selection leaves out the master {old.name}; {keep[0].name} is the "
-                         "master (rank 0) instead.")
+            notes.append(f"the selection leaves out the master {old.name}; {keep[first].name} is "
+                         "the master (rank 0) instead.")
         if master_addr != AUTO:
             notes.append(f"master_addr {master_addr} belonged to {old.name}: using `auto` "
-                         f"(the address of {keep[0].name}).")
+                         f"(the address of {keep[first].name}).")
             master_addr = AUTO
     return dataclasses.replace(inv, hosts=tuple(keep), master_addr=master_addr), notes

@@ -140,3 +140,11 @@ def engine(chk: _Checker, loc: Located) -> Optional[str]:
                  "out to use whichever the host has, docker when it has both).")
         return None
     return str(loc.value)
+
+
+def flag(chk: _Checker, loc: Located, what: str) -> Optional[bool]:
+    """`true` or `false`; anything else (a quoted "true", 1) is refused rather than guessed at."""
+    if not isinstance(loc.value, bool):
+        chk.fail(loc.line, f"{what} must be true or false, got {show(loc.value)}.")
+        return None
+    return loc.value

@@ -19,7 +19,8 @@ from clusterrun.errors import (
     UsageError,
 )
 from clusterrun.inventory import Inventory
-from clusterrun.launch import outcome, sync
+from clusterrun.launch import outcome, restarts, sync
+from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.launch.session import Session
 from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.logs.view import LogView
@@ -29,7 +30,6 @@ from clusterrun.plan import torchrun as torchrunopts
 from clusterrun.plan import view as planview
 from clusterrun.plan.build import EnvSources
 from clusterrun.plan.model import Job, LaunchPlan
-from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
 from clusterrun.runs import lifecycle
@@ -55,6 +55,8 @@ class LaunchOptions:
     env_file: Optional[str] = None
     forward_env: tuple[str, ...] = ()
     allow_busy_gpus: bool = False
+    max_restarts: int = 0
+    min_nodes: Optional[int] = None  # None: a lost host with no spare left ends the run
 
 
 def job_for(script: Optional[str], args: tuple[str, ...], *, module: Optional[str] = None,
@@ -115,10 +117,7 @@ class Interrupts:
             self.say(f"{name} again: killing the run on every node now")
 
 
-def _preflight(inv: Inventory, pool: Connections, opts: LaunchOptions,
-               err: TextIO) -> CheckReport:
-    report = preflight.run(inv, pool, data_path=opts.check,
-                           allow_busy_gpus=opts.allow_busy_gpus)
+def _judge(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport:
     if report.ok:
         return report
     checkview.render_plain(report, err)
@@ -141,23 +140,65 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         environment.read_env_file(sources.env_file)
     if opts.master_port is not None:
         inv = dataclasses.replace(inv, master_port=opts.master_port)
+    say = _sayer(err)
+    slots = restarts.Slots.initial(inv, opts.min_nodes)
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
-        report = _preflight(inv, pool, opts, err)
-        plan = planning.build(inv, report, job, name=opts.name,
-                              nproc_override=opts.nproc_per_node, env=sources,
-                              sync=opts.sync, grace=opts.grace, lease=opts.lease,
-                              detach=opts.detach)
+        report = _judge(restarts.checked(inv, pool, slots, attempt=1, data_path=opts.check,
+                                         allow_busy_gpus=opts.allow_busy_gpus, say=say),
+                        opts, err)
+
+        def plan_for(attempt: int, report: CheckReport, run_id: Optional[str]) -> LaunchPlan:
+            return planning.build(slots.inventory(inv), report, job, name=opts.name,
+                                  nproc_override=opts.nproc_per_node, env=sources,
+                                  sync=opts.sync, grace=opts.grace, lease=opts.lease,
+                                  detach=opts.detach, run_id=run_id, attempt=attempt,
+                                  max_restarts=opts.max_restarts)
+
+        plan = plan_for(1, report, None)
         if opts.dry_run:
             out.write("\n".join(planview.dry_run(plan)) + "\n")
             return int(ExitStatus.SUCCESS)
-        return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err)
+        if not (opts.max_restarts or slots.quarantined):
+            return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err)
+
+        def again(attempt: int, nodes: list[NodeOutcome],
+                  root: outcome.Failure) -> Optional[tuple[LaunchPlan, CheckReport]]:
+            """The next attempt's plan after a failed one (None: it cannot be made)."""
+            head = f"attempt {attempt}/{opts.max_restarts + 1}"
+            lost = restarts.lost_hosts(nodes)
+            try:
+                for name, why in lost:
+                    pool.discard(name)
+                    say(f"{head}: {slots.leave_out(name, why, attempt - 1)}")
+            except restarts.CannotReplace as exc:
+                say(f"cannot restart: {exc}")
+                return None
+            if not lost:
+                say(f"{head}: restarting after {root.detail}, on the same hosts once they "
+                    "pass the check")
+            found = restarts.checked(inv, pool, slots, attempt=attempt, data_path=opts.check,
+                                     allow_busy_gpus=opts.allow_busy_gpus, say=say)
+            if not found.ok and (opts.check or found.unreachable):
+                checkview.render_plain(found, err)
+                say("cannot restart: the hosts left failed the check (see above).")
+                return None
+            return plan_for(attempt, found, plan.run_id), found
+
+        return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err,
+                       again=again, slots=slots)
+
+
+Again = Callable[[int, list[NodeOutcome], outcome.Failure],
+                 Optional[tuple[LaunchPlan, CheckReport]]]
 
 
 def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connections, *,
             home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
-            err: Optional[TextIO] = None) -> int:
-    """Run a plan on the hosts ``pool`` holds connections to (preflight made them)."""
+            err: Optional[TextIO] = None, again: Optional[Again] = None,
+            slots: Optional[restarts.Slots] = None) -> int:
+    """Run a plan on the hosts ``pool`` holds connections to (preflight made them); with
+    ``again``, a failed attempt is followed by the next one, up to --max-restarts."""
     out = out or sys.stdout
     say = _sayer(err or sys.stderr)
     run_dir = runs.create(home, plan.run_id)
@@ -167,6 +208,41 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
                          controller_pid=os.getpid(), started_at=runs.now(),
                          hosts=[n.name for n in plan.nodes], inventory=str(inv.path))
     lock = run_dir.lock_fd("mirror.lock")  # held while this process writes the mirrors
+    history = restarts.History(run_dir, opts.max_restarts, slots)
+    attempt_dir = run_dir
+    with Interrupts(say) as interrupts:
+        while True:
+            history.begin(plan)
+            nodes = _attempt(plan, run_dir, attempt_dir, report, pool, opts=opts, say=say,
+                             out=out, interrupts=interrupts)
+            if isinstance(nodes, int):
+                return nodes  # detached: running on without this process
+            found = outcome.failures(nodes)
+            root = found[0] if found else None
+            nxt = None
+            reported = False
+            if (again is not None and root is not None and not interrupts.received
+                    and plan.attempt <= opts.max_restarts):
+                history.end(plan, attempt_dir, nodes, root, say)
+                reported = True
+                nxt = again(plan.attempt + 1, nodes, root)
+            if nxt is None or interrupts.received:  # Ctrl-C while the hosts were re-checked
+                status = _finish(plan, run_dir, attempt_dir, nodes, reported=reported,
+                                 interrupts=interrupts.received, say=say, history=history)
+                break
+            plan, report = nxt
+            attempt_dir = history.next_dir(plan, str(inv.path))
+    if lock is not None:
+        os.close(lock)
+    return status
+
+
+def _attempt(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
+             report: CheckReport,
+             pool: Connections, *, opts: LaunchOptions, say: Callable[[str], None],
+             out: TextIO, interrupts: Interrupts) -> Any:
+    """One attempt, from the banner to the end of its watch: its nodes' outcomes (or, for a
+    detached run, the exit status of the start)."""
     for line in planview.banner(plan):
         say(line)
     specs = {h.spec.name: h.spec for h in report.hosts}
@@ -176,20 +252,16 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
         reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
         lifecycle.record(run_dir, RunState.FAILED, reason=reason, exit_status=exc.exit_status)
         raise
-    mirror = Mirror(run_dir)
+    mirror = Mirror(attempt_dir)
     view = LogView(Printer(out))
     session = Session(plan, pool.transports, specs, mirror=mirror, view=view, notify=say)
-    with Interrupts(say) as interrupts:
-        session.start()
-        if plan.detach:
-            return _detached(plan, run_dir, session, say)
-        session.watch(interrupts.received, interrupts.announce)
+    session.start()
+    if plan.detach:
+        return _detached(plan, attempt_dir, session, say)
+    session.watch(interrupts.received, interrupts.announce)
     view.close()
     mirror.close()
-    status = _finish(plan, run_dir, session, interrupts.received, say)
-    if lock is not None:
-        os.close(lock)
-    return status
+    return list(session.nodes.values())
 
 
 def _code_on_hosts(plan: LaunchPlan, report: CheckReport, pool: Connections, *,
@@ -233,27 +305,42 @@ def _detached(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
     return int(ExitStatus.SUCCESS)
 
 
-def _finish(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,
-            interrupts: list[int], say: Callable[[str], None]) -> int:
-    nodes = list(session.nodes.values())
+def _finish(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
+            nodes: list[NodeOutcome], *, interrupts: list[int], say: Callable[[str], None],
+            history: restarts.History, reported: bool = False) -> int:
     found = outcome.failures(nodes)
     root = found[0] if found else None
     interrupted = interrupts[0] if interrupts else None
     stopped = any(n.state == "stopped" for n in nodes)
     status = outcome.exit_status(root, interrupted, stopped)
-    logs = verify(run_dir, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
-    runs.write_json(run_dir.file("summary.json"), outcome.summary(
-        run_dir, nodes, root=root, status=status, interrupted=interrupted, checks=logs))
+    logs = verify(attempt_dir, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
+    summary = outcome.summary(attempt_dir, nodes, root=root, status=status,
+                              interrupted=interrupted, checks=logs)
+    history.close(plan, status, root)
+    if plan.attempt > 1:
+        runs.write_json(attempt_dir.file("summary.json"), summary)
+        lifecycle.record(attempt_dir, from_outcome(
+            root_lost=None if root is None else root.code is None,
+            interrupted=interrupted is not None, stopped=stopped), exit_status=status)
+        summary = dict(summary, attempt=plan.attempt, **history.public())
+    runs.write_json(run_dir.file("summary.json"), summary)
     state = lifecycle.record(run_dir, from_outcome(
         root_lost=None if root is None else root.code is None, interrupted=interrupted is not None,
         stopped=stopped), ended_at=runs.now(), exit_status=status)
-    if status != 0:
-        for line in outcome.report(run_dir, nodes, root, interrupted, stopped):
+    if status != 0 and not reported:  # a failed attempt's root cause is said when it ends
+        for line in outcome.report(attempt_dir, nodes, root, interrupted, stopped):
             say(line)
+    if plan.attempt > 1:
+        for entry in history.public()["attempts"]:
+            say(f"attempt {entry['attempt']}: {entry.get('root_cause') or 'succeeded'} "
+                f"(exit {entry.get('exit_status')})")
+        for q in history.public()["quarantined"]:
+            say(f"quarantined: {q['host']} ({q['reason']}, attempt {q['attempt']})")
     if logs["differ"]:
         say(f"logs: {len(logs['differ'])} file(s) differ from the hosts' copies: "
             f"{', '.join(logs['differ'][:5])} (the hosts keep the originals)")
     else:
-        say(f"logs: {logs['identical']} files, identical on the hosts and in {run_dir.path}")
-    say(f"run {plan.run_id} {state.value} (exit {status})")
+        say(f"logs: {logs['identical']} files, identical on the hosts and in {attempt_dir.path}")
+    say(f"run {plan.run_id} {state.value} (exit {status})"
+        + (f" after {plan.attempt} attempts" if plan.attempt > 1 else ""))
     return status

@@ -11,6 +11,7 @@ from clusterrun.logs import wire
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
+from clusterrun.runs import attempts
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
 from clusterrun.transport import SshOptions, Transport, shell
@@ -62,14 +63,18 @@ def _as_state(end: wire.End) -> dict[str, Any]:
 
 def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
                offset: int) -> None:
-    """Follow a run another clusterrun process is mirroring (an attached launch): read new
-    entries of its arrivals index as they appear."""
+    """Follow one attempt of a run another clusterrun process is mirroring (an attached
+    launch): read new entries of the attempt's arrivals index as they appear, until the
+    attempt is over (the run ended, its launch is gone, or it moved on to a later attempt)."""
+    top = attempts.top(run)
     while True:
         offset = replay_from(run, view, positions, offset)
         view.tick()
-        state = run.state
+        state = top.state
         gone = not state.get("ended_at") and not pid_alive(state.get("controller_pid"))
-        if (state.get("ended_at") or gone) and not _growing(run, offset):
+        # The launch starts attempt K+1 only after attempt K's teardown: it has ended then.
+        over = state.get("ended_at") or gone or attempts.count(top) > run.attempt
+        if over and not _growing(run, offset):
             replay_from(run, view, positions, offset)
             view.close()
             return

@@ -1,4 +1,5 @@
-"""`clusterrun logs`: a run's mirrors replayed, then (with -f) followed on its hosts."""
+"""`clusterrun logs`: a run's mirrors replayed, then (with -f) followed on its hosts. A run that
+restarted shows one attempt: the current one, or the one asked for."""
 
 from __future__ import annotations
 
@@ -10,22 +11,27 @@ from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.view import Filter, LogView
-from clusterrun.runs import lifecycle
+from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
 
+Position = tuple[LogView, dict[tuple[str, str], int], int]  # the view, per-file bytes, index
+
 
 def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
-         printer: Printer, say: Callable[[str], None]) -> int:
+         printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None) -> int:
+    """Show attempt ``attempt`` of ``run`` (default: its current one)."""
+    run = attempts.top(run)
     # Whichever command looks first at a run nobody watches fetches what its hosts have; a
     # finished one is then verified, summarised and recorded (runs.lifecycle).
     lifecycle.settle(run, ssh, say)
     lock = None
     if lifecycle.live(run) and not lifecycle.watched(run):
+        # One lock in the run folder guards the mirrors of all its attempts.
         lock = run.lock_fd("mirror.lock")  # None: another clusterrun is fetching this run
     try:
-        status = _show(run, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-                       lock=lock)
+        status = _show(run, attempt or attempts.count(run), flt, tail=tail, follow=follow,
+                       ssh=ssh, printer=printer, say=say, lock=lock)
     finally:
         if lock is not None:
             os.close(lock)
@@ -35,35 +41,56 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
     return status
 
 
-def _show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
-          printer: Printer, say: Callable[[str], None], lock: Optional[int]) -> int:
-    if lock is not None and lifecycle.live(run):
+def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
+          ssh: SshOptions, printer: Printer, say: Callable[[str], None],
+          lock: Optional[int]) -> int:
+    shown = attempts.attempt_dir(run, k)
+
+    def going() -> bool:  # an earlier attempt has ended, whatever the run does now
+        return k == attempts.count(run) and lifecycle.live(run)
+
+    if lock is not None and going():
         # Nobody else mirrors this live run: first fetch what its hosts have now, so what is
         # shown (the tail above all) is the run's present, not where its mirrors stopped.
-        mirror = Mirror(run)
-        following.follow(run, ssh, mirror, None, say, keep_following=False)
+        mirror = Mirror(shown)
+        following.follow(shown, ssh, mirror, None, say, keep_following=False)
         mirror.close()
     if tail is not None:
         collector = Collector(tail)
         view = LogView(collector, flt)  # type: ignore[arg-type]
-        positions, offset = replay(run, view, collector.chunk)
-        if not follow or not lifecycle.live(run):
+        positions, offset = replay(shown, view, collector.chunk)
+        if not follow or not going():
             view.close()
         for key, prefix, text in collector.lines:
             printer.line(key, prefix, text)
         view.printer = printer  # what follows continues each file where the tail left it
     else:
         view = LogView(printer, flt)
-        positions, offset = replay(run, view)
-    if not follow or not lifecycle.live(run):
+        positions, offset = replay(shown, view)
+    if not follow or not going():
         view.close()
+        if follow and k < attempts.count(run):
+            say(f"attempt {k} of run {run.id} has ended; follow the current one with "
+                f"`clusterrun logs -f {run.id}`")
         return 0
     if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
-        following.wait_local(run, view, positions, offset)
+        _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say)
         return 0
-    mirror = Mirror(run)
-    following.follow(run, ssh, mirror, view, say)
+    mirror = Mirror(shown)
+    following.follow(shown, ssh, mirror, view, say)
     mirror.close()
     return 0
 
 
+def _wait_local(run: RunDir, k: int, at: Position, *, flt: Filter, printer: Printer,
+                say: Callable[[str], None]) -> None:
+    """Follow the mirrors a launch in another terminal writes, attempt after attempt: when the
+    run restarts, go on with the new attempt's files from their first byte."""
+    while True:
+        following.wait_local(attempts.attempt_dir(run, k), *at)
+        if attempts.count(run) <= k:  # the run ended with this attempt, or its launch died
+            return
+        k += 1
+        say(attempts.started_text(run, k))
+        view = LogView(printer, flt)
+        at = (view, *replay(attempts.attempt_dir(run, k), view))

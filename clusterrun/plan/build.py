@@ -115,14 +115,17 @@ def _command(spec: HostSpec, job: Job, cwd: str) -> list[str]:
 def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] = None,
           nproc_override: Optional[int] = None, env: Optional[EnvSources] = None,
           sync: bool = True, grace: float = 15.0, lease: float = 30.0,
-          detach: bool = False) -> LaunchPlan:
-    """Everything a launch will do, decided before anything starts."""
+          detach: bool = False, run_id: Optional[str] = None, attempt: int = 1,
+          max_restarts: int = 0) -> LaunchPlan:
+    """Everything a launch will do, decided before anything starts. A restart (``attempt`` 2
+    and on) keeps the run's id; its files on each host go to a folder of their own."""
     if report.master_addr is None or report.master_port is None:
         raise PreflightError("cannot plan the launch: the master's address or port is unknown "
                              "(see the preflight report above).")
     placeholders.check(job.args, per_process=not job.torchrun)
     label = run_name(job.script, name or job.label)
-    run_id = new_run_id(label)
+    run_id = run_id or new_run_id(label)
+    restarts = attempt - 1
     hosts = sorted(report.hosts, key=lambda h: h.node_rank)
     nprocs = [_nproc(h, nproc_override) for h in hosts]
     starts = ranks.global_ranks(nprocs)
@@ -132,7 +135,8 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
     for host, nproc, span in zip(hosts, nprocs, starts):
         spec = host.spec
         workdir = host.workdir or spec.workdir
-        rundir = f"{workdir}/runs/{run_id}/{spec.name}"
+        rundir = (f"{workdir}/runs/{run_id}/{spec.name}" if attempt == 1 else
+                  f"{workdir}/runs/{run_id}/attempt-{attempt}/{spec.name}")
         local_code = job.code.resolve()
         if spec.own_files or not sync:
             cwd = str(local_code.parent if job.module and job.script.is_dir() else local_code)
@@ -156,6 +160,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
             "CLUSTERRUN_RUN_ID": run_id,
             "CLUSTERRUN_NODE": spec.name,
             "CLUSTERRUN_NODE_RANK": str(host.node_rank),
+            "CLUSTERRUN_RESTART_COUNT": str(restarts),
             "PYTHONUNBUFFERED": "1",
         })
         if spec.gpus is not None:
@@ -180,7 +185,8 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
         else:
             processes = tuple(_process(command, job, values, node_rank=host.node_rank,
                                        rank=span.start + i, local_rank=i, nproc=nproc,
-                                       world=world, run_id=run_id) for i in range(nproc))
+                                       world=world, run_id=run_id,
+                                       restarts=(restarts, max_restarts)) for i in range(nproc))
         nodes.append(NodePlan(
             name=spec.name, host=spec.host, local=spec.own_files, node_rank=host.node_rank,
             nproc=nproc, first_rank=span.start, interface=iface, address=host.address or "",
@@ -191,11 +197,13 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
     return LaunchPlan(run_id=run_id, name=label, script=job.script, args=tuple(job.args),
                       master_addr=report.master_addr, master_port=report.master_port,
                       lifeline_port=report.lifeline_port, module=job.module, code=job.code,
-                      nodes=tuple(nodes), sync=sync, grace=grace, lease=lease, detach=detach)
+                      nodes=tuple(nodes), sync=sync, grace=grace, lease=lease, detach=detach,
+                      attempt=attempt)
 
 
 def _process(command: list[str], job: Job, values: dict[str, object], *, node_rank: int,
-             rank: int, local_rank: int, nproc: int, world: int, run_id: str) -> RankProcess:
+             rank: int, local_rank: int, nproc: int, world: int, run_id: str,
+             restarts: tuple[int, int] = (0, 0)) -> RankProcess:
     """One process started without torchrun: the environment torchrun would give it, and its
     arguments with every placeholder expanded in one pass."""
     mine = dict(values, rank=rank, local_rank=local_rank, world_size=world)
@@ -204,8 +212,8 @@ def _process(command: list[str], job: Job, values: dict[str, object], *, node_ra
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world,
            "LOCAL_WORLD_SIZE": nproc, "GROUP_RANK": node_rank, "NODE_RANK": node_rank,
            "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world, "MASTER_ADDR": values["master_addr"],
-           "MASTER_PORT": values["master_port"], "TORCHELASTIC_RESTART_COUNT": 0,
-           "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": run_id}
+           "MASTER_PORT": values["master_port"], "TORCHELASTIC_RESTART_COUNT": restarts[0],
+           "TORCHELASTIC_MAX_RESTARTS": restarts[1], "TORCHELASTIC_RUN_ID": run_id}
     return RankProcess(tuple(argv), tuple((k, str(v)) for k, v in env.items()))
 
 

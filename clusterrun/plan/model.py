@@ -108,6 +108,7 @@ class LaunchPlan:
     created: float = field(default_factory=time.time)
     module: Optional[str] = None  # -m MODULE instead of a script
     code: Optional[Path] = None  # the directory copied to every host (default: the script's)
+    attempt: int = 1  # 2 and on: a restart of the run (`launch --max-restarts`)
 
     @property
     def code_dir(self) -> Path:
@@ -124,5 +125,5 @@ class LaunchPlan:
                 "world_size": self.world_size, "sync": self.sync, "grace": self.grace,
                 "lease": self.lease, "detach": self.detach, "created": self.created,
                 "module": self.module,
-                "lifeline_port": self.lifeline_port,
+                "lifeline_port": self.lifeline_port, "attempt": self.attempt,
                 "nodes": [n.public() for n in self.nodes]}

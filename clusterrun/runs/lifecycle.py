@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 from clusterrun.errors import ExitStatus
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
-from clusterrun.runs import remote, store
+from clusterrun.runs import attempts, remote, store
 from clusterrun.runs.state import RunState, combine, merge
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
@@ -21,12 +21,15 @@ __all__ = ["RunState", "live", "record", "recorded", "settle", "watched"]
 
 
 def recorded(run: RunDir) -> Optional[RunState]:
-    return RunState.parse(run.state.get("state"))
+    """The run's state as this machine recorded it (the run folder's, also when given one of
+    its attempts: an attempt ending is not the run ending)."""
+    return RunState.parse(attempts.top(run).state.get("state"))
 
 
 def record(run: RunDir, seen: RunState, **fields: Any) -> RunState:
-    """Record ``seen`` (with ``fields``) unless the run has already ended: then nothing
-    changes and the state it ended with is returned."""
+    """Record ``seen`` (with ``fields``) in ``run``'s state.json (a run folder's, or one
+    attempt's own) unless it has already ended: then nothing changes and the state it ended
+    with is returned."""
     with run.locked("state.lock"):
         current = run.state
         state = merge(RunState.parse(current.get("state")), seen)
@@ -47,21 +50,23 @@ def live(run: RunDir) -> bool:
 
 def watched(run: RunDir) -> bool:
     """An attached launch is still streaming this run (its controller holds the mirrors)."""
-    state = run.state
+    state = attempts.top(run).state
     return not state.get("detached") and store.pid_alive(state.get("controller_pid"))
 
 
 def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
-    """For a run this machine last saw going, with no controller watching it: ask its hosts. If
-    every node has ended, fetch the rest of its logs, verify them, write the summary and record
-    the final state; else it is running."""
+    """For a run this machine last saw going, with no controller watching it: ask the hosts of
+    its current attempt. If every node has ended, fetch the rest of that attempt's logs, verify
+    them, write the summaries and record the final state; else it is running."""
+    run = attempts.top(run)  # the run's state and locks live in the run folder
     if not live(run) or watched(run):
         return recorded(run) or RunState.RUNNING
     lock = run.lock_fd("mirror.lock")
     if lock is None:  # another clusterrun process is writing the mirrors right now
         return RunState.RUNNING
     try:
-        per_node = remote.status(run, ssh)
+        attempt = attempts.current(run)
+        per_node = remote.status(attempt, ssh)
         # A host that could not be asked (crashed, partitioned, sshd gone) has no state.
         unreachable = [name for name, s in per_node.items() if s.get("unreachable")]
         states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
@@ -71,19 +76,29 @@ def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
         root = _root_cause(per_node)
         if root is not None:
             state = RunState.LOST if root.get("lost") else RunState.FAILED
-        mirror = Mirror(run)
+        mirror = Mirror(attempt)
         try:
-            following.follow(run, ssh, mirror, None, say or (lambda _text: None),
+            following.follow(attempt, ssh, mirror, None, say or (lambda _text: None),
                              keep_following=False)
         finally:
             mirror.close()
-        checks = verify(run, {name: s.get("checksums") or {} for name, s in per_node.items()
-                              if name not in unreachable})
+        checks = verify(attempt, {name: s.get("checksums") or {} for name, s in per_node.items()
+                                  if name not in unreachable})
         status = _exit_status(state, root)
-        store.write_json(run.file("summary.json"), _summary(
-            run, per_node, unreachable, root=root, status=status, checks=checks))
         ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0)
-        return record(run, state, ended_at=ended or store.now(), exit_status=status)
+        ended = ended or store.now()
+        summary = _summary(attempt, per_node, unreachable, root=root, status=status,
+                           checks=checks)
+        if attempt is not run:
+            store.write_json(attempt.file("summary.json"), summary)
+            record(attempt, state, ended_at=ended, exit_status=status)
+        attempts.end_entry(run, attempt.attempt, exit_status=status,
+                           root_cause=attempts.cause_text(root), ended_at=ended)
+        if attempts.entries(run) or attempts.quarantined(run):
+            summary = dict(summary, attempts=attempts.entries(run),
+                           quarantined=attempts.quarantined(run))
+        store.write_json(run.file("summary.json"), summary)
+        return record(run, state, ended_at=ended, exit_status=status)
     finally:
         os.close(lock)
 
@@ -111,8 +126,8 @@ def _exit_status(state: RunState, root: Optional[dict[str, Any]]) -> int:
 
 def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list[str], *,
              root: Optional[dict[str, Any]], status: int, checks: dict[str, Any]) -> dict[str, Any]:
-    """summary.json for a run whose controller was not there at the end (same shape as the one
-    an attached launch writes; nothing here holds environment values)."""
+    """summary.json for a run (one attempt's folder) whose controller was not there at the end
+    (same shape as the one an attached launch writes; nothing here holds environment values)."""
     plan_nodes = {n["name"]: n for n in run.plan.get("nodes", [])}
     nodes = []
     for name, state in per_node.items():

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from clusterrun.runs import lifecycle, store
+from clusterrun.runs import attempts, lifecycle, store
 from clusterrun.transport import SshOptions
 
 
 def ps_rows(home: Any, ssh: SshOptions, refresh_remote: bool = True) -> list[dict[str, Any]]:
+    """One row per run, newest first. ``hosts`` are the current attempt's; ``attempt`` is that
+    attempt's number, ``attempts`` and ``quarantined`` the run's lists (empty for a run that
+    never restarted)."""
     rows = []
     for run in store.all_runs(home):
         if refresh_remote:
@@ -20,8 +23,24 @@ def ps_rows(home: Any, ssh: SshOptions, refresh_remote: bool = True) -> list[dic
         ended = state.get("ended_at")
         rows.append({
             "id": run.id, "name": plan.get("name"), "state": state.get("state", "unknown"),
-            "hosts": [n["name"] for n in plan.get("nodes", [])], "started_at": started,
+            "hosts": attempts.hosts(run, attempts.count(run)), "started_at": started,
             "ended_at": ended, "duration": round((ended or time.time()) - started, 1)
             if started else None, "exit_status": state.get("exit_status"),
-            "detached": bool(state.get("detached"))})
+            "detached": bool(state.get("detached")), "attempt": attempts.count(run),
+            "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
+            "quarantined": attempts.quarantined(run)})
     return rows
+
+
+def state_text(row: dict[str, Any]) -> str:
+    """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted."""
+    if row["attempt"] > 1:
+        return f"{row['state']} (attempt {row['attempt']}/{row['max_attempts']})"
+    return str(row["state"])
+
+
+def quarantine_line(row: dict[str, Any]) -> str:
+    """The line under a run's row that names its quarantined hosts ('' for none)."""
+    if not row["quarantined"]:
+        return ""
+    return "  quarantined: " + "; ".join(attempts.quarantine_text(e) for e in row["quarantined"])

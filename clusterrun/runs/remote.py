@@ -1,4 +1,8 @@
-"""Reaching a run's hosts again from any shell: its status (`ps`) and stopping it (`stop`)."""
+"""Reaching a run's hosts again from any shell: its status (`ps`) and stopping it (`stop`).
+
+Each function takes one attempt's folder and reaches that attempt's hosts and remote rundirs
+(hosts differ between attempts: a spare takes a failed host's place). The run's live hosts are
+those of ``attempts.current(run)``."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from clusterrun.transport.programs import call
 T = TypeVar("T")
 
 def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
-    """Each node's connection settings and plan entry, from plan.json."""
+    """Each node's connection settings and plan entry, from the attempt's plan.json."""
     out = []
     for node in run.plan.get("nodes", []):
         conn = dict(node.get("connection") or {})

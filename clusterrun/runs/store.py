@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -99,13 +100,29 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
+# Attempt K >= 2 of a run lives in runs/<run-id>/attempt-K/ (attempt 1 is the run folder itself).
+_ATTEMPT_DIR = re.compile(r"attempt-([1-9][0-9]*)")
+
+
 @dataclass(frozen=True)
 class RunDir:
+    """A run's folder, or one attempt's folder inside it: both hold the same files."""
+
     path: Path
 
     @property
+    def attempt(self) -> int:
+        """1 for the run folder, K for its attempt-K folder."""
+        match = _ATTEMPT_DIR.fullmatch(self.path.name)
+        # The parent check keeps a run whose own id looks like an attempt folder a run.
+        if match and int(match.group(1)) >= 2 and self.path.parent.parent.name == "runs":
+            return int(match.group(1))
+        return 1
+
+    @property
     def id(self) -> str:
-        return self.path.name
+        """The run's id, also for an attempt's folder: messages name the run."""
+        return self.path.parent.name if self.attempt > 1 else self.path.name
 
     def file(self, name: str) -> Path:
         return self.path / name

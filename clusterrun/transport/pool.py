@@ -34,6 +34,14 @@ class Connections:
             self._open.setdefault(spec.name, transport)
             return self._open[spec.name]
 
+    def discard(self, name: str) -> None:
+        """Close and forget a host's connection (a host left out of the run): a later ``get``
+        connects afresh."""
+        with self._lock:
+            transport = self._open.pop(name, None)
+        if transport is not None:
+            transport.close()
+
     def connected(self, name: str) -> bool:
         with self._lock:
             return name in self._open
