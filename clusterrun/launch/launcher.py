@@ -332,8 +332,9 @@ def _finish(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
             say(line)
     if plan.attempt > 1:
         for entry in history.public()["attempts"]:
-            say(f"attempt {entry['attempt']}: {entry.get('root_cause') or 'succeeded'} "
-                f"(exit {entry.get('exit_status')})")
+            what = entry.get("root_cause") or (
+                "succeeded" if entry.get("exit_status") == 0 else "stopped")
+            say(f"attempt {entry['attempt']}: {what} (exit {entry.get('exit_status')})")
         for q in history.public()["quarantined"]:
             say(f"quarantined: {q['host']} ({q['reason']}, attempt {q['attempt']})")
     if logs["differ"]:
