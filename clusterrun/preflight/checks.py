@@ -225,9 +225,7 @@ def _workers(reports: Sequence[HostReport], sessions: dict[str, ProbeSession], m
                            name=lambda r: r.spec.name)
     for result in results.failed:
         assert result.failure is not None
-        outcome = result.failure.outcome
-        result.item.fail(Outcome.PROBE_TIMEOUT if outcome is Outcome.COMMAND_TIMEOUT else outcome,
-                         "probe", result.failure.message)
+        result.item.probe_failed(result.failure.outcome, result.failure.message)
 
 
 def _data_path(report: HostReport, session: ProbeSession, master: _Master) -> None:

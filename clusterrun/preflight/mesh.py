@@ -48,9 +48,7 @@ def run(inv: Inventory, reports: Sequence[HostReport],
                            name=lambda r: r.spec.name)
     for result in results.failed:
         assert result.failure is not None
-        outcome = result.failure.outcome
-        result.item.fail(Outcome.PROBE_TIMEOUT if outcome is Outcome.COMMAND_TIMEOUT else outcome,
-                         "probe", result.failure.message)
+        result.item.probe_failed(result.failure.outcome, result.failure.message)
     answered = [r for r in listening if r.spec.name in answers and r.outcome is None]
     naming.judge(inv, answered, {n: a.get("resolve") or {} for n, a in answers.items()})
     if len(answered) < 2:

@@ -80,6 +80,11 @@ class HostReport:
                 return
         self.checks.append(check)
 
+    def probe_failed(self, outcome: Outcome, detail: str) -> None:
+        """The probe died or went silent mid-conversation (a phase's deadline passed)."""
+        self.fail(Outcome.PROBE_TIMEOUT if outcome is Outcome.COMMAND_TIMEOUT else outcome,
+                  "probe", detail)
+
     def fail(self, outcome: Outcome, check: str, detail: str) -> None:
         """The host could not be probed (not reached, or its probe failed): nothing else runs."""
         if self.outcome is None:

@@ -149,23 +149,7 @@ def torch_info():
 def resolve_self(timeout):
     """How long this host takes to look its own name up (torch does it at start-up)."""
     name = socket.gethostname()
-    result = {"hostname": name, "seconds": None, "addresses": [], "error": None}  # type: dict[str, Any]
-
-    def lookup():
-        start = time.monotonic()
-        try:
-            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-            result["addresses"] = sorted({info[4][0] for info in infos})
-        except OSError as exc:
-            result["error"] = str(exc)
-        result["seconds"] = round(time.monotonic() - start, 3)
-
-    worker = threading.Thread(target=lookup, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        result["error"] = "no answer within %g s" % timeout
-    return result
+    return dict(sysinfo.lookup(name, timeout, socket.AF_INET), hostname=name)
 
 
 def check_workdir(path):

@@ -19,21 +19,21 @@ INFINIBAND = "/sys/class/infiniband"
 _DIST = re.compile(r"^(.+?)-([^-]+?)(?:-py\d.*)?\.(?:dist-info|egg-info)$")
 
 
-def _lookup(name, timeout):
-    """Every address ``name`` resolves to (any family), bounded in time: a resolver that hangs
-    must not hang the probe."""
+def lookup(name, timeout, family=0):
+    """Every address ``name`` resolves to (of ``family``, 0: any), bounded in time: a resolver
+    that hangs must not hang the probe."""
     out = {"addresses": [], "error": None, "seconds": None}  # type: dict[str, Any]
 
-    def lookup():
+    def ask():
         start = time.monotonic()
         try:
-            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)
             out["addresses"] = sorted({info[4][0] for info in infos})
         except OSError as exc:
             out["error"] = str(exc)
         out["seconds"] = round(time.monotonic() - start, 3)
 
-    worker = threading.Thread(target=lookup, daemon=True)
+    worker = threading.Thread(target=ask, daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
@@ -47,7 +47,7 @@ def resolve_many(names, timeout):
     threads = []
     for name in sorted(set(names)):
         def one(name=name):
-            results[name] = _lookup(name, timeout)
+            results[name] = lookup(name, timeout)
         thread = threading.Thread(target=one, daemon=True)
         thread.start()
         threads.append(thread)
