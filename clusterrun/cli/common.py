@@ -63,6 +63,14 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                              "gpu[01-04],10.0.0.12.")(fn)
 
 
+def allow_busy_gpus_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--allow-busy-gpus, as `check` and `launch` take it (it reaches the same preflight)."""
+    return click.option("--allow-busy-gpus", is_flag=True,
+                        help="Go on when GPUs this run will use are busy (memory in use, other "
+                             "users' processes) or unhealthy (compute mode, ECC, row remaps): "
+                             "warnings, not failures.")(fn)
+
+
 def ssh_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=10.0,
                       show_default=True, metavar="SECONDS",

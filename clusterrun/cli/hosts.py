@@ -9,6 +9,7 @@ import click
 
 from clusterrun.cli.common import (
     CONTEXT,
+    allow_busy_gpus_option,
     home,
     load_inventory,
     make_options,
@@ -30,8 +31,7 @@ from clusterrun.inventory.subset import select
               help="Also measure each worker's TCP throughput to the master on its chosen "
                    "interface (about a second per worker); with --smoke, the all-reduce's bus "
                    "bandwidth too.")
-@click.option("--allow-busy-gpus", is_flag=True,
-              help="Report busy or unhealthy GPUs as warnings instead of failures.")
+@allow_busy_gpus_option
 @selection_options
 @ssh_options
 def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,

@@ -10,6 +10,7 @@ import click
 from clusterrun import inventory, usage
 from clusterrun.cli.common import (
     CONTEXT,
+    allow_busy_gpus_option,
     home,
     load_inventory,
     make_options,
@@ -52,10 +53,7 @@ from clusterrun.errors import UsageError
                    "WANDB_*, HF_*, ... are forwarded already).")
 @click.option("--no-check", is_flag=True,
               help="Launch even if preflight checks fail (hosts must still be reachable).")
-@click.option("--allow-busy-gpus", is_flag=True,
-              help="Go on when GPUs this run will use are busy (memory in use, other users' "
-                   "processes) or unhealthy (compute mode, ECC, row remaps): warnings, not "
-                   "failures.")
+@allow_busy_gpus_option
 @click.option("--no-sync", is_flag=True,
               help="Do not copy the script's directory (a shared filesystem has it already).")
 @click.option("--exclude-files", "excludes", multiple=True, metavar="PATTERN",

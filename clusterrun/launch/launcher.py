@@ -22,7 +22,7 @@ from clusterrun.inventory import Inventory
 from clusterrun.launch import outcome, restarts, sync
 from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.launch.session import Session
-from clusterrun.logs.mirror import Mirror, verify
+from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.view import LogView
 from clusterrun.plan import build as planning
 from clusterrun.plan import environment, placeholders
@@ -159,8 +159,6 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         if opts.dry_run:
             out.write("\n".join(planview.dry_run(plan)) + "\n")
             return int(ExitStatus.SUCCESS)
-        if not (opts.max_restarts or slots.quarantined):
-            return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err)
 
         def again(attempt: int, nodes: list[NodeOutcome],
                   root: outcome.Failure) -> Optional[tuple[LaunchPlan, CheckReport]]:
@@ -313,20 +311,17 @@ def _finish(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
     interrupted = interrupts[0] if interrupts else None
     stopped = any(n.state == "stopped" for n in nodes)
     status = outcome.exit_status(root, interrupted, stopped)
-    logs = verify(attempt_dir, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
-    summary = outcome.summary(attempt_dir, nodes, root=root, status=status,
-                              interrupted=interrupted, checks=logs)
+    summary, logs = restarts.attempt_summary(attempt_dir, nodes, root=root, status=status,
+                                             interrupted=interrupted)
+    seen = from_outcome(root_lost=None if root is None else root.code is None,
+                        interrupted=interrupted is not None, stopped=stopped)
     history.close(plan, status, root)
     if plan.attempt > 1:
         runs.write_json(attempt_dir.file("summary.json"), summary)
-        lifecycle.record(attempt_dir, from_outcome(
-            root_lost=None if root is None else root.code is None,
-            interrupted=interrupted is not None, stopped=stopped), exit_status=status)
+        lifecycle.record(attempt_dir, seen, exit_status=status)
         summary = dict(summary, attempt=plan.attempt, **history.public())
     runs.write_json(run_dir.file("summary.json"), summary)
-    state = lifecycle.record(run_dir, from_outcome(
-        root_lost=None if root is None else root.code is None, interrupted=interrupted is not None,
-        stopped=stopped), ended_at=runs.now(), exit_status=status)
+    state = lifecycle.record(run_dir, seen, ended_at=runs.now(), exit_status=status)
     if status != 0 and not reported:  # a failed attempt's root cause is said when it ends
         for line in outcome.report(attempt_dir, nodes, root, interrupted, stopped):
             say(line)

@@ -117,6 +117,15 @@ def lost_hosts(nodes: Sequence[Any]) -> list[tuple[str, str]]:
     return [(n.plan.name, f"lost ({n.lost})") for n in nodes if n.lost is not None]
 
 
+def attempt_summary(folder: RunDir, nodes: list[NodeOutcome], *, root: Optional[outcome.Failure],
+                    status: int, interrupted: Optional[int]) -> tuple[dict[str, Any],
+                                                                     dict[str, Any]]:
+    """An attempt's summary.json content, and the check of its mirrors against the hosts'."""
+    logs = verify(folder, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
+    return outcome.summary(folder, nodes, root=root, status=status, interrupted=interrupted,
+                           checks=logs), logs
+
+
 class History:
     """The run's attempts and quarantined hosts, in its state.json (`ps`, `logs` read them) and
     on the console; each failed attempt's own summary.json in its folder."""
@@ -134,17 +143,16 @@ class History:
                 "attempt": plan.attempt, "hosts": [n.name for n in plan.nodes],
                 "exit_status": None, "root_cause": None, "started_at": time.time(),
                 "ended_at": None})
-            state["quarantined"] = [q.public() for q in (self.slots.quarantined
-                                                        if self.slots else [])]
+            state["quarantined"] = self._quarantined()
             runs.write_json(self.run.file("state.json"), state)
 
     def end(self, plan: LaunchPlan, folder: RunDir, nodes: list[NodeOutcome],
             root: outcome.Failure, say: Callable[[str], None]) -> None:
         """A failed attempt that another may follow: its summary, its root cause."""
         status = outcome.exit_status(root, None, False)
-        logs = verify(folder, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
-        runs.write_json(folder.file("summary.json"), outcome.summary(
-            folder, nodes, root=root, status=status, interrupted=None, checks=logs))
+        summary, _logs = attempt_summary(folder, nodes, root=root, status=status,
+                                         interrupted=None)
+        runs.write_json(folder.file("summary.json"), summary)
         for line in outcome.report(folder, nodes, root, None, False):
             say(line)
         attempts.end_entry(self.run, plan.attempt, exit_status=status, root_cause=root.detail,
@@ -153,11 +161,10 @@ class History:
     def close(self, plan: LaunchPlan, status: int, root: Optional[outcome.Failure]) -> None:
         attempts.end_entry(self.run, plan.attempt, exit_status=status,
                            root_cause=root.detail if root else None, ended_at=time.time())
-        self.begin_quarantine()
+        self.run.update_state(quarantined=self._quarantined())
 
-    def begin_quarantine(self) -> None:
-        self.run.update_state(quarantined=[q.public() for q in (self.slots.quarantined
-                                                                if self.slots else [])])
+    def _quarantined(self) -> list[dict[str, Any]]:
+        return [q.public() for q in (self.slots.quarantined if self.slots else [])]
 
     def next_dir(self, plan: LaunchPlan, inventory: str) -> RunDir:
         folder = attempts.create_attempt(self.run, plan.attempt)
