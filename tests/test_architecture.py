@@ -134,10 +134,10 @@ def test_no_test_module_imports_another() -> None:
     """Shared helpers live in conftest.py; a test module importing another would run (and
     collect) that module's tests twice and tie the two together."""
     offenders = []
-    for path in sorted((REPO / "tests").glob("*.py")):
+    for path in sorted((REPO / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names
-                          if n.startswith("tests.") and n != "tests.conftest"]
+                          if n.startswith("tests.") and not n.endswith(".conftest")]
     assert not offenders

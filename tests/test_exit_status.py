@@ -36,14 +36,17 @@ EXERCISED_BY: dict[str, list[str]] = {
           "test_fake_preflight.py::test_check_exits_4_for_an_unreachable_host",
           "test_check.py::test_changed_host_key_is_refused_and_nothing_runs",
           "test_exec.py::test_exec_names_an_unreachable_host"],
-    "5": ["test_launch.py::test_partitioned_host_is_lost_and_ends_its_own_run"],
-    "6": ["test_fake_preflight.py::test_launch_exits_6_when_copying_the_code_fails"],
+    "5": ["reliability/test_host_faults.py::test_a_partitioned_host_is_lost_and_ends_its_own_run",
+          "reliability/test_controller_signals.py::test_sigstop_past_the_lease_then_sigcont"],
+    "6": ["test_fake_preflight.py::test_launch_exits_6_when_copying_the_code_fails",
+          "reliability/test_disk_full.py::"
+          "test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line"],
     JOB: ["test_localhost.py::test_a_failed_job_exits_with_the_root_cause_ranks_own_status",
-          "test_launch.py::test_failed_rank_tears_down_every_host"],
+          "reliability/test_rank_faults.py::test_a_dying_rank_ends_the_run_on_every_host"],
     "124": ["test_localhost.py::test_exec_timeout_is_124_not_unreachable",
             "test_exec.py::test_exec_timeout_ends_the_command_on_every_host"],
     "130": ["test_localhost.py::test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses",
-            "test_launch.py::test_ctrl_c_stops_every_host",
+            "reliability/test_controller_signals.py::test_ctrl_c_stops_every_rank_gracefully",
             "test_exec.py::test_ctrl_c_of_exec_ends_the_command_on_every_host"],
     "143": ["test_localhost.py::test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses"],
 }
@@ -85,14 +88,15 @@ def test_every_outcome_is_documented_with_its_status() -> None:
 
 @cache
 def module_tests(module: str) -> tuple[set[str], bool]:
-    """The test functions of a test module, and whether it is marked `cluster` as a whole."""
+    """The test functions of a test module, and whether it is marked `cluster` as a whole (the
+    reliability suite's conftest marks its modules)."""
     tree = ast.parse((REPO / "tests" / module).read_text())
     names = {node.name for node in tree.body
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     marked = any(isinstance(node, ast.Assign) and any(
         isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
         and "cluster" in ast.unparse(node.value) for node in tree.body)
-    return names, marked
+    return names, marked or module.startswith("reliability/")
 
 
 def test_every_status_row_names_tests_that_exist() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.preflight import decide
 from clusterrun.preflight.checks import _port_problem
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
@@ -48,9 +50,27 @@ def _check_workdir(path: str) -> dict[str, object]:
 
 def test_the_probe_creates_and_writes_the_workdir(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b"
-    assert _check_workdir(str(target)) == {"path": str(target), "ok": True, "error": None}
+    found = _check_workdir(str(target))
+    assert found == {"path": str(target), "ok": True, "error": None, "free": found["free"]}
+    assert found["free"] == shutil.disk_usage(target).free
     assert target.is_dir() and os.listdir(target) == []  # its test file is gone again
     assert oct(target.stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_a_workdir_without_room_for_a_run_fails_and_a_small_one_warns() -> None:
+    spec = HostSpec("gpu1", "gpu1", master=True, line=1)
+    facts = {"python_path": "/usr/bin/python3", "python": "3.11.7", "dns": {},
+             "torch": {"version": "2.13.0"},
+             "workdir": {"path": "/w", "ok": True, "error": None, "free": 5 * 2 ** 20}}
+    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    assert not found.ok
+    assert found.detail.startswith("workdir /w on gpu1 has only 5.0 MiB free: a run stops below")
+    facts["workdir"]["free"] = 300 * 2 ** 20
+    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    assert found.ok and found.warning and "300.0 MiB" in found.detail
+    facts["workdir"]["free"] = 50 * 2 ** 30
+    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    assert found.ok and not found.warning and "50.0 GiB free" in found.detail
 
 
 def test_a_workdir_that_cannot_be_created_fails_at_check_time() -> None:

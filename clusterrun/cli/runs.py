@@ -117,6 +117,8 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
                    f"{duration:>9}  {','.join(row['hosts'])}")
         if row["quarantined"]:
             click.echo(listing.quarantine_line(row))
+        if listing.cause_line(row):
+            click.echo(listing.cause_line(row))
 
 
 @click.command(context_settings=CONTEXT)

@@ -180,7 +180,7 @@ def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
         if isinstance(host, str):
             chk.fail(loc.line, f"{where}.host {host!r} is not allowed: {values.HOST_RULE}")
         else:
-            chk.fail(loc.line, f"{where}.host must be a string, got {values.show(host)}; quote it.")
+            values.text(chk, loc, f"{where}.host")  # says why: a YAML boolean, a number...
         return None
     if not _ip_host(host):
         problem = _dns_length(host)

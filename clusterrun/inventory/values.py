@@ -29,6 +29,11 @@ _IFNAME_RE = re.compile(r"^[^/:\s]{1,15}$")
 def text(chk: _Checker, loc: Located, what: str, pattern: Optional[re.Pattern[str]] = None,
          rule: str = "") -> Optional[str]:
     value = loc.value
+    if isinstance(value, bool):
+        key = what.rsplit(".", 1)[-1]
+        chk.fail(loc.line, f"{what} must be a string, but YAML reads an unquoted yes/no/on/off/"
+                 f"true/false as a boolean ({value}); quote it: {key}: \"...\".")
+        return None
     if not isinstance(value, str) or not value:
         chk.fail(loc.line, f"{what} must be a non-empty string, got {show(value)}"
                  f"{'; quote it' if value is not None else ''}.")

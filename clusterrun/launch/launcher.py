@@ -257,6 +257,7 @@ def _attempt(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
     if plan.detach:
         return _detached(plan, attempt_dir, session, say)
     session.watch(interrupts.received, interrupts.announce)
+    session.end_lost()
     view.close()
     mirror.close()
     return list(session.nodes.values())

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import ExitStatus
 from clusterrun.launch import nccl
-from clusterrun.logs.wire import End, NcclReport, RankExit, Started, TorchrunExit
+from clusterrun.logs.wire import End, NcclReport, NodeFailure, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
 from clusterrun.transport.parallel import fold
@@ -54,6 +54,7 @@ class NodeOutcome:
     lost_at: Optional[float] = None  # this machine's monotonic clock
     rank_exits: dict[int, RankExit] = field(default_factory=dict)
     torchrun_exit: Optional[TorchrunExit] = None
+    failure: Optional[NodeFailure] = None  # its own failure that no exit shows (a full disk)
     folded: int = 0  # lines of torchrun's own shutdown output not shown on the console
     nccl: Optional[NcclReport] = None  # what NCCL chose there, as last reported
 
@@ -100,12 +101,21 @@ def node_failures(node: NodeOutcome) -> list[Failure]:
             if ev.code != 0 and not ev.stopping:
                 found.append(Failure(node.clock.local(ev.elapsed), name, rank, ev.code,
                                      f"{name} rank {rank} {describe_code(ev.code)}"))
+        if node.failure is not None:
+            found.append(Failure(node.clock.local(node.failure.elapsed), name, None,
+                                 node.failure.code, node.failure.detail))
         tr = node.torchrun_exit
         if tr is not None and tr.code != 0 and not tr.stopping and not found:
             found.append(Failure(node.clock.local(tr.elapsed), name, None, tr.code,
                                  f"{name}: torchrun {describe_code(tr.code)}"))
     if node.lost is not None and node.lost_at is not None:
         found.append(Failure(node.lost_at, name, None, None, f"{name} was lost: {node.lost}"))
+    elif node.end is not None and node.end.state == "lost" and node.clock is not None:
+        # Its supervisor heard nothing from this controller for the lease (the controller was
+        # stopped or suspended, or the channel broke one way) and ended the run there itself.
+        found.append(Failure(node.clock.local(node.end.elapsed), name, None, None,
+                             f"{name} ended the run itself: "
+                             f"{node.end.reason or 'it lost the controller'}"))
     return found
 
 
@@ -170,6 +180,11 @@ def _after(root: Optional[Failure]) -> str:
     return f" after {root.node} " + ("was lost" if root.code is None else "failed")
 
 
+def _own_words(detail: str, name: str) -> str:
+    """A failure's detail without its node's name in front ("rank 3 exited with code 3")."""
+    return detail[len(name):].lstrip(": ") if detail.startswith(name) else detail
+
+
 def node_text(node: NodeOutcome, root: Optional[Failure],
               interrupted: Optional[int] = None) -> str:
     """What happened to one node, in a few words (the root cause's node: its own failure)."""
@@ -180,7 +195,7 @@ def node_text(node: NodeOutcome, root: Optional[Failure],
         return "succeeded"
     own = node_failures(node)
     if state == "failed":
-        what = own[0].detail.replace(f"{node.plan.name} ", "", 1).lstrip(": ") if own else (
+        what = _own_words(own[0].detail, node.plan.name) if own else (
             f"torchrun {describe_code(node.end.exit_code)}"
             if node.end is not None and node.end.exit_code is not None else "")
         if root is not None and root.node == node.plan.name:
@@ -192,6 +207,8 @@ def node_text(node: NodeOutcome, root: Optional[Failure],
         if interrupted is not None:
             return f"stopped ({signal.Signals(interrupted).name})"
         return f"stopped ({(node.end.reason if node.end else None) or 'by clusterrun'})"
+    if state == "lost" and node.end is not None:  # its supervisor lost this controller
+        return f"ended the run itself ({node.end.reason or 'it lost the controller'})"
     return state
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from clusterrun.inventory import HostSpec
+from clusterrun.launch import pause, tracking
 from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failures
 from clusterrun.logs import wire
@@ -33,6 +34,8 @@ from clusterrun.transport import Process, Transport, parallel, shell
 from clusterrun.transport.programs import call, drain, send
 
 HEARTBEAT = 2.0
+SILENT = "no word from it for"  # how a node lost to silence is described
+LOST_CLEANUP = 10.0  # seconds to end what a lost node left, on a host that still answers
 START_SECONDS = 60.0
 TEARDOWN_MARGIN = 15.0
 
@@ -136,6 +139,8 @@ class Session:
         self.last_frame: dict[str, float] = {}
         self.stopping_since: Optional[float] = None
         self.broken: dict[str, str] = {}
+        self.pauses = pause.Pauses()
+        self.abandoned = False  # this controller fell silent past the lease: the nodes left
 
     # -- starting ------------------------------------------------------------------------
 
@@ -200,6 +205,7 @@ class Session:
 
     def _heartbeats(self) -> None:
         while not self.all_done():
+            self.pauses.beating()
             for name in list(self.procs):
                 if not self.nodes[name].done:
                     self._send(name, {"op": "hb"})
@@ -244,7 +250,10 @@ class Session:
     def _lost_reason(self, name: str) -> str:
         tail = bytes(self.stderr.get(name, b"")).decode("utf-8", "replace").strip()
         last = tail.splitlines()[-3:]
-        why = self.broken.get(name) or "its connection closed before the run ended"
+        why = self.broken.get(name) or ("it ended the run itself when this controller fell "
+                                        "silent, and its final report was cut off"
+                                        if self.abandoned else
+                                        "its connection closed before the run ended")
         return why + (": " + " | ".join(last) if last else "")
 
     def handle(self, name: str, ev: Item, arrived: float) -> None:
@@ -252,10 +261,16 @@ class Session:
         if isinstance(ev, wire.Started):
             node.started = ev
             node.clock = Clock.handshake(arrived, ev.elapsed)
+            if all(n.started is not None for n in self.nodes.values()):
+                note = tracking.untracked_note(self.nodes, self.specs)
+                if note:
+                    self.notify(note)
         elif isinstance(ev, wire.RankExit):
             node.rank_exits[ev.rank] = ev
             if ev.code != 0 and not ev.stopping:
                 self.fold.hush(name)
+        elif isinstance(ev, wire.NodeFailure):
+            node.failure = ev
         elif isinstance(ev, wire.TorchrunExit):
             node.torchrun_exit = ev
         elif isinstance(ev, wire.NcclReport):
@@ -278,7 +293,7 @@ class Session:
             if node.started is None and quiet > START_SECONDS:
                 self._lose(name, f"its supervisor did not start within {START_SECONDS:g} s")
             elif quiet > lease:
-                self._lose(name, f"no word from it for {quiet:.0f} s (host down or network "
+                self._lose(name, f"{SILENT} {quiet:.0f} s (host down or network "
                            "partitioned; its supervisor ends the run there when its lease runs "
                            "out)")
             elif self.stopping_since is not None and now - self.stopping_since > (
@@ -299,6 +314,9 @@ class Session:
         seen = 0
         while not self.all_done():
             self._pump(0.2)
+            paused = self.pauses.turn()
+            if paused is not None:
+                self._resumed(*paused)
             while seen < len(interrupts):
                 first = seen == 0
                 on_interrupt(interrupts[seen], first)
@@ -306,8 +324,9 @@ class Session:
                 seen += 1
             if self.stopping_since is None:
                 found = failures(list(self.nodes.values()))
-                if found:
+                if found and not self.abandoned:  # if it was, the user has been told
                     self.notify(f"{found[0].detail}; stopping every node")
+                if found:
                     self.stop_all(reason=f"stopped after {found[0].detail}")
             self.check_timers(self.plan.lease)
             self.nccl.tick(time.monotonic())
@@ -319,6 +338,19 @@ class Session:
                 break
         self.fold.close()
         self.nccl.finish()
+
+    def _resumed(self, gap: float, silent: float) -> None:
+        """This controller did not run for ``gap`` seconds: that silence was its own, so every
+        node gets a fresh lease to be heard from (their reports are on their way)."""
+        now = time.monotonic()
+        for name in list(self.last_frame):
+            self.last_frame[name] = now
+        if self.stopping_since is not None:
+            self.stopping_since += gap
+        self.abandoned = self.abandoned or silent > self.plan.lease
+        text = pause.notice(gap, silent, self.plan.lease)
+        if text:
+            self.notify(text)
 
     def stop_started(self) -> list[str]:
         """Detached, when not every node started: end it on those that did (their daemons no
@@ -332,6 +364,29 @@ class Session:
 
         results = parallel.run(one, started, self.plan.grace + 40)
         return [r.spec.name for r in results if r.failure is None]
+
+    def end_lost(self) -> None:
+        """A node lost with its host still answering (its supervisor was killed, or its
+        connection alone broke) may have left ranks running: end them with stop.py, which
+        kills what the supervisor recorded and the job's cgroup. A silent host is not tried:
+        its own supervisor ends the run when the lease runs out."""
+        tried = [self.specs[n] for n, node in self.nodes.items()
+                 if node.lost is not None and node.started is not None
+                 and not node.lost.startswith(SILENT)]
+
+        def one(spec: HostSpec) -> None:
+            call(self.transports[spec.name], spec, "stop.py",
+                 {"rundir": self.nodes[spec.name].plan.rundir, "grace": 0, "force": True},
+                 timeout=LOST_CLEANUP)
+
+        for result in parallel.run(one, tried, LOST_CLEANUP + 5):
+            name = result.spec.name
+            if result.failure is None:
+                self.notify(f"{name}: ended what the run had left running there")
+            else:
+                self.notify(f"{name}: could not end what the run may have left running there "
+                            f"({result.failure.message}); once it answers: clusterrun stop "
+                            f"{self.plan.run_id}")
 
     def watch_start(self) -> None:
         """For --detach: until every supervisor has reported that its node started."""

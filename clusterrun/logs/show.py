@@ -11,7 +11,7 @@ from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.view import Filter, LogView
-from clusterrun.runs import attempts, lifecycle
+from clusterrun.runs import attempts, lifecycle, ps
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
 
@@ -37,8 +37,19 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
             os.close(lock)
     if follow and lock is not None:  # followed to its end from the hosts: record how it ended
         state = lifecycle.settle(run, ssh, say)
+        _say_root_cause(run, say)
         say(f"run {run.id} {state.value}")
+    elif not lifecycle.live(run):
+        _say_root_cause(run, say)
     return status
+
+
+def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
+    """After an ended run's lines: why it failed, as its summary records it (a detached run's
+    nobody was there to hear)."""
+    root = ps.root_cause(run)
+    if root is not None:
+        say(f"root cause: {root['detail']}")
 
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,

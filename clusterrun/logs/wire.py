@@ -45,6 +45,8 @@ class Started:
     hostname: str = ""
     subreaper: bool = False
     hub_port: Optional[int] = None  # detached master: where its workers' supervisors connect
+    cgroup: Optional[str] = None  # the job's cgroup there (remote/cgroup.py)
+    cgroup_why: Optional[str] = None  # why it has none
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,15 @@ class RankExit:
     rank: int
     code: int
     stopping: bool  # it exited after its supervisor began stopping: not a cause
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """A node's own failure that is no rank's or torchrun's exit (its disk filled up)."""
+
+    elapsed: float
+    code: int
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,8 @@ class StopResult:
     state: Optional[dict[str, Any]]
 
 
-Event = Union[Started, RankExit, TorchrunExit, NcclReport, Heartbeat, End, Status, StopResult]
+Event = Union[Started, RankExit, NodeFailure, TorchrunExit, NcclReport, Heartbeat, End, Status,
+              StopResult]
 
 
 def root_cause(raw: Any) -> Optional[RootCause]:
@@ -163,9 +175,12 @@ def parse(ev: dict[str, Any]) -> Event:
         if kind == "started":
             return Started(_float(ev), pid=ev.get("pid"), torchrun_pid=ev.get("torchrun_pid"),
                            hostname=str(ev.get("hostname") or ""),
-                           subreaper=bool(ev.get("subreaper")), hub_port=ev.get("hub_port"))
+                           subreaper=bool(ev.get("subreaper")), hub_port=ev.get("hub_port"),
+                           cgroup=ev.get("cgroup"), cgroup_why=ev.get("cgroup_why"))
         if kind == "rank_exit":
             return RankExit(_float(ev), int(ev["rank"]), int(ev["code"]), bool(ev["stopping"]))
+        if kind == "failure":
+            return NodeFailure(_float(ev), int(ev["code"]), str(ev["detail"]))
         if kind == "torchrun_exit":
             return TorchrunExit(_float(ev), int(ev["code"]), bool(ev["stopping"]))
         if kind == "nccl":

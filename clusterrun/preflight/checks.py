@@ -22,7 +22,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.plan import ranks
-from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity
+from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, twins
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.transport import parallel
@@ -56,6 +56,7 @@ def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth:
     pairs = None
     try:
         _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus)
+        twins.judge(reports)
         master = _master(inv, reports[0], sessions.get(ordered[0].name), pool,
                          data_path=data_path)
         _workers(reports[1:], sessions, master, data_path=data_path)

@@ -7,8 +7,10 @@ from typing import Any, Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.preflight.report import Check, HostReport
+from clusterrun.remote import disk
 
 SLOW_DNS_SECONDS = 2.0
+LOW_DISK = 1024 ** 3  # below this free in the workdir, a warning
 
 
 def first_ipv4(iface: Optional[dict[str, Any]]) -> Optional[str]:
@@ -29,6 +31,24 @@ def owner_of(addr: str, facts: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _workdir_space(name: str, workdir: dict[str, Any]) -> Check:
+    """A workdir that can be written, and whether a run has room there: below disk.FLOOR free
+    the supervisor would stop the run at once (remote/disk.py)."""
+    free, path = workdir.get("free"), workdir["path"]
+    if free is None:
+        return Check("workdir", True, f"{path} (created and written)")
+    room = f"{free / 2 ** 20:.1f} MiB" if free < 2 ** 30 else f"{free / 2 ** 30:.1f} GiB"
+    if free < disk.FLOOR:
+        return Check("workdir", False, f"workdir {path} on {name} has only {room} free: a run "
+                     f"stops below {disk.FLOOR / 2 ** 20:.0f} MiB (docs/reliability.md). Free "
+                     "space there, or set `workdir:` to a larger disk.")
+    if free < LOW_DISK:
+        return Check("workdir", True, f"warning: workdir {path} on {name} has only {room} "
+                     "free; the ranks' logs go there, and a run is stopped when it is nearly "
+                     "full (docs/reliability.md)")
+    return Check("workdir", True, f"{path} (created and written, {room} free)")
+
+
 def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
     """What one host's facts say on their own: Python, torch, workdir, name lookup (GPUs:
     clusterrun/preflight/gpus.py)."""
@@ -43,7 +63,7 @@ def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
                             "`setup:` at the environment that has it."))
     workdir = facts.get("workdir") or {}
     if workdir.get("ok"):
-        checks.append(Check("workdir", True, f"{workdir['path']} (created and written)"))
+        checks.append(_workdir_space(name, workdir))
     else:
         checks.append(Check("workdir", False, f"cannot use workdir {workdir.get('path')} on "
                             f"{name}: {workdir.get('error')}. Set `workdir:` to a directory that "

@@ -48,6 +48,7 @@ class Cause(enum.Enum):
     PEER_FAILED = "peer_failed"  # detached: another node failed (the hub said so)
     PEER_LOST = "peer_lost"  # detached: the hub, or a worker the hub needs, was lost
     PEER_STOPPED = "peer_stopped"  # detached: the hub was stopped
+    DISK_FULL = "disk_full"  # the disk under the run directory filled up (remote/disk.py)
 
 
 # Causes that mean the controller is gone: the node's outcome is then "lost".
@@ -78,9 +79,14 @@ def write_json(path, obj):
     """Atomic and private: readers (ps, stop) never see half a file."""
     tmp = "%s.tmp.%d" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(obj, handle)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(obj, handle)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk: leave no half-written file behind
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path):

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any  # noqa: F401 - used in type comments (no annotations: Python 3.6)
 
-from clusterrun.remote import gpus, mesh, sysinfo, throughput
+from clusterrun.remote import disk, gpus, mesh, sysinfo, throughput
 
 SIOCGIFFLAGS = 0x8913
 SIOCGIFADDR = 0x8915
@@ -170,7 +170,7 @@ def check_workdir(path):
         return {"path": path, "ok": False, "error": exc.strerror or str(exc)}
     finally:
         os.umask(old)
-    return {"path": path, "ok": True, "error": None}
+    return {"path": path, "ok": True, "error": None, "free": disk.free_bytes(path)}
 
 
 def facts(request):
@@ -208,6 +208,7 @@ def system_facts(request):
         "links": sysinfo.links(ifaces),
         "infiniband": sysinfo.infiniband(),
         "env": sysinfo.environment(),
+        "machine": sysinfo.machine(),
     }
 
 

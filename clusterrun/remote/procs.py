@@ -8,6 +8,8 @@ import signal
 import time
 import traceback
 
+from clusterrun.remote import cgroup
+
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORCE_SIGNAL = signal.SIGUSR2  # `clusterrun stop --force`: no grace period
@@ -100,13 +102,15 @@ def status_code(raw):
 
 class Tree:
     """One command in its own session and every process it starts: start, reap, terminate
-    (SIGTERM, then SIGKILL when the grace period is over), kill."""
+    (SIGTERM, then SIGKILL when the grace period is over), kill. With ``group`` (a cgroup
+    path, remote/cgroup.py) the command starts inside it, and whatever is in it counts too."""
 
-    def __init__(self):
+    def __init__(self, group=None):
         self.pid = None
         self.code = None  # the command's exit status once reaped
         self.kill_at = None  # monotonic time when SIGKILL is due
         self.subreaper = become_subreaper()
+        self.group = group
 
     def start(self, argv, env, cwd, out_fd, err_fd):
         """``argv`` (with ``env``, in ``cwd``) in a session of its own."""
@@ -133,6 +137,8 @@ class Tree:
         if pid == 0:  # the child: its own session, default signal handling, then the body
             code = 127
             try:
+                if self.group is not None:
+                    cgroup.enter(self.group)  # before anything it starts can exist
                 os.setsid()
                 for sig in (*STOP_SIGNALS, signal.SIGPIPE, FORCE_SIGNAL):
                     signal.signal(sig, signal.SIG_DFL)
@@ -167,7 +173,12 @@ class Tree:
                 reaped = True
 
     def left(self):
-        return descendants(os.getpid())
+        found = descendants(os.getpid())
+        if self.group is not None:
+            # A process in the cgroup that is no descendant escaped the tree some other way.
+            seen = set(found)
+            found.extend(p for p in cgroup.members(self.group) if p not in seen and not zombie(p))
+        return found
 
     @property
     def done(self):
@@ -190,3 +201,15 @@ class Tree:
     def tick(self):
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             signal_all(self.left(), signal.SIGKILL)
+            if self.group is not None:
+                cgroup.kill(self.group)
+
+    def release(self):
+        """The run has ended: kill whatever is still in the cgroup, then remove it."""
+        if self.group is not None:
+            cgroup.kill(self.group)
+            deadline = time.monotonic() + 2
+            while cgroup.members(self.group) and time.monotonic() < deadline:
+                self.reap()
+                time.sleep(0.05)
+            cgroup.remove(self.group)

@@ -11,12 +11,13 @@ hub and every worker's supervisor a peer of it (clusterrun/remote/gang.py), so a
 lost host anywhere still ends the run everywhere, and the root cause is recorded here.
 """
 
+import contextlib
 import json
 import os
 import signal
 import time
 
-from clusterrun.remote import common, gang, launcher, mainloop, nccl, procs
+from clusterrun.remote import cgroup, common, disk, gang, launcher, mainloop, nccl, procs
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -68,7 +69,9 @@ class Supervisor:
         self.root_cause = None  # detached: the gang's root cause, as the hub decided
         self.failed_at = None
         self.rank_exits = {}
-        self.tree = procs.Tree()
+        self.group, self.group_why = cgroup.for_job(req.get("env") or {}, self.name)
+        self.tree = procs.Tree(self.group)
+        self.disk = disk.Watch(self.rundir)
         # What runs the ranks: torchrun, or (``ranks``, --no-torchrun) remote/launcher.py.
         self.launcher_name = "launcher" if req.get("ranks") else "torchrun"
         self.cleaning = False
@@ -86,7 +89,9 @@ class Supervisor:
         path = os.path.join(self.rundir, "state.json")
         state = common.read_json(path) or {}
         state.update(fields)
-        common.write_json(path, state)
+        # A full disk: the events still tell the controller, and the run is stopped.
+        with contextlib.suppress(OSError):
+            common.write_json(path, state)
         return state
 
     def start(self):
@@ -108,10 +113,11 @@ class Supervisor:
         self.state(state="running", supervisor_pid=me, supervisor_start=procs.start_time(me),
                    torchrun_pid=pid, torchrun_start=procs.start_time(pid),
                    started_at=self.clock.wall, detached=self.detached,
-                   subreaper=self.tree.subreaper)
+                   subreaper=self.tree.subreaper, cgroup=self.group)
         return self.writer.stamp("started", {
             "pid": me, "torchrun_pid": pid, "hostname": os.uname()[1],
-            "subreaper": self.tree.subreaper, "e": self.clock.elapsed(),
+            "subreaper": self.tree.subreaper, "cgroup": self.group,
+            "cgroup_why": self.group_why, "e": self.clock.elapsed(),
             "hub_port": self.hub.port if self.hub is not None else None})
 
     # -- what happens to it --------------------------------------------------------------
@@ -155,7 +161,7 @@ class Supervisor:
         else:
             self.stop(Cause.PEER_STOPPED, "stopped with the master (%s)" % (stopped or "stop"))
 
-    def _failed(self, rank, code, elapsed):
+    def _failed(self, rank, code, elapsed, detail=None):
         """This node's own failure (not caused by a stop): the first one is what it reports."""
         if self.own is not None:
             return
@@ -163,7 +169,7 @@ class Supervisor:
                 else "%s: %s" % (self.name, self.launcher_name))
         sig = code - 128 if code > 128 else None
         self.own = {"node": self.name, "rank": rank, "code": code, "signal": sig, "e": elapsed,
-                    "detail": "%s %s" % (what, describe(code))}
+                    "detail": detail or "%s %s" % (what, describe(code))}
         self.failed_at = time.monotonic()
         if self.hub is not None:
             self.hub.record(self.own)
@@ -203,6 +209,18 @@ class Supervisor:
             self.state(nccl=found)  # for `ps`/`logs` of a detached run: nobody hears the event
             self.writer.event("nccl", **found)
 
+    def _check_disk(self):
+        """A run whose host can no longer keep its output is stopped, with the host named,
+        before lines go missing (docs/reliability.md: a full disk)."""
+        full = self.disk.check(time.monotonic())
+        if full is None or self.phase is not Phase.RUNNING:
+            return
+        detail = "%s: %s" % (self.name, full)
+        elapsed = self.clock.elapsed()
+        self.writer.event("failure", code=disk.STATUS, detail=detail, e=elapsed)
+        self._failed(None, disk.STATUS, elapsed, detail)
+        self.stop(Cause.DISK_FULL, detail)
+
     def _torchrun_exited(self):
         code = self.tree.code
         self.writer.event("torchrun_exit", code=code, stopping=self.cause is not None)
@@ -222,6 +240,7 @@ class Supervisor:
                           "controller for %d s" % quiet)
         self._check_ranks()
         self._nccl()
+        self._check_disk()
         if self.tree.reap():
             self._torchrun_exited()
         now = time.monotonic()
@@ -268,6 +287,7 @@ class Supervisor:
             fields["root_cause"] = self.root_cause
             if self.hub is not None:
                 fields["peers"] = self.hub.summary()
+        self.tree.release()
         self.state(**fields)
         if self.peer is not None:
             self.peer.finish({"state": state, "cause": fields["cause"], "reason": reason})

@@ -2,7 +2,7 @@
 
 Asks the run's supervisor (SIGTERM: graceful; SIGUSR2: at once) and waits for it. If the
 supervisor itself is gone, kills what it recorded, checking each process's identity (pid and
-start time) first: never a name pattern.
+start time) first: never a name pattern; and whatever is left in the run's cgroup.
 """
 
 import json
@@ -11,7 +11,21 @@ import signal
 import sys
 import time
 
-from clusterrun.remote import common, procs
+from clusterrun.remote import cgroup, common, procs
+
+
+def end_cgroup(path):
+    """Whatever is left in the run's cgroup (a supervisor that was killed left it behind):
+    only a directory clusterrun named, inside a cgroup v2 hierarchy."""
+    mount = cgroup.mount_point()
+    if (not path or mount is None or not path.startswith(mount.rstrip("/") + "/")
+            or not os.path.basename(path).startswith("clusterrun-") or not os.path.isdir(path)):
+        return
+    deadline = time.monotonic() + 5
+    while cgroup.members(path) and time.monotonic() < deadline:
+        cgroup.kill(path)
+        time.sleep(0.1)
+    cgroup.remove(path)
 
 
 def main(req):
@@ -32,6 +46,7 @@ def main(req):
         torchrun = state.get("torchrun_pid")
         if torchrun and procs.start_time(torchrun) == state.get("torchrun_start"):
             procs.signal_all([*procs.descendants(torchrun), torchrun], signal.SIGKILL)
+        end_cgroup(state.get("cgroup"))
         result["state"] = procs.observed(common.read_json(path))
     common.reply(result)
 

@@ -190,6 +190,18 @@ def infiniband(root=INFINIBAND):
     return out
 
 
+def machine():
+    """Which running system this is, to tell two inventory entries that reach the same one:
+    the kernel's boot id and the network namespace. /etc/machine-id alone is not enough: it is
+    copied with cloned VM images and shared by containers and namespaces on one machine."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = None
+    return {"machine_id": _read("/etc/machine-id"),
+            "boot_id": _read("/proc/sys/kernel/random/boot_id"), "netns": netns}
+
+
 def environment():
     """The NCCL/Gloo variables the host's own environment sets (after `setup:`)."""
     return {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))}

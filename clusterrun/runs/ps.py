@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 from clusterrun.runs import attempts, lifecycle, store
 from clusterrun.transport import SshOptions
@@ -28,8 +28,24 @@ def ps_rows(home: Any, ssh: SshOptions, refresh_remote: bool = True) -> list[dic
             if started else None, "exit_status": state.get("exit_status"),
             "detached": bool(state.get("detached")), "attempt": attempts.count(run),
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
-            "quarantined": attempts.quarantined(run)})
+            "quarantined": attempts.quarantined(run), "root_cause": root_cause(run)})
     return rows
+
+
+def root_cause(run: store.RunDir) -> Optional[dict[str, Any]]:
+    """An ended run's root cause ({node, rank, code, signal, detail, lost}) as its summary
+    records it; None while it runs, or when nothing failed."""
+    if lifecycle.live(run):
+        return None
+    summary = store.read_json(run.file("summary.json"))
+    root = summary.get("root_cause") if isinstance(summary, dict) else None
+    return root if isinstance(root, dict) and root.get("detail") else None
+
+
+def cause_line(row: dict[str, Any]) -> str:
+    """The line under an ended run's row that names its root cause ('' for none)."""
+    root = row.get("root_cause")
+    return f"  root cause: {root['detail']}" if root else ""
 
 
 def state_text(row: dict[str, Any]) -> str:

@@ -74,6 +74,10 @@ def shared_under_tmp(python: str) -> list[str]:
     return sorted(p for p in candidates if p.startswith("/tmp/"))
 
 
+# Where a host sees the machine's cgroup2 hierarchy on a hybrid v1/v2 machine (sys_lines).
+CGROUP2_BESIDE = "/run/clusterrun-sandbox-cgroup2"
+
+
 def sys_lines(scratch: str) -> list[str]:
     """Commands giving the host a /sys of its own network namespace, with the cgroups.
 
@@ -87,7 +91,11 @@ def sys_lines(scratch: str) -> list[str]:
     if os.path.ismount("/sys/fs/cgroup"):
         lines.append(f"mount --rbind /sys/fs/cgroup {q(scratch + '/fs/cgroup')}")
         if _hybrid_cgroups():
-            lines.append(f"umount {q(scratch + '/fs/cgroup/unified')}")
+            # The cgroup2 hierarchy stays reachable beside it, where crun does not look, so
+            # the supervisor can give each job a cgroup as on a real host.
+            os.makedirs(CGROUP2_BESIDE, exist_ok=True)
+            lines += [f"umount {q(scratch + '/fs/cgroup/unified')}",
+                      f"mount -t cgroup2 cgroup2 {q(CGROUP2_BESIDE)}"]
     if os.path.ismount("/sys"):  # the machine's, hidden under the new one, would still be listed
         lines.append("umount --lazy /sys")
     return [*lines, f"mount --move {q(scratch)} /sys"]

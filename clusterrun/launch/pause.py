@@ -1,0 +1,65 @@
+"""A controller that was not running for a while: stopped (SIGSTOP, Ctrl-Z) or its machine
+suspended.
+
+Its own silence is not the nodes': when it runs again, the nodes get a fresh lease to be heard
+from. And where no heartbeat left it for longer than the lease, every node's supervisor has
+ended the run on its own (remote/run.py, ``lease_expired``): the controller says so at once, then
+collects the nodes' reports, which say the same.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+# A watch-loop turn this late means the process was not scheduled at all (the loop turns every
+# 0.2 s and heartbeats leave every 2 s).
+PAUSED = 5.0
+
+
+def awake() -> float:
+    """Seconds on a clock that also counts a suspended machine's sleep, where there is one."""
+    boot = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boot) if boot is not None else time.monotonic()
+
+
+class Pauses:
+    """Gaps in this controller's own running, as its watch loop and heartbeat thread see them
+    (either may run first after a SIGCONT)."""
+
+    def __init__(self) -> None:
+        self.loop: Optional[float] = None  # the watch loop's last turn
+        self.beat: Optional[float] = None  # the last heartbeat round
+        self.beat_gap = 0.0  # the longest wait between two heartbeat rounds, not yet reported
+
+    def beating(self) -> None:
+        """Called by the heartbeat thread before each round."""
+        now = awake()
+        if self.beat is not None:
+            self.beat_gap = max(self.beat_gap, now - self.beat)
+        self.beat = now
+
+    def turn(self) -> Optional[tuple[float, float]]:
+        """Called by the watch loop at each turn: (how long it did not run, how long no
+        heartbeat left) after a pause, else None."""
+        now = awake()
+        gap = 0.0 if self.loop is None else now - self.loop
+        self.loop = now
+        if gap <= PAUSED:
+            return None
+        silent = max(self.beat_gap, 0.0 if self.beat is None else now - self.beat)
+        self.beat_gap = 0.0
+        return gap, silent
+
+
+def notice(gap: float, silent: float, lease: float) -> Optional[str]:
+    """What to tell the user when the controller runs again (None: nothing the nodes noticed)."""
+    if silent > lease:
+        return (f"this controller was stopped or suspended for {gap:.0f} s: the nodes heard no "
+                f"heartbeat for longer than the lease ({lease:g} s), so each one ends the run on "
+                "its own. Keep the controller running (tmux, screen) or launch with --detach; a "
+                "longer --lease tolerates longer pauses")
+    if silent > PAUSED:
+        return (f"this controller was stopped or suspended for {gap:.0f} s; the run goes on (a "
+                f"node ends it after {lease:g} s without a heartbeat)")
+    return None

@@ -1,0 +1,154 @@
+"""Scenario 8: shell metacharacters in what a user (or a host) hands clusterrun are refused with
+a clear message or passed byte-exact; never run.
+
+Script arguments and env values are covered byte-exact by tests/test_launch.py
+(test_hostile_arguments_and_env_arrive_byte_exact). Here: host names, users, names and env
+keys in the inventory (refused before any SSH), and interface names, which Linux allows to hold
+`;`, `$`, `(` and `>`: a real NIC renamed so, used through `interface:`, must reach the ranks
+as NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME byte-exact, and a decoy so named must show up as-is
+in check's list of a host's real interfaces. Each payload would create a file if a shell ever
+evaluated it; no such file may appear on any host or on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Cluster, run_cli, write_inventory
+
+TOKEN = "PWN" + uuid.uuid4().hex[:4]  # 7 characters: room for a payload in 15
+# If a shell ever evaluated it: `a` fails, then `>PWNxxxx$(x)` creates the file PWNxxxx.
+HOSTILE_NIC = f"a;>{TOKEN}$(x)"
+HOSTILE_DECOY = "x;$(touch"  # the issue's example
+NIC_HOST, MASTER, DECOY_HOST = "node16", "node15", "node17"
+PWNED = f"/var/tmp/PWNED-{TOKEN}"
+
+
+def ip(cluster: Cluster, name: str, *args: str) -> None:
+    subprocess.run(["ip", "-n", cluster.host(name).netns, *args], check=True)
+
+
+def rename_nic(cluster: Cluster, name: str, old: str, new: str) -> None:
+    ip(cluster, name, "link", "set", old, "down")
+    ip(cluster, name, "link", "set", old, "name", new)
+    ip(cluster, name, "link", "set", new, "up")
+
+
+@pytest.fixture
+def hostile_nic(cluster: Cluster) -> Iterator[str]:
+    """NIC_HOST's real NIC renamed to HOSTILE_NIC, renamed back afterwards."""
+    real = cluster.host(NIC_HOST).ifname
+    assert len(HOSTILE_NIC.encode()) <= 15
+    rename_nic(cluster, NIC_HOST, real, HOSTILE_NIC)
+    try:
+        yield HOSTILE_NIC
+    finally:
+        rename_nic(cluster, NIC_HOST, HOSTILE_NIC, real)
+
+
+@pytest.fixture
+def hostile_decoy(cluster: Cluster) -> Iterator[str]:
+    """A decoy veth pair named with metacharacters inside DECOY_HOST, removed afterwards."""
+    ip(cluster, DECOY_HOST, "link", "add", HOSTILE_DECOY, "type", "veth", "peer", "name",
+       f"y;>{TOKEN}")
+    try:
+        yield HOSTILE_DECOY
+    finally:
+        ip(cluster, DECOY_HOST, "link", "del", HOSTILE_DECOY)
+
+
+def no_payload_ran(cluster: Cluster, names: list[str], *where: Path) -> None:
+    """Neither the token file (relative: any working directory) nor PWNED exists anywhere a
+    shell could have run: the hosts' own /tmp, their home, the shared /var/tmp, here."""
+    for name in names:
+        found = cluster.run_on(name, "sh", "-c", f"find /tmp /root /var/tmp -maxdepth 6 "
+                               f"-name '{TOKEN}*' -o -name 'PWNED-{TOKEN}' 2>/dev/null; true")
+        assert found.strip() == "", (name, found)
+    for folder in (REPO, Path.home(), *where):
+        assert not list(folder.glob(f"{TOKEN}*")), folder
+    assert not Path(PWNED).exists()
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ({"host": f"h1;touch {PWNED}"}, ("hosts[0].host", "is not allowed", "shell characters")),
+    ({"host": f"$(touch {PWNED})"}, ("hosts[0].host", "is not allowed")),
+    ({"host": "h1", "name": f"n`touch {PWNED}`"}, ("hosts[0].name", "is not allowed")),
+    ({"host": "h1", "user": f"u$(touch {PWNED})"}, ("user", "is not allowed")),
+    ({"host": "h1", "env": {f"K;touch {PWNED}": "v"}}, ("env",)),
+    ({"host": "h1", "container": f"c;touch {PWNED}"}, ("container", "is not allowed")),
+], ids=["host-semicolon", "host-subshell", "name-backtick", "user-subshell", "env-key",
+        "container"])
+def test_hostile_inventory_values_are_refused_before_any_ssh(
+        tmp_path: Path, entry: dict, words: tuple[str, ...], timed,
+        request: pytest.FixtureRequest) -> None:
+    inv = write_inventory(tmp_path / "inv.yaml", [entry, {"host": "h2"}])
+    with timed(f"hostile inventory value ({request.node.callspec.id}): refused", 5) as t:
+        cp = run_cli("check", "--connect-timeout", "1", str(inv), timeout=30)
+        t.stop()
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert cp.stderr.startswith(f"clusterrun: error: {inv}:"), cp.stderr
+    for word in words:
+        assert word in cp.stderr, (word, cp.stderr)
+    assert "Traceback" not in cp.stderr
+    assert not Path(PWNED).exists()
+
+
+def test_a_hostile_interface_name_used_for_real_reaches_the_ranks_byte_exact(
+        cluster: Cluster, home: Path, tmp_path: Path, payload: Path, *, hostile_nic: str,
+        timed) -> None:
+    names = [MASTER, NIC_HOST]
+    inv = cluster.inventory(tmp_path / "inv.yaml", names,
+                            hosts={NIC_HOST: {"interface": hostile_nic}})
+    test_dir = f"/var/tmp/clusterrun-hostile-{TOKEN}"
+    try:
+        with timed("hostile interface name: check + launch on 2 hosts", 60) as t:
+            cp = run_cli("check", str(inv), timeout=60)
+            assert cp.returncode == 0, cp.stdout + cp.stderr
+            assert f"interface {hostile_nic} {cluster.host(NIC_HOST).address}" in cp.stdout
+            cp = run_cli("launch", "--env", f"TEST_DIR={test_dir}", str(inv), str(payload),
+                         timeout=120)
+            t.stop()
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        records = {}
+        for path in Path(test_dir).glob("rank-*.json"):
+            data = json.loads(path.read_text())
+            records[data["env"]["CLUSTERRUN_NODE"]] = data
+        assert set(records) == set(names), records
+        env = records[NIC_HOST]["env"]
+        assert env["GLOO_SOCKET_IFNAME"] == hostile_nic
+        assert env["NCCL_SOCKET_IFNAME"] == hostile_nic
+        assert hostile_nic in records[NIC_HOST]["interfaces"]
+        assert records[MASTER]["env"]["GLOO_SOCKET_IFNAME"] == cluster.host(MASTER).ifname
+        assert cluster.wait_no_processes(names, 10) == {}
+        no_payload_ran(cluster, names, home, tmp_path)
+    finally:
+        subprocess.run(["rm", "-rf", test_dir], check=False)
+
+
+@pytest.mark.usefixtures("home")
+def test_a_hostile_interface_name_is_listed_as_is_and_never_run(
+        cluster: Cluster, tmp_path: Path, hostile_decoy: str, timed) -> None:
+    names = [MASTER, DECOY_HOST]
+    inv = cluster.inventory(tmp_path / "inv.yaml", names,
+                            hosts={DECOY_HOST: {"interface": "nosuch0"}})
+    with timed("hostile interface name in check's listing", 20) as t:
+        cp = run_cli("check", str(inv), timeout=60)
+        t.stop()
+    assert cp.returncode == 3, cp.stdout + cp.stderr
+    line = next(x for x in cp.stdout.splitlines() if "interface 'nosuch0' does not exist" in x)
+    assert f"{DECOY_HOST}. Its interfaces: " in line
+    assert f"{hostile_decoy} (no IPv4 DOWN)" in line, line
+    assert f"y;>{TOKEN} (no IPv4 DOWN)" in line, line
+    # Used as `interface:`, the decoy (down, no address) is refused by name, not run.
+    inv = cluster.inventory(tmp_path / "inv2.yaml", names,
+                            hosts={DECOY_HOST: {"interface": hostile_decoy}})
+    cp = run_cli("check", str(inv), timeout=60)
+    assert cp.returncode == 3, cp.stdout + cp.stderr
+    assert f"interface {hostile_decoy!r} is down on {DECOY_HOST}" in cp.stdout, cp.stdout
+    no_payload_ran(cluster, names, tmp_path)
