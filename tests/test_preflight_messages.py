@@ -51,7 +51,8 @@ def _check_workdir(path: str) -> dict[str, object]:
 def test_the_probe_creates_and_writes_the_workdir(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b"
     found = _check_workdir(str(target))
-    assert found == {"path": str(target), "ok": True, "error": None, "free": found["free"]}
+    assert found == {"path": str(target), "ok": True, "error": None, "free": found["free"],
+                     "free_at": str(target)}
     assert found["free"] == shutil.disk_usage(target).free
     assert target.is_dir() and os.listdir(target) == []  # its test file is gone again
     assert oct(target.stat().st_mode & 0o777) == oct(0o700)
@@ -64,7 +65,7 @@ def test_a_workdir_without_room_for_a_run_fails_and_a_small_one_warns() -> None:
              "workdir": {"path": "/w", "ok": True, "error": None, "free": 5 * 2 ** 20}}
     found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
     assert not found.ok
-    assert found.detail.startswith("workdir /w on gpu1 has only 5.0 MiB free: a run stops below")
+    assert found.detail.startswith("/w on gpu1 has only 5.0 MiB free: a run stops below")
     facts["workdir"]["free"] = 300 * 2 ** 20
     found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
     assert found.ok and found.warning and "300.0 MiB" in found.detail

@@ -12,7 +12,7 @@ import pytest
 from clusterrun import inventory
 from clusterrun.errors import InventoryError
 from clusterrun.inventory.subset import select
-from clusterrun.transport.fake import FakeNetwork
+from clusterrun.transport.fake import FakeNetwork, Interface
 from tests.conftest import run_main, write_inventory
 
 
@@ -182,3 +182,17 @@ def test_restart_options_reach_the_launcher(
     code, _, err = run_main(capsys, "launch", "--detach", str(inv), str(script))
     assert code == 0, err
     assert (seen[1][1].max_restarts, seen[1][1].min_nodes, seen[1][1].detach) == (0, None, True)
+
+
+def test_dry_run_lists_the_spares(job: tuple[Path, Path], fake_net: FakeNetwork,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    inv, script = job
+    for n in range(1, 5):
+        fake_net.add(f"10.0.0.{n}", Interface("lo", "127.0.0.1/8"),
+                     Interface("eth0", f"10.0.0.{n}/24"), hostname=f"gpu-{n}")
+    code, out, err = run_main(capsys, "launch", "--dry-run", "--max-restarts", "1", str(inv),
+                              str(script))
+    assert code == 0, err
+    assert "10.0.0.4 (10.0.0.4" not in out  # no node plan for the spare
+    assert ("spares (nothing starts there; with --max-restarts one takes the node rank of a "
+            "failed host): 10.0.0.4") in out

@@ -157,7 +157,7 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
 
         plan = plan_for(1, report, None)
         if opts.dry_run:
-            out.write("\n".join(planview.dry_run(plan)) + "\n")
+            out.write("\n".join(planview.dry_run(plan, [h.name for h in inv.spares])) + "\n")
             return int(ExitStatus.SUCCESS)
 
         def again(attempt: int, nodes: list[NodeOutcome],

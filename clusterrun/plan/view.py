@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.plan.secrets import describe, masked
 from clusterrun.transport import shell
+from clusterrun.transport.parallel import fold
 
 
 def banner(plan: LaunchPlan) -> list[str]:
@@ -21,8 +24,9 @@ def banner(plan: LaunchPlan) -> list[str]:
     ]
 
 
-def dry_run(plan: LaunchPlan) -> list[str]:
-    """Per host: node rank, interface, environment (secrets masked) and the exact command."""
+def dry_run(plan: LaunchPlan, spares: Sequence[str] = ()) -> list[str]:
+    """Per host: node rank, interface, environment (secrets masked) and the exact command; then
+    the spare hosts, which start nothing until a restart needs them."""
     lines = [f"dry run: nothing was started. {banner(plan)[0]}"]
     for node in plan.nodes:
         lines.append("")
@@ -45,6 +49,10 @@ def dry_run(plan: LaunchPlan) -> list[str]:
                              f"{shell.join(process.argv)}")
         else:
             lines.append(f"  command:   {shell.join(node.argv)}")
+    if spares:
+        lines.append("")
+        lines.append(f"spares (nothing starts there; with --max-restarts one takes the node rank "
+                     f"of a failed host): {fold(list(spares))}")
     lines.append("")
     lines.append("The command runs without a shell: arguments and environment values arrive "
                  "byte-exact. Secrets are masked here and travel on the supervisor's stdin, never "

@@ -35,15 +35,16 @@ def _workdir_space(name: str, workdir: dict[str, Any]) -> Check:
     """A workdir that can be written, and whether a run has room there: below disk.FLOOR free
     the supervisor would stop the run at once (remote/disk.py)."""
     free, path = workdir.get("free"), workdir["path"]
+    where = workdir.get("free_at") or path
     if free is None:
         return Check("workdir", True, f"{path} (created and written)")
     room = f"{free / 2 ** 20:.1f} MiB" if free < 2 ** 30 else f"{free / 2 ** 30:.1f} GiB"
     if free < disk.FLOOR:
-        return Check("workdir", False, f"workdir {path} on {name} has only {room} free: a run "
+        return Check("workdir", False, f"{where} on {name} has only {room} free: a run "
                      f"stops below {disk.FLOOR / 2 ** 20:.0f} MiB (docs/reliability.md). Free "
                      "space there, or set `workdir:` to a larger disk.")
     if free < LOW_DISK:
-        return Check("workdir", True, f"warning: workdir {path} on {name} has only {room} "
+        return Check("workdir", True, f"warning: {where} on {name} has only {room} "
                      "free; the ranks' logs go there, and a run is stopped when it is nearly "
                      "full (docs/reliability.md)")
     return Check("workdir", True, f"{path} (created and written, {room} free)")

@@ -51,7 +51,6 @@ class Watch:
         if free is None or free >= self.floor:
             return None
         self.told = True
-        return ("the disk holding %s is nearly full (%s free, below clusterrun's %s margin): the "
-                "ranks' output could no longer be kept there, so the run was stopped; free "
-                "space there, or set `workdir:` to a larger disk" % (
+        return ("disk nearly full under %s (%s free, runs stop below %s): free space there "
+                "or set `workdir:` to a larger disk" % (
                     self.path, size_text(free), size_text(self.floor)))

@@ -170,7 +170,11 @@ def check_workdir(path):
         return {"path": path, "ok": False, "error": exc.strerror or str(exc)}
     finally:
         os.umask(old)
-    return {"path": path, "ok": True, "error": None, "free": disk.free_bytes(path)}
+    # Runs go to <workdir>/runs, which may be a mount of its own.
+    runs = os.path.join(path, "runs")
+    where = runs if os.path.isdir(runs) else path
+    return {"path": path, "ok": True, "error": None, "free": disk.free_bytes(where),
+            "free_at": where}
 
 
 def facts(request):

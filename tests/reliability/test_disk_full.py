@@ -50,7 +50,7 @@ def test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line(
     out, err = Reader(proc.stdout), Reader(proc.stderr)
     out.wait_for(r"^\[node5 r1\] r1 \d+ ")
     with timed("9. remote disk full (16 MiB tmpfs): surfaced, naming the host", 10) as t:
-        err.wait_for(r"node5: the disk holding .* is nearly full .*; stopping every node",
+        err.wait_for(r"node5: disk nearly full under .*; stopping every node",
                      timeout=30)
         t.stop()
     with timed("9. remote disk full: every host torn down", 20) as t:
@@ -60,7 +60,7 @@ def test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line(
     out.join()
     err.join()
     assert code == 6, err.text
-    assert "clusterrun: root cause: node5: the disk holding" in err.text
+    assert "clusterrun: root cause: node5: disk nearly full under" in err.text
     assert "set `workdir:` to a larger disk" in err.text
     assert re.search(r"logs: \d+ files, identical on the hosts and in", err.text), err.text
     run_id = next((home / "runs").iterdir()).name
@@ -74,7 +74,7 @@ def test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line(
     assert "No space left on device" not in mirror
     state = json.loads(cluster.read(FULL, f"{small_disk}/runs/{run_id}/{FULL}/state.json"))
     assert state["state"] == "failed" and state["exit_code"] == 6
-    assert state["reason"].startswith("node5: the disk holding")
+    assert state["reason"].startswith("node5: disk nearly full under")
 
 
 def test_detached_the_full_disk_is_the_root_cause_ps_shows(
