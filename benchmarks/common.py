@@ -1,20 +1,29 @@
-"""Shared by the benchmarks: a sandbox cluster to measure against, and a timer."""
+"""Shared by the benchmarks: a sandbox cluster to measure against, one measured run of a command
+(wall time, CPU here and on the hosts, peak memory, threads), alternating repetitions, tables."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from clusterrun import sandbox  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -35,23 +44,129 @@ def ssh_argv(sb: sandbox.Sandbox) -> list[str]:
             "-i", str(sb.identity_file), "-l", "root"]
 
 
-def timed(argv: Sequence[str], repeat: int, **kwargs: object) -> tuple[float, str]:
-    """Median wall time of ``repeat`` runs, and the last run's stdout."""
-    times, out = [], ""
-    for _ in range(repeat):
-        start = time.perf_counter()
-        cp = subprocess.run(list(argv), capture_output=True, text=True, check=False,
-                            **kwargs)  # type: ignore[call-overload]
-        times.append(time.perf_counter() - start)
-        if cp.returncode != 0:
-            raise RuntimeError(f"{argv[0]} failed ({cp.returncode}): {cp.stderr[-500:]}")
-        out = cp.stdout
-    return statistics.median(times), out
+def hosts_cpu(sb: sandbox.Sandbox) -> float:
+    """CPU seconds spent so far on the hosts' side: every sshd listener's reaped children (the
+    per-connection sshd and whatever it ran). Every sandbox host shares this machine's CPUs, so
+    this is what the remote side of a command costs here."""
+    total = 0
+    for host in sb.hosts:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{host.sshd_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[14]) + int(fields[15])
+    return total / TICK
 
 
-def table(rows: list[tuple[str, float, str]], baseline: str) -> str:
-    base = next(t for name, t, _ in rows if name == baseline)
-    lines = [f"{'tool':34} {'median s':>9} {'vs ' + baseline:>16}  notes"]
-    for name, seconds, note in rows:
-        lines.append(f"{name:34} {seconds:9.2f} {seconds / base:15.2f}x  {note}")
+@dataclass
+class Sample:
+    """One run of one command."""
+
+    wall: float
+    cpu: float  # the command and its local children (ssh clients, rsync...)
+    remote_cpu: float = float("nan")  # the hosts' side (sshd and what it ran)
+    peak_rss_mb: float = float("nan")  # the command's own process (its VmHWM)
+    threads: int = 0  # the most threads the command's own process had at once
+    stdout: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def measure(argv: Sequence[str], *, sb: Optional[sandbox.Sandbox] = None,
+            env: Optional[dict[str, str]] = None, ok: Callable[[int], bool] = lambda rc: rc == 0,
+            stdout: Optional[Path] = None) -> Sample:
+    """Run ``argv`` once, its output kept in ``Sample.stdout``; or written to the file
+    ``stdout`` (by the kernel: nothing here competes with the command for CPU), whose growth
+    is sampled: ``extra["first_mb_at"]`` (seconds from the start when it passed 1 MB) and
+    ``extra["last_growth_at"]``."""
+    before = hosts_cpu(sb) if sb is not None else 0.0
+    start = time.perf_counter()
+    sink = open(stdout, "wb") if stdout is not None else subprocess.PIPE  # noqa: SIM115
+    proc = subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.PIPE, env=env)
+    growth = {"first_mb_at": float("nan"), "last_growth_at": float("nan")}
+    threads = [0]
+    # VmHWM, not wait4's ru_maxrss: on Linux a child's ru_maxrss includes what its parent (this
+    # benchmark) held when it was started.
+    peak_kb = [0]
+    done = threading.Event()
+
+    def watch() -> None:  # the most threads the command had, and how its output grew
+        status = Path(f"/proc/{proc.pid}/status")
+        size = 0
+        while not done.wait(0.02):
+            if stdout is not None:
+                now, grown = time.perf_counter() - start, stdout.stat().st_size
+                if grown > size:
+                    size = grown
+                    growth["last_growth_at"] = now
+                    if grown > 1e6 and math.isnan(growth["first_mb_at"]):
+                        growth["first_mb_at"] = now
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in status.read_text().splitlines():
+                    if line.startswith("Threads:"):
+                        threads[0] = max(threads[0], int(line.split()[1]))
+                    elif line.startswith("VmHWM:"):
+                        peak_kb[0] = max(peak_kb[0], int(line.split()[1]))
+
+    err: list[bytes] = []
+    readers = [threading.Thread(target=watch, daemon=True),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()),  # type: ignore[union-attr]
+                                daemon=True)]
+    for t in readers:
+        t.start()
+    text = ""
+    if proc.stdout is not None:
+        text = proc.stdout.read().decode("utf-8", "replace")
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    if stdout is not None:
+        sink.close()  # type: ignore[union-attr]
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    for t in readers:
+        t.join(5)
+    if not ok(proc.returncode):
+        tail = b"".join(err).decode("utf-8", "replace")[-800:]
+        raise RuntimeError(f"{' '.join(argv[:4])} ... failed ({proc.returncode}): {tail}")
+    remote = float("nan")
+    if sb is not None:
+        time.sleep(0.2)  # the per-connection sshds are reaped a moment after the command ends
+        remote = hosts_cpu(sb) - before
+    return Sample(wall, usage.ru_utime + usage.ru_stime, remote, peak_kb[0] / 1024,
+                  threads[0], text, growth if stdout is not None else {})
+
+
+def alternate(candidates: dict[str, Callable[[], Sample]], repeat: int,
+              log: Callable[[str], None] = print) -> dict[str, list[Sample]]:
+    """``repeat`` rounds of every candidate in turn (A B C A B C ...), so that a machine getting
+    busier or quieter during the benchmark shifts every candidate alike."""
+    results: dict[str, list[Sample]] = {name: [] for name in candidates}
+    for round_ in range(repeat):
+        for name, run in candidates.items():
+            sample = run()
+            results[name].append(sample)
+            log(f"  round {round_ + 1}/{repeat} {name}: {sample.wall:.2f} s")
+    return results
+
+
+def median(samples: Sequence[Sample], attr: str = "wall") -> float:
+    values = [getattr(s, attr) if attr in Sample.__dataclass_fields__ else s.extra[attr]
+              for s in samples]
+    return statistics.median(values)
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def write_json(path: Path, data: object) -> None:
+    """The raw samples (without the commands' output)."""
+    def plain(obj: object) -> object:
+        return {k: v for k, v in vars(obj).items() if k != "stdout"}
+
+    path.write_text(json.dumps(data, indent=1, default=plain))

@@ -1,58 +1,65 @@
-"""`hostname` on every host: clusterrun exec next to a serial ssh loop, pdsh and clush.
-
-    sudo .venv/bin/python benchmarks/fanout.py [--hosts 32] [--repeat 3]
-
-Builds its own sandbox cluster (Linux, root). Times are medians over --repeat runs on the same
-machine in one go: compare the ratios, not absolute seconds across machines.
-"""
+"""Benchmarks 1 and 2: `hostname` on every host with clusterrun exec, clush and pdsh (the same
+OpenSSH settings: strict host keys, the sandbox's key), and a full `clusterrun check`, in
+alternating rounds on one sandbox cluster per size."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
+from collections.abc import Callable
 
-from common import cluster, ssh_argv, table, timed
+from common import Sample, alternate, measure, ssh_argv
 
+from clusterrun import sandbox
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    with cluster(args.hosts) as sb:
-        addrs = [h.address for h in sb.hosts]
-        rows = []
-        seconds, out = timed([sys.executable, "-m", "clusterrun", "exec", str(sb.inventory), "--",
-                              "hostname"], args.repeat)
-        assert out.count(": node") == args.hosts, out
-        rows.append(("clusterrun exec (paramiko)", seconds, "prefixed, strict host keys"))
-        loop = " ; ".join(" ".join(ssh_argv(sb)) + f" {a} hostname" for a in addrs)
-        seconds, out = timed(["sh", "-c", loop], args.repeat)
-        assert len(out.split()) == args.hosts
-        rows.append(("serial ssh loop", seconds, "what users type"))
-        if shutil.which("pdsh"):
-            env = dict(os.environ, PDSH_RCMD_TYPE="ssh",
-                       PDSH_SSH_ARGS=" ".join(ssh_argv(sb)[1:]) + " %h")
-            seconds, out = timed(["pdsh", "-f", "64", "-w", ",".join(addrs), "hostname"],
-                                 args.repeat, env=env)
-            assert out.count("\n") == args.hosts
-            rows.append(("pdsh -f 64 (OpenSSH)", seconds, ""))
-        else:
-            rows.append(("pdsh", float("nan"), "not installed"))
-        if shutil.which("clush"):
-            opts = " ".join(ssh_argv(sb)[1:])
-            seconds, out = timed(["clush", "-f", "64", "-o", opts, "-w", ",".join(addrs),
-                                  "hostname"], args.repeat)
-            assert out.count("\n") == args.hosts
-            rows.append(("clush -f 64 (OpenSSH)", seconds, ""))
-        else:
-            rows.append(("clush", float("nan"), "not installed"))
-    print(f"hostname on {args.hosts} hosts, median of {args.repeat}, {os.cpu_count()} CPUs")
-    print(table(rows, "clusterrun exec (paramiko)"))
-    return 0
+EXEC = "clusterrun exec"
+CLUSH = "clush -f 64"
+PDSH = "pdsh -f 64"
+CHECK = "clusterrun check"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def candidates(sb: sandbox.Sandbox, with_check: bool) -> dict[str, Callable[[], Sample]]:
+    n = len(sb.hosts)
+    addrs = ",".join(h.address for h in sb.hosts)
+    opts = " ".join(ssh_argv(sb)[1:])
+
+    def lines_from_every_host(sample: Sample, what: str) -> Sample:
+        got = [line for line in sample.stdout.splitlines() if line.strip()]
+        if len(got) != n:
+            raise RuntimeError(f"{what}: {len(got)} lines from {n} hosts:\n{sample.stdout[-500:]}")
+        return sample
+
+    def exec_() -> Sample:
+        sample = measure([sys.executable, "-m", "clusterrun", "exec", str(sb.inventory), "--",
+                          "hostname"], sb=sb)
+        return lines_from_every_host(sample, EXEC)
+
+    def clush() -> Sample:
+        return lines_from_every_host(
+            measure(["clush", "-f", "64", "-o", opts, "-w", addrs, "hostname"], sb=sb), CLUSH)
+
+    def pdsh() -> Sample:
+        env = dict(os.environ, PDSH_RCMD_TYPE="ssh", PDSH_SSH_ARGS=opts + " %h")
+        return lines_from_every_host(
+            measure(["pdsh", "-f", "64", "-w", addrs, "hostname"], sb=sb, env=env), PDSH)
+
+    def check() -> Sample:
+        sample = measure([sys.executable, "-m", "clusterrun", "check", "--json",
+                          str(sb.inventory)], sb=sb)
+        if '"ok": true' not in sample.stdout:
+            raise RuntimeError(f"check did not pass: {sample.stdout[-800:]}")
+        return sample
+
+    found: dict[str, Callable[[], Sample]] = {EXEC: exec_}
+    if shutil.which("clush"):
+        found[CLUSH] = clush
+    if shutil.which("pdsh"):
+        found[PDSH] = pdsh
+    if with_check:
+        found[CHECK] = check
+    return found
+
+
+def run(sb: sandbox.Sandbox, repeat: int, with_check: bool) -> dict[str, list[Sample]]:
+    return alternate(candidates(sb, with_check), repeat)

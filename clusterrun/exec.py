@@ -32,6 +32,12 @@ HEARTBEAT = 2.0
 LEASE = 30.0
 GRACE = 5.0  # between SIGTERM and SIGKILL when a command is stopped
 MARGIN = 10.0  # how long past its own deadline a host may take to confirm the end
+# Connecting (the SSH handshake, in Python here) is what costs CPU on this machine; a started
+# command is a few idle threads and one socket. So at most HANDSHAKES hosts connect at once,
+# and up to RUNNING commands run at once: a host that has connected frees its handshake slot
+# for the next one instead of holding it until its command ends.
+HANDSHAKES = parallel.DEFAULT_FANOUT
+RUNNING = 512
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,12 @@ class ExecRun:
 
 @dataclass
 class _Control:
-    """Shared by every host's thread: the user's interrupts (filled by the main thread)."""
+    """Shared by every host's thread: the user's interrupts (filled by the main thread), and
+    the handshake slots."""
 
     interrupts: list[int] = field(default_factory=list)
+    handshakes: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(HANDSHAKES))
 
 
 def placed(inv: Inventory, container: Optional[str], *, on_host: bool) -> Inventory:
@@ -112,9 +121,10 @@ class _Host:
 
 def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, control: _Control,
          timeout: Optional[float]) -> ExecResult:
-    transport = connect(spec, options)
+    with control.handshakes:
+        transport = connect(spec, options)
     try:
-        proc = transport.run(shell.remote_python(spec))
+        proc = transport.run(shell.remote_python(spec, site=False))
         _thread, stderr = drain(proc)
         send(proc, "exec.py", {
             "command": cmd, "timeout": timeout, "lease": LEASE, "grace": GRACE,
@@ -201,7 +211,7 @@ def run(inv: Inventory, cmd: str, options: SshOptions, printer: Printer,
     def every_host() -> None:
         box["results"] = parallel.run(
             lambda spec: _one(spec, cmd, options=options, view=view, control=control,
-                              timeout=timeout), list(inv.hosts), None)
+                              timeout=timeout), list(inv.hosts), None, fanout=RUNNING)
 
     worker = threading.Thread(target=every_host, daemon=True, name="clusterrun-exec")
     told = 0

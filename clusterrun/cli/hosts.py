@@ -44,8 +44,6 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
     Exits 0 only when every host passes; 3 when a check fails; 4 when a host cannot be
     reached, authenticated or trusted.
     """
-    from rich.console import Console
-
     from clusterrun.preflight import checks as preflight
     from clusterrun.preflight import view as checkview
     from clusterrun.transport.pool import Connections
@@ -57,6 +55,8 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
         if as_json:
             checkview.render_json(report, sys.stdout)
         elif sys.stdout.isatty():
+            from rich.console import Console  # only for a terminal: rich takes a while to load
+
             checkview.render_table(report, Console())
         else:
             checkview.render_plain(report, sys.stdout)

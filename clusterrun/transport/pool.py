@@ -13,6 +13,12 @@ from clusterrun.transport.base import SshOptions, Transport
 
 Connector = Callable[[HostSpec, SshOptions], Transport]
 
+# SSH handshakes at once, whatever the callers' fan-out: the key exchange is the CPU-heavy part
+# of reaching a host from here, while a host that is connected and working costs next to
+# nothing, so a caller may wait on many more hosts at once than it connects to.
+HANDSHAKES = 64
+_handshakes = threading.BoundedSemaphore(HANDSHAKES)
+
 
 class Connections:
     """``with Connections(options) as pool: pool.get(spec)``. Thread-safe: hosts connect in
@@ -29,7 +35,8 @@ class Connections:
             found = self._open.get(spec.name)
         if found is not None:
             return found
-        transport = self._connect(spec, self.options)  # outside the lock: hosts in parallel
+        with _handshakes:  # outside the lock: hosts in parallel
+            transport = self._connect(spec, self.options)
         with self._lock:
             self._open.setdefault(spec.name, transport)
             return self._open[spec.name]

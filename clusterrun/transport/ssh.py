@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import fabric
 import paramiko
@@ -82,9 +82,10 @@ class SshTransport:
             connect_kwargs["key_filename"] = [str(key)]
         if spec.jump is not None:
             connect_kwargs["sock"] = self._through_jump()
-        cxn = fabric.Connection(
+        cxn = _Connection(
             spec.host, user=spec.user, port=spec.port, forward_agent=False,
             connect_timeout=self.options.connect_timeout, connect_kwargs=connect_kwargs,
+            config=_fabric_config(),
         )
         # fabric truncates the timeout to whole seconds, and treats 0 as no timeout at all:
         # `--connect-timeout 0.5` would wait for TCP's own give-up (minutes) on a dead host.
@@ -97,7 +98,7 @@ class SshTransport:
         # the hops the inventory's key and timeouts, as `proxy_jump:` does.
         hop: object = cxn
         while isinstance(hop, fabric.Connection):
-            hostkeys.load_into(hop.client, known_hosts)
+            _load_host_keys(hop.client, known_hosts, hop.host, hop.port)
             hop.client.set_missing_host_key_policy(
                 hostkeys.Policy(known_hosts, self.options.accept_new_host_keys))
             hop.connect_timeout = self.options.connect_timeout
@@ -212,6 +213,72 @@ class SshTransport:
                 self._jump = None
 
 
+# Every host's connection reads the same ~/.ssh/config and known_hosts: parsed once per
+# command, not once per host (known_hosts alone cost O(hosts) per connection, O(hosts^2) in all:
+# about a second of CPU at 128 hosts). Keyed by the files' identity, so an edited or appended
+# file (accept-new) is read again.
+_cache_lock = threading.Lock()
+_config_cache: dict[tuple[object, ...], fabric.Config] = {}
+_keys_cache: dict[tuple[object, ...], tuple[dict[str, list[Any]], list[Any]]] = {}
+
+
+def _stamp(path: str) -> Optional[tuple[int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+class _Connection(fabric.Connection):  # type: ignore[misc]
+    # A real attribute: fabric's Connection would otherwise store it in its config, which is
+    # shared by every connection (_fabric_config) and must stay read-only across threads.
+    inline_ssh_env = None
+
+
+def _fabric_config() -> fabric.Config:
+    """fabric's settings (~/.ssh/config among them), shared by every connection of this process
+    while the files are unchanged. A Connection only reads it."""
+    files = (os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config")
+    key = tuple((f, _stamp(f)) for f in files)
+    with _cache_lock:
+        config = _config_cache.get(key)
+        if config is None:
+            _config_cache.clear()
+            config = _config_cache[key] = fabric.Config()
+        return config
+
+
+def _load_host_keys(client: paramiko.SSHClient, known_hosts: Path, host: str,
+                    port: Optional[int]) -> None:
+    """``hostkeys.load_into`` for one host: the entries that can match its name (plain ones
+    under that name, every hashed one), parsed once per file. paramiko only ever looks a host
+    up by its name, so it decides exactly as with the whole file."""
+    key = (str(known_hosts), _stamp(str(known_hosts)), _stamp(str(hostkeys.GLOBAL_KNOWN_HOSTS)))
+    with _cache_lock:
+        index = _keys_cache.get(key)
+    if index is None:
+        scratch = paramiko.SSHClient()
+        hostkeys.load_into(scratch, known_hosts)  # the error for a bad file is raised here
+        plain: dict[str, list[Any]] = {}
+        hashed: list[Any] = []
+        for entry in scratch.get_host_keys()._entries:  # type: ignore[attr-defined]
+            if any(h.startswith("|1|") for h in entry.hostnames):
+                hashed.append(entry)
+            for name in set(entry.hostnames):
+                plain.setdefault(name, []).append(entry)
+        index = (plain, hashed)
+        with _cache_lock:
+            _keys_cache.clear()
+            _keys_cache[key] = index
+    plain, hashed = index
+    found = plain.get(hostkeys.known_host_name(host, port or 22), [])
+    entries = [*found, *(e for e in hashed if e not in found)]
+    # Copies: paramiko may replace an entry's key in place (HostKeys.add).
+    client.get_host_keys()._entries.extend(  # type: ignore[attr-defined]
+        paramiko.hostkeys.HostKeyEntry(list(e.hostnames), e.key) for e in entries)
+
+
 def _login(user: Optional[str], port: Optional[int]) -> list[str]:
     return [*(["-l", user] if user else []), *(["-p", str(port)] if port else [])]
 
@@ -220,6 +287,8 @@ def _login(user: Optional[str], port: Optional[int]) -> list[str]:
 # server's banner or key exchange arrived: start_client() returns as if it had succeeded, and
 # the next step finds no session.
 _STALLED = frozenset({"No existing session", "Negotiation failed."})
+# ...or, when paramiko's own banner timeout (the same length) fires first, this.
+_NO_BANNER = "Error reading SSH protocol banner"
 
 
 def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options: SshOptions,
@@ -236,7 +305,8 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
         msg = hostkeys.changed_key_message(
             hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
         return ConnectError(Outcome.HOST_KEY, f"{spec.name}: {msg}")
-    if stalled and isinstance(exc, paramiko.SSHException) and str(exc) in _STALLED:
+    if stalled and isinstance(exc, paramiko.SSHException) and (
+            str(exc) in _STALLED or str(exc).startswith(_NO_BANNER)):
         return ConnectError(Outcome.CONNECT_TIMEOUT,
             f"{where}: no SSH answer within {timeout:g} s: the TCP "
                             "connection opened but the SSH handshake did not finish (connect "

@@ -1,0 +1,102 @@
+"""The benchmarks' results as Markdown tables (quoted by docs/performance.md) and a PNG of time
+against host count."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from common import Sample, markdown_table, median
+from fanout import CHECK, CLUSH, EXEC, PDSH
+
+
+def machine() -> str:
+    mem = 0.0
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) / 1024 / 1024
+    return f"{os.cpu_count()} CPUs, {mem:.0f} GB of memory"
+
+
+def fanout_table(by_size: dict[int, dict[str, list[Sample]]]) -> str:
+    rows = []
+    for n, results in sorted(by_size.items()):
+        clush = median(results[CLUSH]) if CLUSH in results else float("nan")
+        for name, samples in results.items():
+            wall = median(samples)
+            rows.append([n, name, wall, "-" if math.isnan(clush) else f"{wall / clush:.2f}x",
+                         median(samples, "cpu"), median(samples, "remote_cpu"),
+                         int(median(samples, "threads")), median(samples, "peak_rss_mb")])
+    return markdown_table(["hosts", "command", "median s", "vs clush", "CPU here s",
+                           "CPU on hosts s", "threads", "peak RSS MB"], rows)
+
+
+def launch_table(results: dict[str, list[Sample]]) -> str:
+    floor = median(results["parallel ssh + torchrun"])
+    rows = [[name, median(s), f"{median(s) / floor:.2f}x", median(s, "cpu"),
+             median(s, "remote_cpu"), int(median(s, "threads")), median(s, "peak_rss_mb")]
+            for name, s in results.items()]
+    return markdown_table(["command (4 hosts x 1 rank, gloo all-reduce)", "median s",
+                           "vs floor", "CPU here s", "CPU on hosts s", "threads",
+                           "peak RSS MB"], rows)
+
+
+def start_table(by_size: dict[int, list[Sample]]) -> str:
+    base = min(by_size)
+    first = median(by_size[base], "started")
+    rows = [[n, median(s, "started"), f"{median(s, 'started') / first:.2f}x", median(s),
+             median(s, "cpu"), int(median(s, "threads")), median(s, "peak_rss_mb")]
+            for n, s in sorted(by_size.items())]
+    return markdown_table(["hosts", "all ranks started s", f"vs {base} hosts",
+                           "whole launch s", "controller CPU s", "threads",
+                           "peak RSS MB"], rows)
+
+
+def throughput_table(samples: list[Sample]) -> str:
+    rows = [[f"{median(samples, 'megabytes'):.0f} MB", median(samples, "console_mb_s"),
+             median(samples, "end_to_end_mb_s"), median(samples),
+             median(samples, "cpu"), median(samples, "remote_cpu"),
+             median(samples, "peak_rss_mb"), "none (console and mirrors)"]]
+    return markdown_table(["4 hosts x 2 ranks", "console MB/s", "MB/s over the whole launch",
+                           "launch s", "controller CPU s", "CPU on hosts s", "peak RSS MB",
+                           "lines lost"], rows)
+
+
+def plot(by_size: dict[int, dict[str, list[Sample]]], path: Path) -> Optional[str]:
+    """Median time against host count, one line per command; None when matplotlib is missing
+    (`pip install 'clusterrun[bench]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'clusterrun[bench]'): no plot"
+    names = [EXEC, CLUSH, PDSH, CHECK]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=90)
+    for name, style in zip(names, ("o-", "s--", "^--", "d-")):
+        points = [(n, median(r[name])) for n, r in sorted(by_size.items()) if name in r]
+        if points:
+            ax.plot(*zip(*points), style, label=name)
+    ax.set_xlabel("hosts")
+    ax.set_ylabel("median seconds")
+    ax.set_xticks(sorted(by_size))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"hostname on every host, and a full check ({machine()})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def document(command: str, sections: list[tuple[str, str]], notes: list[str]) -> str:
+    parts: list[Any] = [f"Command: `{command}`", f"Machine: {machine()}; every sandbox host "
+                        "shares these CPUs with the controller.", ""]
+    for title, table in sections:
+        parts += [f"### {title}", "", table, ""]
+    parts += [f"- {note}" for note in notes]
+    return "\n".join(parts).rstrip() + "\n"

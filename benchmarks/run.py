@@ -1,0 +1,141 @@
+"""clusterrun against the tools users would pick instead, on sandbox clusters built here.
+
+    sudo .venv/bin/python benchmarks/run.py                       # everything, 3 rounds
+    sudo .venv/bin/python benchmarks/run.py --sizes 8,32 --repeat 1 --only fanout   # quick
+
+Benchmarks (--only): fanout (exec, clush, pdsh: `hostname` on every host), check (a full
+`clusterrun check`, in the same rounds as fanout), launch (4-host gloo all-reduce against
+parallel ssh + torchrun), start (a script without torch on --start-hosts hosts, and on 4),
+logs (4 hosts x 2 ranks printing --log-mb MB as fast as they can, every line counted).
+
+Candidates run in alternating rounds (A B C A B C ...) and the tables give medians: compare the
+ratios, not absolute seconds, which depend on the machine and on what else runs on it.
+Writes the tables as Markdown (--out, quoted by docs/performance.md), the raw samples next to it
+(.json) and a PNG of time against host count (--plot; needs matplotlib: the `bench` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import common
+import fanout
+import launch
+import report
+
+BENCHMARKS = ("fanout", "check", "launch", "start", "logs")
+NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+@contextlib.contextmanager
+def neighbour_room(hosts: int) -> Iterator[None]:
+    """Room in the kernel's neighbour (ARP) table, shared by every network namespace, for the
+    all-pairs check of ``hosts`` hosts (hosts^2 entries): past the default 1024 the kernel drops
+    packets and the mesh phase reports timeouts that a real cluster would not have. Restored
+    afterwards."""
+    need = 2 * hosts * hosts + 1024
+    old = {name: (NEIGH / name).read_text().strip() for name in ("gc_thresh2", "gc_thresh3")}
+    try:
+        for name, value in (("gc_thresh2", need // 2), ("gc_thresh3", need)):
+            if int(old[name]) < value:
+                (NEIGH / name).write_text(str(value))
+        yield
+    finally:
+        for name in ("gc_thresh2", "gc_thresh3"):
+            (NEIGH / name).write_text(old[name])
+
+
+Sections = list[tuple[str, str]]
+
+
+def _fanout(sizes: list[int], chosen: list[str], args: argparse.Namespace, sections: Sections,
+            raw: dict[str, object]) -> str:
+    """Returns a note on the plot."""
+    by_size = {}
+    for n in sizes:
+        print(f"{n} hosts: building the sandbox", flush=True)
+        with common.cluster(n) as sb:
+            results = fanout.run(sb, args.repeat, with_check="check" in chosen)
+            if "fanout" not in chosen:
+                results = {k: v for k, v in results.items() if k in (fanout.CHECK, fanout.CLUSH)}
+            by_size[n] = results
+    sections.append(("`hostname` on every host, and a full check", report.fanout_table(by_size)))
+    raw["fanout"] = by_size
+    missing = report.plot(by_size, args.plot)
+    return missing or f"plot: {args.plot.name}"
+
+
+def _launch(chosen: list[str], args: argparse.Namespace, sections: Sections,
+            raw: dict[str, object]) -> None:
+    starts = {}
+    with launch.payloads() as folder, common.cluster(4) as sb:
+        if "launch" in chosen:
+            print("launch, 4 hosts", flush=True)
+            results = launch.end_to_end(sb, folder, args.repeat)
+            sections.append(("Launch end to end", report.launch_table(results)))
+            raw["launch"] = results
+        if "start" in chosen:
+            print("start, 4 hosts", flush=True)
+            starts[4] = launch.start(sb, folder, args.repeat)
+        if "logs" in chosen:
+            print(f"logs, 4 hosts x 2 ranks, {args.log_mb:g} MB", flush=True)
+            samples = launch.throughput(sb, folder, args.repeat, args.log_mb)
+            sections.append(("Log throughput", report.throughput_table(samples)))
+            raw["logs"] = samples
+    if "start" in chosen:
+        with launch.payloads() as folder, common.cluster(args.start_hosts) as sb:
+            print(f"start, {args.start_hosts} hosts", flush=True)
+            starts[args.start_hosts] = launch.start(sb, folder, args.repeat)
+        sections.append(("Start of a script without torch (`--no-torchrun`)",
+                         report.start_table(starts)))
+        raw["start"] = starts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="8,32,64,128",
+                        help="host counts for fanout and check (default: 8,32,64,128)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--only", default=",".join(BENCHMARKS),
+                        help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+    parser.add_argument("--start-hosts", type=int, default=64,
+                        help="hosts for the start benchmark (default: 64; 4 is measured too)")
+    parser.add_argument("--log-mb", type=float, default=100.0,
+                        help="megabytes the logs benchmark prints in all (default: 100)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.md",
+                        help="the Markdown tables (default: benchmarks/results.md); raw "
+                        "samples go next to it as .json")
+    parser.add_argument("--plot", type=Path, default=Path(__file__).parent / "results.png",
+                        help="the PNG of time against host count (default: "
+                        "benchmarks/results.png)")
+    args = parser.parse_args()
+    chosen = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}: pick from {', '.join(BENCHMARKS)}")
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:])
+    sections: Sections = []
+    notes: list[str] = []
+    raw: dict[str, object] = {}
+    began = time.monotonic()
+    with neighbour_room(max([*sizes, args.start_hosts])):
+        if "fanout" in chosen or "check" in chosen:
+            notes.append(_fanout(sizes, chosen, args, sections, raw))
+        if {"launch", "logs", "start"} & set(chosen):
+            _launch(chosen, args, sections, raw)
+    notes.append(f"{args.repeat} alternating rounds, {time.monotonic() - began:.0f} s in all")
+    args.out.write_text(report.document(command, sections, notes))
+    common.write_json(args.out.with_suffix(".json"), raw)
+    print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
