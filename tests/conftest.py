@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +39,8 @@ from clusterrun.transport.local import LocalTransport
 REPO = Path(__file__).resolve().parent.parent
 TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"
 CLUSTER_SIZE = 32
+FIREWALL = "clusterrun_test_firewall"  # the nftables table of Cluster.admit_only
+LISTEN_HOST = "127.0.0.2"  # not "local" to clusterrun: it would be reached over SSH
 
 
 @dataclass
@@ -64,6 +67,22 @@ class Cluster:
 
     def pids(self, name: str) -> list[int]:
         return sandbox.pids(self.sb, name)
+
+    def admit_only(self, name: str, *ports: int) -> None:
+        """The host drops every new inbound connection except to ``ports``, as a host firewall
+        written for SSH and the job's one port does (undo: ``admit_all``)."""
+        allowed = ", ".join(str(p) for p in ports)
+        rules = (f"table inet {FIREWALL} {{\n  chain input {{\n"
+                 "    type filter hook input priority 0; policy drop;\n"
+                 "    ct state established,related accept\n    iif lo accept\n"
+                 f"    tcp dport {{ {allowed} }} accept\n  }}\n}}\n")
+        subprocess.run(["ip", "netns", "exec", self.host(name).netns, "nft", "-f", "-"],
+                       input=rules, text=True, check=True)
+
+    def admit_all(self, name: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.host(name).netns, "nft", "-f", "-"],
+                       input=f"table inet {FIREWALL}\ndelete table inet {FIREWALL}\n",
+                       text=True, check=True)
 
     def run_on(self, name: str, *argv: str) -> str:
         """A command inside a host (its own /tmp), without SSH."""
@@ -286,6 +305,29 @@ def start_cli(*args: str, cwd: Path | None = None, **kwargs: Any) -> subprocess.
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO, **kwargs)
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP port standing in for a host nobody should connect to: a connection attempt lands
+    in its backlog (``connection_attempted``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LISTEN_HOST, 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def connection_attempted(sock: socket.socket) -> bool:
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
 
 
 # --- The fast tier: no root, no sshd. The in-memory transport the package ships for tests

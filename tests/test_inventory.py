@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,31 +17,7 @@ import pytest
 
 from clusterrun import inventory
 from clusterrun.errors import InventoryError
-from tests.conftest import run_cli
-
-LISTEN_HOST = "127.0.0.2"
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A TCP port nobody should connect to: a connection attempt lands in its backlog."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LISTEN_HOST, 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def connection_attempted(sock: socket.socket) -> bool:
-    try:
-        conn, _ = sock.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
+from tests.conftest import LISTEN_HOST, connection_attempted, run_cli
 
 
 @dataclass(frozen=True)

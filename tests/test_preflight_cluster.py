@@ -25,25 +25,6 @@ pytestmark = pytest.mark.cluster
 
 HOSTS = ["node20", "node21", "node22"]
 MASTER_PORT = 29517
-FIREWALL = "clusterrun_test_firewall"
-
-
-def firewall(cluster: Cluster, name: str, *ports: int) -> None:
-    """The host drops every new inbound connection except to ``ports``, as a host firewall
-    written for SSH and the job's one port does."""
-    allowed = ", ".join(str(p) for p in ports)
-    rules = (f"table inet {FIREWALL} {{\n  chain input {{\n"
-             "    type filter hook input priority 0; policy drop;\n"
-             "    ct state established,related accept\n    iif lo accept\n"
-             f"    tcp dport {{ {allowed} }} accept\n  }}\n}}\n")
-    subprocess.run(["ip", "netns", "exec", cluster.host(name).netns, "nft", "-f", "-"],
-                   input=rules, text=True, check=True)
-
-
-def unfirewall(cluster: Cluster, name: str) -> None:
-    subprocess.run(["ip", "netns", "exec", cluster.host(name).netns, "nft", "-f", "-"],
-                   input=f"table inet {FIREWALL}\ndelete table inet {FIREWALL}\n", text=True,
-                   check=True)
 
 
 @pytest.fixture
@@ -72,7 +53,7 @@ def checks_of(report: dict, host: str) -> dict[str, dict]:
 def test_a_worker_admitting_only_ssh_and_the_master_port_fails_naming_the_pairs(
         cluster: Cluster, tmp_path: Path, payload: Path) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, master_port=MASTER_PORT)
-    firewall(cluster, "node22", 22, MASTER_PORT)
+    cluster.admit_only("node22", 22, MASTER_PORT)
     try:
         cp, report = check_json(inv)
         assert cp.returncode == 3, cp.stdout + cp.stderr
@@ -101,7 +82,7 @@ def test_a_worker_admitting_only_ssh_and_the_master_port_fails_naming_the_pairs(
         assert cp.returncode == 3, cp.stdout + cp.stderr
         assert "preflight failed; nothing was started" in cp.stderr
     finally:
-        unfirewall(cluster, "node22")
+        cluster.admit_all("node22")
     cp, report = check_json(inv)
     assert cp.returncode == 0, cp.stdout
 

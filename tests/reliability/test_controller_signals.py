@@ -19,7 +19,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
+from tests.reliability.conftest import Timed
 
 HOSTS = ["node1", "node2", "node3"]
 GRACE = 5.0
 LEASE = 10.0
-Timed = Callable[[str, float], AbstractContextManager[Any]]
 
 
 @dataclass

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,12 @@ import pytest
 from clusterrun import sandbox
 from clusterrun.sandbox import faults
 from tests.conftest import Cluster, Reader, copy_payload, start_cli
+from tests.reliability.conftest import Timed
 
 HOSTS = ["node4", "node5", "node6"]
 VICTIM = "node6"
 LEASE = 10.0
 GRACE = 3.0
-Timed = Callable[[str, float], AbstractContextManager[Any]]
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, Cluster, run_cli, write_inventory
+from tests.reliability.conftest import Timed
 
 TOKEN = "PWN" + uuid.uuid4().hex[:4]  # 7 characters: room for a payload in 15
 # If a shell ever evaluated it: `a` fails, then `>PWNxxxx$(x)` creates the file PWNxxxx.
@@ -101,7 +102,7 @@ def test_hostile_inventory_values_are_refused_before_any_ssh(
 
 def test_a_hostile_interface_name_used_for_real_reaches_the_ranks_byte_exact(
         cluster: Cluster, home: Path, tmp_path: Path, payload: Path, *, hostile_nic: str,
-        timed) -> None:
+        timed: Timed) -> None:
     names = [MASTER, NIC_HOST]
     inv = cluster.inventory(tmp_path / "inv.yaml", names,
                             hosts={NIC_HOST: {"interface": hostile_nic}})
@@ -133,7 +134,7 @@ def test_a_hostile_interface_name_used_for_real_reaches_the_ranks_byte_exact(
 
 @pytest.mark.usefixtures("home")
 def test_a_hostile_interface_name_is_listed_as_is_and_never_run(
-        cluster: Cluster, tmp_path: Path, hostile_decoy: str, timed) -> None:
+        cluster: Cluster, tmp_path: Path, hostile_decoy: str, timed: Timed) -> None:
     names = [MASTER, DECOY_HOST]
     inv = cluster.inventory(tmp_path / "inv.yaml", names,
                             hosts={DECOY_HOST: {"interface": "nosuch0"}})

@@ -13,7 +13,6 @@ The tests without the `cluster` fixture run in the fast tier.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,15 @@ from clusterrun.preflight.report import HostReport
 from clusterrun.transport import SshOptions
 from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.pool import Connections
-from tests.conftest import Cluster, fake_inventory, host_spec, run_cli
+from tests.conftest import (
+    LISTEN_HOST,
+    Cluster,
+    connection_attempted,
+    fake_inventory,
+    host_spec,
+    run_cli,
+)
+from tests.reliability.conftest import Timed
 
 # ------------------------------------------------------------------ the same machine twice
 
@@ -81,7 +88,7 @@ def test_what_counts_as_the_same_machine() -> None:
 
 
 def test_two_localhost_nodes_stay_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          timed) -> None:
+                                          timed: Timed) -> None:
     """The demo's inventory: this machine twice, on purpose. The real probe runs here."""
     monkeypatch.setenv("CLUSTERRUN_HOME", str(tmp_path / "home"))
     inv = tmp_path / "inv.yaml"
@@ -95,7 +102,7 @@ def test_two_localhost_nodes_stay_allowed(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_one_machine_by_address_and_by_alias_is_refused_on_the_cluster(
-        cluster: Cluster, home: Path, tmp_path: Path, payload: Path, timed) -> None:
+        cluster: Cluster, home: Path, tmp_path: Path, payload: Path, timed: Timed) -> None:
     names = ["node18", "node19"]
     alias = "twin-of-node19"
     ssh_alias = tmp_path / "userhome"  # a $HOME whose ~/.ssh/config gives node19 a 2nd name
@@ -127,38 +134,13 @@ def test_one_machine_by_address_and_by_alias_is_refused_on_the_cluster(
 # ------------------------------------------------------------------ YAML booleans, long names
 
 
-LISTEN_HOST = "127.0.0.3"
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A port nobody may connect to: a connection attempt lands in its backlog."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LISTEN_HOST, 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def attempted(sock: socket.socket) -> bool:
-    try:
-        conn, _ = sock.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
-
-
 @pytest.mark.parametrize(("line", "key", "shown"), [
     ("host: no", "host", "False"), ("name: yes", "name", "True"), ("user: off", "user", "False"),
     ("host: on", "host", "True"),
 ])
 def test_yaml_booleans_are_refused_telling_to_quote_them(
         tmp_path: Path, listener: socket.socket, line: str, key: str, *, shown: str,
-        timed) -> None:
+        timed: Timed) -> None:
     port = listener.getsockname()[1]
     entry = line if key == "host" else f"host: {LISTEN_HOST}\n    {line}"
     inv = tmp_path / "inv.yaml"
@@ -171,12 +153,12 @@ def test_yaml_booleans_are_refused_telling_to_quote_them(
     assert cp.stderr.startswith(f"clusterrun: error: {inv}:"), cp.stderr
     assert f"as a boolean ({shown}); quote it: {key}: \"...\"." in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr
-    assert not attempted(listener)
+    assert not connection_attempted(listener)
 
 
 @pytest.mark.parametrize("field", ["host", "name"])
 def test_300_character_names_are_refused_before_any_ssh(
-        tmp_path: Path, listener: socket.socket, field: str, timed) -> None:
+        tmp_path: Path, listener: socket.socket, field: str, timed: Timed) -> None:
     port = listener.getsockname()[1]
     long = "a." * 150
     entry = f"host: {long}" if field == "host" else f"host: {LISTEN_HOST}\n    name: {long}"
@@ -190,4 +172,4 @@ def test_300_character_names_are_refused_before_any_ssh(
     assert cp.stderr.startswith(f"clusterrun: error: {inv}:"), cp.stderr
     assert "300 characters" in cp.stderr or "at most 63" in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr and "idna" not in cp.stderr
-    assert not attempted(listener)
+    assert not connection_attempted(listener)

@@ -21,6 +21,7 @@ import pytest
 
 from clusterrun import sandbox
 from tests.conftest import Cluster, run_cli
+from tests.reliability.conftest import Timed
 
 HOSTS16 = [f"node{k}" for k in range(9, 25)]
 DROPPING = "node24"
@@ -89,7 +90,7 @@ def tarpit(cluster: Cluster) -> Iterator[int]:
 
 @pytest.mark.usefixtures("home", "syn_drop")
 def test_one_of_16_hosts_dropping_syns_costs_one_connect_timeout(
-        cluster: Cluster, tmp_path: Path, payload: Path, timed) -> None:
+        cluster: Cluster, tmp_path: Path, payload: Path, timed: Timed) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS16)
     for command, argv in commands(inv, payload, "--connect-timeout", str(CONNECT)).items():
         # The connect timeout, then the 15 other hosts' own work: 16 probes (or hostnames)
@@ -114,7 +115,7 @@ def test_one_of_16_hosts_dropping_syns_costs_one_connect_timeout(
 
 @pytest.mark.usefixtures("home")
 def test_a_tarpit_that_never_sends_a_banner_is_a_named_timeout(
-        cluster: Cluster, tmp_path: Path, payload: Path, tarpit: int, timed) -> None:
+        cluster: Cluster, tmp_path: Path, payload: Path, tarpit: int, timed: Timed) -> None:
     names = ["node9", "node10", "node11", TARPIT]
     inv = cluster.inventory(tmp_path / "inv.yaml", names, hosts={TARPIT: {"port": tarpit}})
     for command, argv in commands(inv, payload, "--connect-timeout", str(CONNECT)).items():
@@ -146,7 +147,7 @@ def _known_hosts_without(cluster: Cluster, tmp_path: Path, name: str) -> Path:
 
 @pytest.mark.usefixtures("home")
 def test_an_unknown_host_key_is_refused_with_its_fingerprint(
-        cluster: Cluster, tmp_path: Path, payload: Path, timed) -> None:
+        cluster: Cluster, tmp_path: Path, payload: Path, timed: Timed) -> None:
     names = ["node9", "node10", UNKNOWN]
     known = _known_hosts_without(cluster, tmp_path, UNKNOWN)
     before = known.read_bytes()
@@ -168,7 +169,7 @@ def test_an_unknown_host_key_is_refused_with_its_fingerprint(
 
 @pytest.mark.usefixtures("home")
 def test_a_changed_host_key_is_refused_even_with_accept_new(
-        cluster: Cluster, tmp_path: Path, payload: Path, timed) -> None:
+        cluster: Cluster, tmp_path: Path, payload: Path, timed: Timed) -> None:
     names = ["node9", "node10", CHANGED]
     known = tmp_path / "known_hosts"
     known.write_bytes(cluster.sb.known_hosts.read_bytes())

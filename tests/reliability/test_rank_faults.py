@@ -10,20 +10,18 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
+from tests.reliability.conftest import Timed
 
 HOSTS = ["node1", "node2", "node3"]
 TEARDOWN = 15.0
 
-Timed = Callable[[str, float], AbstractContextManager[Any]]
 
 # fault -> (FAULT, exit status, how the root cause says it)
 FAULTS = {

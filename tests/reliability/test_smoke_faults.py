@@ -13,46 +13,29 @@ ranks on an ephemeral port fails. Two ways it shows up, both bounded and both na
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Cluster, Reader, run_cli, start_cli
+from tests.reliability.conftest import Timed
 
 HOSTS = ["node9", "node10", "node11"]
 BLOCKED = "node10"  # rank 1: others connect to it (a highest rank only connects out)
 MASTER_PORT = 29541
-TABLE = "clusterrun_reliability_smoke"
-
-
-def firewall(cluster: Cluster, name: str, *ports: int) -> None:
-    allowed = ", ".join(str(p) for p in ports)
-    rules = (f"table inet {TABLE} {{\n  chain input {{\n"
-             "    type filter hook input priority 0; policy drop;\n"
-             "    ct state established,related accept\n    iif lo accept\n"
-             f"    tcp dport {{ {allowed} }} accept\n  }}\n}}\n")
-    subprocess.run(["ip", "netns", "exec", cluster.host(name).netns, "nft", "-f", "-"],
-                   input=rules, text=True, check=True)
-
-
-def unfirewall(cluster: Cluster, name: str) -> None:
-    subprocess.run(["ip", "netns", "exec", cluster.host(name).netns, "nft", "-f", "-"],
-                   input=f"table inet {TABLE}\ndelete table inet {TABLE}\n", text=True,
-                   check=True)
 
 
 def test_a_blocked_worker_pair_is_named_by_preflight_and_nothing_starts(
-        cluster: Cluster, home: Path, tmp_path: Path, timed) -> None:
+        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, master_port=MASTER_PORT)
-    firewall(cluster, BLOCKED, 22, MASTER_PORT)
+    cluster.admit_only(BLOCKED, 22, MASTER_PORT)
     try:
         with timed("smoke, worker pair blocked before check: named by the mesh", 30) as t:
             cp = run_cli("check", "--smoke", str(inv), timeout=60)
             t.stop()
     finally:
-        unfirewall(cluster, BLOCKED)
+        cluster.admit_all(BLOCKED)
     assert cp.returncode == 3, cp.stdout + cp.stderr
     assert "Traceback" not in cp.stderr
     assert f"{BLOCKED}: pairs: node[9,11] cannot connect to {BLOCKED}" in cp.stdout, cp.stdout
@@ -63,7 +46,7 @@ def test_a_blocked_worker_pair_is_named_by_preflight_and_nothing_starts(
 
 @pytest.mark.usefixtures("home")
 def test_a_pair_blocked_after_preflight_is_named_by_the_smoke_ranks(
-        cluster: Cluster, tmp_path: Path, timed) -> None:
+        cluster: Cluster, tmp_path: Path, timed: Timed) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, master_port=MASTER_PORT)
     proc = start_cli("check", "--smoke", str(inv))
     out, err = Reader(proc.stdout), Reader(proc.stderr)  # type: ignore[arg-type]
@@ -72,7 +55,7 @@ def test_a_pair_blocked_after_preflight_is_named_by_the_smoke_ranks(
         # Preflight passed (its mesh saw every pair open); the ranks are not started yet: the
         # path closes now, as a firewall policy pushed in between would close it.
         out.wait_for(r"3/3 hosts ready", timeout=30)
-        firewall(cluster, BLOCKED, 22, MASTER_PORT)
+        cluster.admit_only(BLOCKED, 22, MASTER_PORT)
         blocked = True
         with timed("6. smoke, worker pair blocked after preflight: named by the ranks (from "
                    "the block to the exit)", 30) as t:
@@ -82,7 +65,7 @@ def test_a_pair_blocked_after_preflight_is_named_by_the_smoke_ranks(
         if proc.poll() is None:
             proc.kill()
         if blocked:
-            unfirewall(cluster, BLOCKED)
+            cluster.admit_all(BLOCKED)
     out.join()
     err.join()
     assert proc.returncode == 3, out.text + err.text
@@ -97,7 +80,7 @@ def test_a_pair_blocked_after_preflight_is_named_by_the_smoke_ranks(
 
 @pytest.mark.usefixtures("home")
 def test_smoke_passes_again_once_the_path_is_open(cluster: Cluster, tmp_path: Path,
-                                                  timed) -> None:
+                                                  timed: Timed) -> None:
     """The same hosts, nothing blocked: the pair check in the ranks passes and the
     all-reduce runs (no false alarm from the new checks)."""
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, master_port=MASTER_PORT)
