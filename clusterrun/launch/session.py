@@ -34,7 +34,6 @@ from clusterrun.transport import Process, Transport, parallel, shell
 from clusterrun.transport.programs import call, drain, send
 
 HEARTBEAT = 2.0
-SILENT = "no word from it for"  # how a node lost to silence is described
 LOST_CLEANUP = 10.0  # seconds to end what a lost node left, on a host that still answers
 START_SECONDS = 60.0
 TEARDOWN_MARGIN = 15.0
@@ -139,6 +138,7 @@ class Session:
         self.last_frame: dict[str, float] = {}
         self.stopping_since: Optional[float] = None
         self.broken: dict[str, str] = {}
+        self.silent: set[str] = set()  # nodes lost to silence: their hosts may not answer
         self.pauses = pause.Pauses()
         self.abandoned = False  # this controller fell silent past the lease: the nodes left
 
@@ -293,7 +293,8 @@ class Session:
             if node.started is None and quiet > START_SECONDS:
                 self._lose(name, f"its supervisor did not start within {START_SECONDS:g} s")
             elif quiet > lease:
-                self._lose(name, f"{SILENT} {quiet:.0f} s (host down or network "
+                self.silent.add(name)
+                self._lose(name, f"no word from it for {quiet:.0f} s (host down or network "
                            "partitioned; its supervisor ends the run there when its lease runs "
                            "out)")
             elif self.stopping_since is not None and now - self.stopping_since > (
@@ -372,7 +373,7 @@ class Session:
         its own supervisor ends the run when the lease runs out."""
         tried = [self.specs[n] for n, node in self.nodes.items()
                  if node.lost is not None and node.started is not None
-                 and not node.lost.startswith(SILENT)]
+                 and n not in self.silent]
 
         def one(spec: HostSpec) -> None:
             call(self.transports[spec.name], spec, "stop.py",

@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import signal
+import time
 
 MOUNTINFO = "/proc/self/mountinfo"
 OWN = "/proc/self/cgroup"
@@ -119,6 +120,20 @@ def kill(path):
     for pid in members(path):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def end(path, seconds, between=None):
+    """Kill everything in the cgroup until it is empty (``between()`` runs while waiting: the
+    supervisor reaps its children there) or ``seconds`` pass, then remove it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        kill(path)
+        if between is not None:
+            between()
+        if not members(path) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    remove(path)
 
 
 def remove(path):

@@ -207,9 +207,4 @@ class Tree:
     def release(self):
         """The run has ended: kill whatever is still in the cgroup, then remove it."""
         if self.group is not None:
-            cgroup.kill(self.group)
-            deadline = time.monotonic() + 2
-            while cgroup.members(self.group) and time.monotonic() < deadline:
-                self.reap()
-                time.sleep(0.05)
-            cgroup.remove(self.group)
+            cgroup.end(self.group, 2, self.reap)

@@ -21,11 +21,7 @@ def end_cgroup(path):
     if (not path or mount is None or not path.startswith(mount.rstrip("/") + "/")
             or not os.path.basename(path).startswith("clusterrun-") or not os.path.isdir(path)):
         return
-    deadline = time.monotonic() + 5
-    while cgroup.members(path) and time.monotonic() < deadline:
-        cgroup.kill(path)
-        time.sleep(0.1)
-    cgroup.remove(path)
+    cgroup.end(path, 5)
 
 
 def main(req):
