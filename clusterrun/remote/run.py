@@ -219,7 +219,9 @@ class Supervisor:
         elapsed = self.clock.elapsed()
         self.writer.event("failure", code=disk.STATUS, detail=detail, e=elapsed)
         self._failed(None, disk.STATUS, elapsed, detail)
-        self.stop(Cause.DISK_FULL, detail)
+        # At once, not after --grace: ranks printing flat out would fill the margin meanwhile,
+        # and the supervisor's own final state must still fit.
+        self.stop(Cause.DISK_FULL, detail, force=True)
 
     def _torchrun_exited(self):
         code = self.tree.code
