@@ -17,11 +17,9 @@ Writes the tables as Markdown (--out, quoted by docs/performance.md), the raw sa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import common
@@ -30,27 +28,6 @@ import launch
 import report
 
 BENCHMARKS = ("fanout", "check", "launch", "start", "logs")
-NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
-
-
-@contextlib.contextmanager
-def neighbour_room(hosts: int) -> Iterator[None]:
-    """Room in the kernel's neighbour (ARP) table, shared by every network namespace, for the
-    all-pairs check of ``hosts`` hosts (hosts^2 entries): past the default 1024 the kernel drops
-    packets and the mesh phase reports timeouts that a real cluster would not have. Restored
-    afterwards."""
-    need = 2 * hosts * hosts + 1024
-    old = {name: (NEIGH / name).read_text().strip() for name in ("gc_thresh2", "gc_thresh3")}
-    try:
-        for name, value in (("gc_thresh2", need // 2), ("gc_thresh3", need)):
-            if int(old[name]) < value:
-                (NEIGH / name).write_text(str(value))
-        yield
-    finally:
-        for name in ("gc_thresh2", "gc_thresh3"):
-            (NEIGH / name).write_text(old[name])
-
-
 Sections = list[tuple[str, str]]
 
 
@@ -125,11 +102,10 @@ def main() -> int:
     notes: list[str] = []
     raw: dict[str, object] = {}
     began = time.monotonic()
-    with neighbour_room(max([*sizes, args.start_hosts])):
-        if "fanout" in chosen or "check" in chosen:
-            notes.append(_fanout(sizes, chosen, args, sections, raw))
-        if {"launch", "logs", "start"} & set(chosen):
-            _launch(chosen, args, sections, raw)
+    if "fanout" in chosen or "check" in chosen:
+        notes.append(_fanout(sizes, chosen, args, sections, raw))
+    if {"launch", "logs", "start"} & set(chosen):
+        _launch(chosen, args, sections, raw)
     notes.append(f"{args.repeat} alternating rounds, {time.monotonic() - began:.0f} s in all")
     args.out.write_text(report.document(command, sections, notes))
     common.write_json(args.out.with_suffix(".json"), raw)

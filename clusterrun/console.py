@@ -35,6 +35,11 @@ class Printer:
         """One output line: ``prefix`` (colored by ``key``) then ``text``."""
         self.write(f"{self._paint(key, prefix)} {text}\n")
 
+    def block(self, key: str, prefix: str, text: str) -> None:
+        """Lines joined by ``\\n``, each with the prefix, in one write (see ``write``)."""
+        head = f"{self._paint(key, prefix)} "
+        self.write(head + text.replace("\n", "\n" + head) + "\n")
+
     def write(self, data: str) -> None:
         if self.broken:
             return

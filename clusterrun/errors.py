@@ -23,8 +23,8 @@ class ExitStatus(enum.IntEnum):
     PREFLIGHT = 3  # a host answered but failed a check; nothing was started
     UNREACHABLE = 4  # a host could not be reached, authenticated or trusted
     NODE_LOST = 5  # a node stopped answering or its supervisor died mid-run
-    SYNC = 6  # copying the code to a host failed (rsync/SFTP, disk full), or a host's disk
-    # filled up under the run directory mid-run (the run was stopped: remote/disk.py)
+    SYNC = 6  # copying the code to a host failed (rsync or the copy over SSH, disk full), or a
+    # host's disk filled up under the run directory mid-run (the run was stopped: remote/disk.py)
     TIMEOUT = 124  # `exec --timeout` ran out on some host (as timeout(1) reports it)
     SIGINT = 130  # 128 + SIGINT: Ctrl-C
     SIGTERM = 143  # 128 + SIGTERM

@@ -297,7 +297,8 @@ def test_launch_exits_6_when_copying_the_code_fails(
     for host in fake_net.hosts.values():
         host.programs["files.py"] = lambda _request: Reply(
             stderr=b"OSError: [Errno 28] No space left on device\n", code=1)
-    # sync asks for an SSH connection (rsync/SFTP need one): the fake stands in for it.
+    # sync asks for an SSH connection (rsync and the copy over SSH need one): the fake stands
+    # in for it.
     monkeypatch.setattr("clusterrun.launch.sync.SshTransport", FakeTransport)
     script = tmp_path / "job" / "train.py"
     script.parent.mkdir()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import random
+import re
 
+from clusterrun.console import Printer
 from clusterrun.logs.lines import LineFramer
+from clusterrun.logs.view import Filter, LogView
 
 
 def feed_all(chunks: list[bytes]) -> list[str]:
@@ -70,3 +74,59 @@ def test_huge_lines_pass_whole_and_endless_ones_are_cut() -> None:
     pieces = framer.feed(b"y" * 2500)
     assert pieces == ["y" * 1000, "y" * 1000]
     assert framer.close() == "y" * 500
+
+
+def _split(data: bytes, rng: random.Random, most: int) -> list[bytes]:
+    chunks, pos = [], 0
+    while pos < len(data):
+        step = rng.randrange(1, most)
+        chunks.append(data[pos:pos + step])
+        pos += step
+    return chunks
+
+
+def test_blocks_give_exactly_the_lines_feed_gives() -> None:
+    """The chunk-at-once path: the same lines, in the same order, for any chunking, with
+    progress bars, invalid UTF-8, split characters, flushed partial lines and cut lines."""
+    rng = random.Random(11)
+    alphabet = [b"a", b"b", b" ", "λ".encode(), "😀".encode(), b"\xff", b"\r", b"\n", b"\n"]
+    data = b"".join(rng.choice(alphabet) for _ in range(6_000))
+    for max_line in (4 * 1024 * 1024, 50):
+        for most in (3, 40, 5000):
+            for _ in range(3):
+                chunks = _split(data, rng, most)
+                flush_at = {i for i in range(len(chunks)) if rng.random() < 0.1}
+                by_line, by_block = LineFramer(max_line), LineFramer(max_line)
+                want: list[str] = []
+                got: list[str] = []
+                for i, chunk in enumerate(chunks):
+                    want.extend(by_line.feed(chunk))
+                    for block in by_block.blocks(chunk):
+                        got.extend(block.split("\n"))
+                    if i in flush_at:
+                        want.append(str(by_line.flush()))
+                        got.append(str(by_block.flush()))
+                want.append(str(by_line.close()))
+                got.append(str(by_block.close()))
+                assert got == want
+
+
+def test_a_chunk_of_whole_lines_comes_out_as_one_block() -> None:
+    framer = LineFramer()
+    assert framer.blocks(b"one\ntwo\nthr") == ["one\ntwo"]
+    assert framer.blocks(b"ee\nfour\nfive\n") == ["three", "four\nfive"]
+    assert framer.blocks(b"") == [] and not framer.pending
+
+
+def test_the_view_prefixes_every_line_of_a_block_and_greps_each() -> None:
+    out = io.StringIO()
+    view = LogView(Printer(out, color=False))
+    view.feed("gpu-a", "rank-3.log", b"loss 1\nloss 2\npart")
+    view.feed("gpu-b", "node.log", b"started\n")
+    view.close()
+    assert out.getvalue() == ("[gpu-a r3] loss 1\n[gpu-a r3] loss 2\n[gpu-b] started\n"
+                              "[gpu-a r3] part\n")
+    out = io.StringIO()
+    view = LogView(Printer(out, color=False), Filter(grep=re.compile("2|7")))
+    view.feed("gpu-a", "rank-0.log", b"loss 1\nloss 2\nloss 3\nloss 7\n")
+    assert out.getvalue() == "[gpu-a r0] loss 2\n[gpu-a r0] loss 7\n"

@@ -63,7 +63,7 @@ def test_a_program_arrives_with_the_shared_modules_it_imports() -> None:
     for module in ("gpus", "mesh", "sysinfo", "throughput"):
         assert b'"clusterrun.remote.%s"' % module.encode() in probe
     # A program that imports nothing of clusterrun's is shipped as it is.
-    assert shell.program_source("unpack.py") == (REMOTE / "unpack.py").read_bytes()
+    assert shell.program_source("files.py") == (REMOTE / "files.py").read_bytes()
 
 
 def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: Path) -> None:

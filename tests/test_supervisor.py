@@ -59,6 +59,39 @@ def test_a_failing_rank_is_the_nodes_own_failure(tmp_path: Path, mark: str) -> N
     assert wait_gone(mark, 10) == []
 
 
+def test_peers_the_launcher_ended_are_recorded_but_never_the_cause(
+        tmp_path: Path, mark: str) -> None:
+    """As torchrun does when a rank fails: the other local ranks' process groups get SIGTERM.
+    Their rank.sh records the exit (143) marked as ended by the launcher, so the root cause
+    stays the rank that failed even when both exits are seen in one look."""
+    rundir = tmp_path / "n0" / "run"
+    rank = f"/bin/sh {rundir}/rank.sh /bin/sh -c"
+    script = (f"RANK=0 setsid {rank} 'sleep 100' & r0=$!\n"
+              f"RANK=1 {rank} 'sleep 0.5; exit 5' & r1=$!\n"
+              "wait $r1; kill -TERM -- -$r0; wait $r0; exit 1")
+    req = {"node": "n0", "rundir": str(rundir), "cwd": str(tmp_path),
+           "argv": ["/bin/sh", "-c", script], "env": {"CLUSTERRUN_TEST_MARK": mark},
+           "public": {"name": "n0"}, "detach": False, "grace": 2, "lease": 10, "heartbeat": 0.5}
+    remote = Remote("run.py", req)
+    end = remote.end(timeout=30)
+    assert (end.state, end.exit_code, end.reason) == ("failed", 5, "n0 rank 1 exited with code 5")
+    exits = {e.rank: e for e in remote.events if isinstance(e, wire.RankExit)}
+    assert (exits[1].code, exits[1].stopping) == (5, False)
+    assert (exits[0].code, exits[0].stopping) == (128 + signal.SIGTERM, True)
+    assert (rundir / "rank-0.exit").read_text() == "143 stopped\n"
+    assert wait_gone(mark, 10) == []
+
+
+def test_a_rank_killed_alone_by_sigterm_is_the_cause(tmp_path: Path, mark: str) -> None:
+    req = run_request(tmp_path, mark, {0: "sleep 0.3; kill -TERM $$", 1: "sleep 100"},
+                      launcher="wait $!")
+    end = Remote("run.py", req).end(timeout=30)
+    assert (end.state, end.exit_code) == ("failed", 128 + signal.SIGTERM)
+    assert end.reason == "n0 rank 0 was killed by signal 15 (SIGTERM)"
+    assert (tmp_path / "n0" / "run" / "rank-0.exit").read_text() == "143\n"
+    assert wait_gone(mark, 10) == []
+
+
 def test_stop_after_its_own_failure_still_reports_failed(tmp_path: Path, mark: str) -> None:
     """The controller tells every node to stop, the failing one included: it stays failed."""
     req = run_request(tmp_path, mark, {2: "exit 3"}, launcher="wait; sleep 100")

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, cast
 
+import pytest
+
+from clusterrun.errors import ClusterrunError, ExitStatus
+from clusterrun.inventory import HostSpec
 from clusterrun.launch import sync
+from clusterrun.plan.model import LaunchPlan
+from clusterrun.transport.local import LocalTransport
 
 
 def test_gitignore_next_to_the_script_keeps_checkpoints_out_of_the_copy(tmp_path: Path) -> None:
@@ -29,3 +39,98 @@ def test_env_files_hold_secrets_and_are_never_copied(tmp_path: Path) -> None:
     assert anchored == ("/conf/job.env",)
     copied = sorted(sync.manifest(tmp_path, sync.DEFAULT_EXCLUDES + anchored))
     assert copied == ["conf/other.env", "train.py"]
+
+
+def _copy_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+             src: Path) -> tuple[Callable[[], str], list[dict[str, Any]], Path]:
+    """sync() of ``src`` to one host played by this machine (its own files.py, as shipped), and
+    every request files.py got."""
+    dest = tmp_path / "host" / "code"
+    spec = HostSpec(host="10.0.0.2", name="gpu2", master=True, line=1, python=sys.executable)
+    node = SimpleNamespace(name="gpu2", local=False, code_dest="", cwd=str(dest))
+    plan = cast(LaunchPlan, SimpleNamespace(code_dir=src, nodes=(node,)))
+    requests: list[dict[str, Any]] = []
+    real_call = sync.call
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        requests.append(args[3])
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(sync, "call", counted)
+
+    def run() -> str:
+        return sync.sync(plan, {"gpu2": LocalTransport(spec)}, {"gpu2": spec},
+                         {"gpu2": {"rsync": True}}, ())["gpu2"]
+
+    return run, requests, dest
+
+
+def test_a_small_change_is_written_and_verified_by_one_program_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "job"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    (src / "pkg" / "model.py").write_bytes(bytes(range(256)) * 100)
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o750)
+    run, requests, dest = _copy_to(tmp_path, monkeypatch, src)
+
+    assert run() == "ssh: 3 of 3 files copied, all 3 verified"
+    assert [len(r.get("write", ())) for r in requests] == [0, 3]  # read, then write + verify
+    assert (dest / "pkg" / "model.py").read_bytes() == bytes(range(256)) * 100
+    assert (dest / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert not list(dest.rglob("*.clusterrun-tmp"))
+
+    requests.clear()
+    (src / "train.py").write_text("print(2)\n")
+    assert run() == "ssh: 1 of 3 files copied, all 3 verified"
+    assert [[w[0] for w in r.get("write", ())] for r in requests] == [[], ["train.py"]]
+    assert (dest / "train.py").read_text() == "print(2)\n"
+
+
+def _job(tmp_path: Path) -> Path:
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    return src
+
+
+def test_nothing_changed_takes_one_round_trip(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _job(tmp_path)
+    run, requests, _dest = _copy_to(tmp_path, monkeypatch, src)
+    run()
+    requests.clear()
+    assert run() == "unchanged: 0 of 1 files copied, all 1 verified"
+    assert len(requests) == 1 and "write" not in requests[0]
+
+
+def test_a_file_the_host_changes_while_it_is_written_fails_the_sync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _job(tmp_path)
+    run, _requests, _dest = _copy_to(tmp_path, monkeypatch, src)
+    real_manifest = sync.manifest
+
+    def stale(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
+        found = real_manifest(root, excludes)
+        (src / "train.py").write_text("print('changed after hashing')\n")
+        return found
+
+    monkeypatch.setattr(sync, "manifest", stale)
+    with pytest.raises(ClusterrunError) as caught:
+        run()
+    assert caught.value.exit_status == ExitStatus.SYNC
+    assert "gpu2: after copying, 1 file(s) differ" in caught.value.message
+
+
+def test_a_host_that_cannot_write_the_copy_is_a_sync_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _job(tmp_path)
+    run, _requests, dest = _copy_to(tmp_path, monkeypatch, src)
+    dest.parent.mkdir()
+    dest.write_text("a file where the copy's directory goes\n")
+    with pytest.raises(ClusterrunError) as caught:
+        run()
+    assert caught.value.exit_status == ExitStatus.SYNC
+    assert f"gpu2: cannot prepare or read {dest}" in caught.value.message
+    assert "Traceback" not in caught.value.message

@@ -146,7 +146,9 @@ class Session:
 
     def _start_one(self, spec: HostSpec, gang: Optional[dict[str, Any]] = None) -> None:
         node = self.nodes[spec.name].plan
-        proc = self.transports[spec.name].run(shell.remote_python(spec))
+        # The supervisor needs only the standard library: -S spares every host the scan of
+        # site-packages (ranks and torchrun are interpreters of their own, with their site).
+        proc = self.transports[spec.name].run(shell.remote_python(spec, site=False))
         self.stderr[spec.name] = drain(proc)[1]
         self.procs[spec.name] = proc
         self.last_frame[spec.name] = time.monotonic()

@@ -11,6 +11,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 from clusterrun.logs.wire import ProtocolError, frames
@@ -96,11 +97,24 @@ def verify(run: RunDir, checksums: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for node, files in sorted(checksums.items()):
         for name, (size, digest) in sorted((files or {}).items()):
             checked["files"] += 1
-            path = run.mirror(node, name)
-            data = path.read_bytes() if path.exists() else b""  # never sent: it was empty
-            local = hashlib.sha256(data).hexdigest() if len(data) == size else None
-            if local == digest:
+            if _sha256(run.mirror(node, name), size) == digest:
                 checked["identical"] += 1
             else:
                 checked["differ"].append(f"{node}/{name}")
     return checked
+
+
+def _sha256(path: Path, size: int) -> Optional[str]:
+    """The file's SHA-256 if it has ``size`` bytes (a missing file is empty: it was never sent),
+    read in blocks: a rank's log can be larger than the memory this machine can spare."""
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return hashlib.sha256().hexdigest() if size == 0 else None
+    with handle:
+        if os.fstat(handle.fileno()).st_size != size:
+            return None
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+        return digest.hexdigest()

@@ -39,6 +39,10 @@ class Collector:
         stream.seen += 1
         stream.lines.append((key, prefix, text))
 
+    def block(self, key: str, prefix: str, text: str) -> None:
+        for line in text.split("\n"):
+            self.line(key, prefix, line)
+
     def _prune(self) -> None:
         """Forget batches that the later ones push out of the last N lines."""
         sizes = [sum(len(s.lines) for s in batch.values()) for batch in self._batches]

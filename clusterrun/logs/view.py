@@ -57,8 +57,13 @@ class LogView:
         self._lock = threading.Lock()
 
     def _emit(self, node: str, name: str, text: str) -> None:
-        if self.filter.wants_line(text):
-            self.printer.line(node, self.label(node, name), text)
+        """``text``: one line, or several joined by ``\\n`` (LineFramer.blocks)."""
+        if self.filter.grep is not None:
+            for line in text.split("\n"):
+                if self.filter.wants_line(line):
+                    self.printer.line(node, self.label(node, name), line)
+            return
+        self.printer.block(node, self.label(node, name), text)
 
     def feed(self, node: str, name: str, data: bytes) -> None:
         if not self.filter.wants_file(node, name):
@@ -66,7 +71,7 @@ class LogView:
         with self._lock:
             framer = self._framers.setdefault((node, name), LineFramer())
             self._touched[(node, name)] = time.monotonic()
-            for text in framer.feed(data):
+            for text in framer.blocks(data):
                 self._emit(node, name, text)
 
     def tick(self) -> None:

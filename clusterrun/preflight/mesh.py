@@ -5,8 +5,9 @@ every pair on ephemeral ports, and a firewall that admits SSH and the master por
 other check and hangs the job at init (NVIDIA/nccl#388, pytorch/gloo#54). So every host listens
 on an ephemeral port of its chosen address, every host connects to all the others at once, and
 every host looks up the others' names and master_addr, so a name that resolves to another
-address on some host is caught too. One round trip per host, in parallel: a host that drops
-SYNs costs one connect timeout in all.
+address on some host is caught too. One round trip per host (connect and resolve sent together,
+run together there), every host at once: a host that drops SYNs costs one connect timeout in
+all.
 """
 
 from __future__ import annotations
@@ -34,18 +35,22 @@ def run(inv: Inventory, reports: Sequence[HostReport],
     answers: dict[str, dict[str, Any]] = {}
 
     def one(report: HostReport) -> None:
-        session = sessions[report.spec.name]
         targets = [[o.spec.name, o.address, ports[o.spec.name]] for o in listening
                    if o is not report]
+        asked: dict[str, tuple[str, dict[str, Any]]] = {}
         if targets:
-            answers.setdefault(report.spec.name, {})["connect"] = session.ask(
-                "mesh_connect", targets=targets, src=report.address, timeout=PAIR_SECONDS)
+            asked["connect"] = ("mesh_connect", {"targets": targets, "src": report.address,
+                                                 "timeout": PAIR_SECONDS})
         if wanted:
-            answers.setdefault(report.spec.name, {})["resolve"] = session.ask(
-                "resolve", names=wanted, timeout=RESOLVE_SECONDS)
+            asked["resolve"] = ("resolve", {"names": wanted, "timeout": RESOLVE_SECONDS})
+        # Both at once: the probe connects while it resolves.
+        replies = sessions[report.spec.name].ask_all(list(asked.values()))
+        answers[report.spec.name] = dict(zip(asked, replies))
 
+    # Every host at once: its session is open and each request is one message on it, so a
+    # fan-out cap would only make the last hosts wait for the first ones' connect timeouts.
     results = parallel.run(one, listening, PAIR_SECONDS + RESOLVE_SECONDS + 10,
-                           name=lambda r: r.spec.name)
+                           fanout=len(listening), name=lambda r: r.spec.name)
     for result in results.failed:
         assert result.failure is not None
         result.item.probe_failed(result.failure.outcome, result.failure.message)
@@ -75,7 +80,7 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
             report.add("pairs", False, f"{report.spec.name}: cannot listen on an ephemeral port "
                        f"of {report.address}: {reply.get('error')}.")
 
-    results = parallel.run(one, members, 15.0, name=lambda r: r.spec.name)
+    results = parallel.run(one, members, 15.0, fanout=len(members), name=lambda r: r.spec.name)
     for result in results.failed:
         assert result.failure is not None
         result.item.fail(Outcome.PROBE_FAILED, "probe", result.failure.message)

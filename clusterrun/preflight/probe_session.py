@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from clusterrun.errors import Outcome
@@ -89,11 +90,18 @@ class ProbeSession:
                           f"before answering.{detail}")
 
     def ask(self, op: str, **fields: Any) -> Any:
+        return self.ask_all([(op, fields)])[0]
+
+    def ask_all(self, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """Every request sent in one write, then their answers, in order: the probe runs the
+        ones it can at the same time (its CONCURRENT operations)."""
+        lines = b"".join(json.dumps({"op": op, **fields}).encode() + b"\n"
+                         for op, fields in requests)
         try:
-            self._proc.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+            self._proc.write(lines)
         except OSError:
             raise self._died() from None
-        return self._answer(op)
+        return [self._answer(op) for op, _fields in requests]
 
     def close(self) -> None:
         try:

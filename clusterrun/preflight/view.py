@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TextIO
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, TextIO
 
 from clusterrun.preflight.report import CheckReport, HostReport, Pairs
 from clusterrun.transport import parallel
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MATRIX_HOSTS = 12  # up to this many hosts, blocked pairs are drawn as a from x to matrix
 
@@ -77,6 +76,10 @@ def render_json(report: CheckReport, out: TextIO) -> None:
 
 
 def render_table(report: CheckReport, console: Console) -> None:
+    # rich is loaded only for a terminal: a launch and `check | less` never pay for it.
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=None, show_lines=False)
     for column in ("node", "rank", "status", "interface", "address", "python", "torch", "gpus"):
         table.add_column(column)

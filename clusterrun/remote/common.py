@@ -13,8 +13,6 @@ Beside it: procs.py (processes: ``Tree``) and mainloop.py (the selectors loop an
 
 import contextlib
 import enum
-import glob
-import hashlib
 import json
 import os
 import queue
@@ -116,12 +114,19 @@ def log_files(folder):
     """The files a run streams: the node's own log, then each rank's (or exec's two)."""
     names = [n for n in ("node.log", "stdout", "stderr")
              if os.path.exists(os.path.join(folder, n))]
-    ranks = glob.glob(os.path.join(folder, "rank-*.log"))
-    ranks.sort(key=lambda p: int(os.path.basename(p)[5:-4] or 0))
-    return names + [os.path.basename(p) for p in ranks]
+    try:
+        listed = os.listdir(folder)
+    except OSError:
+        listed = []
+    ranks = [n for n in listed if n.startswith("rank-") and n.endswith(".log")
+             and n[5:-4].isdigit()]
+    ranks.sort(key=lambda n: int(n[5:-4]))
+    return names + ranks
 
 
 def checksums(folder):
+    import hashlib  # only at the end of a run: every program's start-up imports this module
+
     out = {}
     for name in log_files(folder):
         digest = hashlib.sha256()

@@ -1,7 +1,11 @@
 """clusterrun file manifest: runs on a host with the host's own Python (stdlib only, 3.6+).
 
-Reads one JSON request ({"root", "files", "mkdir"}) and prints the size and SHA-256 of each
-listed file under root that exists: how the controller proves every host has the same bytes.
+Reads one JSON request ({"root", "files", "mkdir", "write"}) and prints the size and SHA-256 of
+each listed file under root that exists: how the controller proves every host has the same
+bytes. With "write" ([[path, size, mode], ...]), those files' bytes follow the request back to
+back on stdin and are written first (each beside its target, then renamed into place, so a
+reader never sees half a file); the manifest is then read back from the disk, as a separate
+check would read it. One program run both copies and verifies a small change.
 """
 
 import hashlib
@@ -10,13 +14,50 @@ import os
 import sys
 
 
+def _target(root, rel):
+    parts = rel.split("/")
+    if rel.startswith("/") or ".." in parts or "" in parts:
+        raise ValueError("refusing to write outside %s: %r" % (root, rel))
+    return os.path.join(root, *parts)
+
+
+def _write(stdin, root, entries):
+    for rel, size, mode in entries:
+        target = _target(root, rel)
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, ".%s.clusterrun-tmp" % os.path.basename(target))
+        with open(tmp, "wb") as out:
+            left = size
+            while left:
+                block = stdin.read(min(left, 1 << 20))
+                if not block:
+                    raise EOFError("the copy of %s ended after %d of %d bytes"
+                                   % (rel, size - left, size))
+                out.write(block)
+                left -= len(block)
+        os.chmod(tmp, mode & 0o777)
+        os.replace(tmp, target)
+
+
+def _digest(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def main():
-    req = json.loads(sys.stdin.buffer.readline())
+    stdin = sys.stdin.buffer
+    req = json.loads(stdin.readline())
     root = os.path.abspath(os.path.expanduser(req["root"]))
-    if req.get("mkdir"):
+    entries = req.get("write") or []
+    if req.get("mkdir") or entries:
         old = os.umask(0o077)
         try:
             os.makedirs(root, exist_ok=True)
+            _write(stdin, root, entries)
         finally:
             os.umask(old)
     manifest = {}
@@ -24,11 +65,7 @@ def main():
         path = os.path.join(root, rel)
         if not os.path.isfile(path) or os.path.islink(path):
             continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        manifest[rel] = [os.path.getsize(path), digest.hexdigest()]
+        manifest[rel] = [os.path.getsize(path), _digest(path)]
     sys.stdout.write(json.dumps({"root": root, "manifest": manifest}) + "\n")
     sys.stdout.flush()
 

@@ -60,13 +60,21 @@ if [ -n "${CLUSTERRUN_LOCAL_RANK_AT-}" ]; then
   fi
 fi
 if [ -n "$_cr_ok" ]; then
-  "$@" >>"$log" 2>&1
+  # torchrun's teardown signals the rank's whole process group, this shell too: a trap (reset
+  # to the default in the rank) keeps the shell alive until the rank has exited, to record how,
+  # and marks the exit as ended by its launcher, which the supervisor never takes for a cause.
+  _cr_by=
+  trap '_cr_by=" stopped"' TERM INT HUP
+  # The rank's redirection is made in a shell that execs it, not in this one: this shell's
+  # stderr stays /dev/null while it waits, which takes only its own "Terminated" notice for a
+  # rank a signal ended. All the rank writes (or a failed exec of it) goes to its log.
+  { /bin/sh -c 'log=$1; shift; exec "$@" >>"$log" 2>&1' rank.sh "$log" "$@"; } 2>/dev/null
   code=$?
 else
   code=2
 fi
 umask 077
-printf '%s\\n' "$code" >"$CLUSTERRUN_RUNDIR/.rank-$RANK.exit"
+printf '%s%s\\n' "$code" "${_cr_by-}" >"$CLUSTERRUN_RUNDIR/.rank-$RANK.exit"
 mv -f "$CLUSTERRUN_RUNDIR/.rank-$RANK.exit" "$CLUSTERRUN_RUNDIR/rank-$RANK.exit"
 exit "$code"
 """

@@ -180,7 +180,8 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------
 
     def _check_ranks(self):
-        for name in sorted(os.listdir(self.rundir)):
+        found = []
+        for name in os.listdir(self.rundir):
             if not (name.startswith("rank-") and name.endswith(".exit")):
                 continue
             rank = int(name[5:-5])
@@ -193,11 +194,14 @@ class Supervisor:
                 when = os.path.getmtime(path)
             except OSError:
                 continue
-            if not text.endswith("\n"):
-                continue
-            code = int(text.strip() or -1)
+            if text.endswith("\n"):
+                words = text.split()
+                found.append((when, rank, int(words[0]) if words else -1, "stopped" in words))
+        # In the order they exited: one look can see a failure and the exits (143) of the
+        # local peers torchrun then ended, which rank.sh marks "stopped".
+        for when, rank, code, ended in sorted(found):
             self.rank_exits[rank] = code
-            stopping = self.stop_wall is not None and when >= self.stop_wall
+            stopping = ended or (self.stop_wall is not None and when >= self.stop_wall)
             elapsed = self.clock.since_wall(when)
             self.writer.event("rank_exit", rank=rank, code=code, e=elapsed, stopping=stopping)
             if code != 0 and not stopping:

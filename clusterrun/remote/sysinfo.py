@@ -13,7 +13,10 @@ import socket
 import sys
 import threading
 import time
-from typing import Any  # noqa: F401 - used in type comments (no annotations: Python 3.6)
+
+TYPE_CHECKING = False  # mypy takes it as true; hosts skip importing typing (~4 ms)
+if TYPE_CHECKING:
+    from typing import Any  # noqa: F401 - used in type comments (Python 3.6: no annotations)
 
 INFINIBAND = "/sys/class/infiniband"
 _DIST = re.compile(r"^(.+?)-([^-]+?)(?:-py\d.*)?\.(?:dist-info|egg-info)$")
@@ -22,42 +25,70 @@ _DIST = re.compile(r"^(.+?)-([^-]+?)(?:-py\d.*)?\.(?:dist-info|egg-info)$")
 def lookup(name, timeout, family=0):
     """Every address ``name`` resolves to (of ``family``, 0: any), bounded in time: a resolver
     that hangs must not hang the probe."""
-    out = {"addresses": [], "error": None, "seconds": None}  # type: dict[str, Any]
+    box = {}  # type: dict[str, Any]
 
     def ask():
-        start = time.monotonic()
-        try:
-            infos = socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)
-            out["addresses"] = sorted({info[4][0] for info in infos})
-        except OSError as exc:
-            out["error"] = str(exc)
-        out["seconds"] = round(time.monotonic() - start, 3)
+        box["out"] = _addresses(name, family)
 
     worker = threading.Thread(target=ask, daemon=True)
     worker.start()
     worker.join(timeout)
-    if worker.is_alive():
-        out["error"] = "no answer within %g s" % timeout
+    if "out" not in box:
+        return {"addresses": [], "error": "no answer within %g s" % timeout, "seconds": None}
+    return box["out"]
+
+
+def _addresses(name, family=0):
+    start = time.monotonic()
+    out = {"addresses": [], "error": None, "seconds": None}  # type: dict[str, Any]
+    try:
+        infos = socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)
+        out["addresses"] = sorted({info[4][0] for info in infos})
+    except OSError as exc:
+        out["error"] = str(exc)
+    out["seconds"] = round(time.monotonic() - start, 3)
     return out
 
 
-def resolve_many(names, timeout):
-    """name -> lookup result, all looked up at once (one timeout for the lot)."""
-    results = {}
-    threads = []
-    for name in sorted(set(names)):
-        def one(name=name):
-            results[name] = lookup(name, timeout)
-        thread = threading.Thread(target=one, daemon=True)
+# Enough for a resolver's round trips to overlap; few enough that in a 128-host mesh every
+# host is not running dozens of threads at once. From /etc/hosts a name takes ~40 us of CPU:
+# 129 names took 5 ms on one thread, 8 ms on 32 (and 70 ms with two threads per name).
+RESOLVERS = 8
+
+
+def resolve_many(names, timeout, workers=RESOLVERS):
+    """name -> lookup result, at most ``workers`` lookups at once, all under one deadline
+    ``timeout`` s away: a name not answered by then (its lookup hangs, or never started behind
+    hanging ones) says so, and the threads still stuck are abandoned (daemons)."""
+    todo = sorted(set(names), reverse=True)
+    results = {}  # type: dict[str, Any]
+    lock = threading.Lock()
+    deadline = time.monotonic() + timeout
+
+    def work():
+        while True:
+            with lock:
+                if not todo or time.monotonic() >= deadline:
+                    return
+                name = todo.pop()
+            out = _addresses(name)
+            with lock:
+                if time.monotonic() <= deadline:
+                    results[name] = out
+
+    threads = [threading.Thread(target=work, daemon=True)
+               for _ in range(max(1, min(workers, len(todo))))]
+    for thread in threads:
         thread.start()
-        threads.append(thread)
-    deadline = time.monotonic() + timeout + 1
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        done = dict(results)
+        todo[:] = []  # workers still in a lookup take no further name
     for name in names:
-        results.setdefault(name, {"addresses": [], "error": "no answer within %g s" % timeout,
-                                  "seconds": None})
-    return results
+        done.setdefault(name, {"addresses": [], "error": "no answer within %g s" % timeout,
+                               "seconds": None})
+    return done
 
 
 def names(timeout):

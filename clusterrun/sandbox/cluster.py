@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import daemons, net, sshd
+from clusterrun.sandbox import daemons, neighbours, net, sshd
 
 STATE_FILE = "sandbox.json"
 PARTITION_TABLE = "clusterrun_partition"
@@ -142,6 +142,7 @@ def down(root: Path) -> None:
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):
         (net.RUN_DIR / prefix).rmdir()
+    neighbours.restore_if_last()
     if errors:
         raise SandboxError(
             f"sandbox down left things behind (state kept in {root}, run down again): "
@@ -302,6 +303,7 @@ def _build(root: Path, state: dict[str, Any], n: int) -> None:
         write_state(root, state)  # before any kernel object exists, so down() finds them all
         with net.step("create the mount point directory"):
             (net.RUN_DIR / prefix).mkdir(mode=0o700)
+        neighbours.make_room(n)
         # The bridge's address claims the subnet for sandboxes started after the lock is released.
         net.ip_batch(net.bridge_lines(state["bridge"], state["controller_address"], "24"),
                      step="create the bridge")

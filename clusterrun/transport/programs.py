@@ -51,10 +51,10 @@ def send(proc: Process, program: str, request: dict[str, Any]) -> None:
 
 
 def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, Any],
-         timeout: float, *, payload: Iterable[bytes] = ()) -> dict[str, Any]:
+         timeout: float, *, payload: Iterable[bytes] = (), site: bool = True) -> dict[str, Any]:
     """Run a helper program on a host with one request (and ``payload`` after it on its stdin);
-    return its last JSON reply."""
-    proc = transport.run(shell.remote_python(spec))
+    return its last JSON reply. ``site``: see ``shell.remote_python``."""
+    proc = transport.run(shell.remote_python(spec, site=site))
     stderr_thread, stderr = drain(proc)
     out = bytearray()
 

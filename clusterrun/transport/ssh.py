@@ -174,14 +174,6 @@ class SshTransport:
                                f"{exc or type(exc).__name__}.") from None
         return SshProcess(chan)
 
-    def sftp(self) -> paramiko.SFTPClient:
-        with self._lock:
-            if self._cxn is None:
-                self.connect()
-            assert self._cxn is not None
-            client: paramiko.SSHClient = self._cxn.client  # fabric has no type hints
-            return client.open_sftp()
-
     def ssh_argv(self) -> list[str]:
         """An OpenSSH client command line with the same settings, for rsync's -e."""
         spec = self.spec
