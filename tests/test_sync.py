@@ -105,22 +105,36 @@ def test_nothing_changed_takes_one_round_trip(tmp_path: Path,
     assert len(requests) == 1 and "write" not in requests[0]
 
 
-def test_a_file_the_host_changes_while_it_is_written_fails_the_sync(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _sync_error_after_hashing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              change: Callable[[Path], object]) -> str:
+    """The sync's message when ``change(train.py)`` happens here right after it was hashed."""
     src = _job(tmp_path)
     run, _requests, _dest = _copy_to(tmp_path, monkeypatch, src)
     real_manifest = sync.manifest
 
-    def stale(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
+    def then_change(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
         found = real_manifest(root, excludes)
-        (src / "train.py").write_text("print('changed after hashing')\n")
+        change(src / "train.py")
         return found
 
-    monkeypatch.setattr(sync, "manifest", stale)
+    monkeypatch.setattr(sync, "manifest", then_change)
     with pytest.raises(ClusterrunError) as caught:
         run()
     assert caught.value.exit_status == ExitStatus.SYNC
-    assert "gpu2: after copying, 1 file(s) differ" in caught.value.message
+    return caught.value.message
+
+
+def test_a_file_the_host_changes_while_it_is_written_fails_the_sync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _sync_error_after_hashing(
+        tmp_path, monkeypatch, lambda path: path.write_text("print('changed after hashing')\n"))
+    assert "gpu2: after copying, 1 file(s) differ" in message
+
+
+def test_a_file_removed_here_after_hashing_is_a_sync_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = _sync_error_after_hashing(tmp_path, monkeypatch, Path.unlink)
+    assert f"gpu2: cannot read {tmp_path / 'job' / 'train.py'} to copy it" in message
 
 
 def test_a_host_that_cannot_write_the_copy_is_a_sync_error(

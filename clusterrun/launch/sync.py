@@ -119,8 +119,13 @@ def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str], *
     """files.py on the host: the manifest of ``files`` under ``dest``, after writing the
     ``write`` files' bytes (from ``src``) there, sent on its stdin over the open connection."""
     base = src or Path()
-    entries = [(rel, local[rel][0], os.stat(base / rel).st_mode)
-               for rel in write] if write and local is not None else []
+    try:
+        entries = [(rel, local[rel][0], os.stat(base / rel).st_mode)
+                   for rel in write] if write and local is not None else []
+    except OSError as exc:  # removed or made unreadable here since it was hashed
+        why = (f"{spec.name}: cannot read {exc.filename} to copy it: {exc.strerror}. Launch "
+               "again once the directory stops changing.")
+        raise SyncError(why) from None
 
     def payload() -> Iterator[bytes]:
         for rel, size, _mode in entries:

@@ -50,10 +50,11 @@ def _addresses(name, family=0):
     return out
 
 
-# Enough for a resolver's round trips to overlap; few enough that in a 128-host mesh every
-# host is not running dozens of threads at once. From /etc/hosts a name takes ~40 us of CPU:
-# 129 names took 5 ms on one thread, 8 ms on 32 (and 70 ms with two threads per name).
-RESOLVERS = 8
+# Enough that a slow resolver (a dead first nameserver costs each lookup its timeout) still
+# answers a 128-host mesh's names within the deadline, as a thread per name did; bounded so a
+# big mesh does not start hundreds of threads per host. From /etc/hosts a name takes ~40 us of
+# CPU: 129 names took 5 ms on one thread, 8 ms on 32 (and 70 ms with two threads per name).
+RESOLVERS = 32
 
 
 def resolve_many(names, timeout, workers=RESOLVERS):

@@ -29,17 +29,26 @@ class Connections:
         self._connect = connector or connect_host
         self._open: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._gates: dict[str, threading.Lock] = {}  # one handshake per host at a time
 
     def get(self, spec: HostSpec) -> Transport:
         with self._lock:
             found = self._open.get(spec.name)
+            gate = self._gates.setdefault(spec.name, threading.Lock())
         if found is not None:
             return found
-        with _handshakes:  # outside the lock: hosts in parallel
-            transport = self._connect(spec, self.options)
-        with self._lock:
-            self._open.setdefault(spec.name, transport)
-            return self._open[spec.name]
+        # Two steps asking for one host at once (preflight and an early sync, say) share one
+        # connection: the second waits for the first's handshake instead of making its own.
+        with gate:
+            with self._lock:
+                found = self._open.get(spec.name)
+            if found is not None:
+                return found
+            with _handshakes:  # outside the pool's lock: hosts in parallel
+                transport = self._connect(spec, self.options)
+            with self._lock:
+                self._open[spec.name] = transport
+            return transport
 
     def discard(self, name: str) -> None:
         """Close and forget a host's connection (a host left out of the run): a later ``get``
