@@ -13,8 +13,12 @@ import pytest
 from clusterrun.errors import ClusterrunError, ExitStatus
 from clusterrun.inventory import HostSpec
 from clusterrun.launch import sync
-from clusterrun.plan.model import LaunchPlan
+from clusterrun.launch.headstart import HeadStart
+from clusterrun.plan import build as planning
+from clusterrun.plan.model import Job, LaunchPlan
+from clusterrun.preflight.report import HostReport
 from clusterrun.transport.local import LocalTransport
+from clusterrun.transport.pool import Connections
 
 
 def test_gitignore_next_to_the_script_keeps_checkpoints_out_of_the_copy(tmp_path: Path) -> None:
@@ -41,14 +45,8 @@ def test_env_files_hold_secrets_and_are_never_copied(tmp_path: Path) -> None:
     assert copied == ["conf/other.env", "train.py"]
 
 
-def _copy_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-             src: Path) -> tuple[Callable[[], str], list[dict[str, Any]], Path]:
-    """sync() of ``src`` to one host played by this machine (its own files.py, as shipped), and
-    every request files.py got."""
-    dest = tmp_path / "host" / "code"
-    spec = HostSpec(host="10.0.0.2", name="gpu2", master=True, line=1, python=sys.executable)
-    node = SimpleNamespace(name="gpu2", local=False, code_dest="", cwd=str(dest))
-    plan = cast(LaunchPlan, SimpleNamespace(code_dir=src, nodes=(node,)))
+def _requests(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every request files.py gets from here on, in order."""
     requests: list[dict[str, Any]] = []
     real_call = sync.call
 
@@ -57,6 +55,18 @@ def _copy_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(sync, "call", counted)
+    return requests
+
+
+def _copy_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+             src: Path) -> tuple[Callable[[], str], list[dict[str, Any]], Path]:
+    """sync() of ``src`` to one host played by this machine (its own files.py, as shipped), and
+    every request files.py got."""
+    dest = tmp_path / "host" / "code"
+    spec = HostSpec(host="10.0.0.2", name="gpu2", master=True, line=1, python=sys.executable)
+    node = SimpleNamespace(name="gpu2", local=False, code_dest="", cwd=str(dest))
+    plan = cast(LaunchPlan, SimpleNamespace(code_dir=src, nodes=(node,)))
+    requests = _requests(monkeypatch)
 
     def run() -> str:
         return sync.sync(plan, {"gpu2": LocalTransport(spec)}, {"gpu2": spec},
@@ -148,3 +158,47 @@ def test_a_host_that_cannot_write_the_copy_is_a_sync_error(
     assert caught.value.exit_status == ExitStatus.SYNC
     assert f"gpu2: cannot prepare or read {dest}" in caught.value.message
     assert "Traceback" not in caught.value.message
+
+
+def test_the_manifest_read_during_preflight_is_the_whole_sync_when_nothing_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch/headstart.py: each host's manifest is read as soon as its facts are in, without
+    creating anything there; the sync after preflight starts from it."""
+    src = _job(tmp_path)
+    workdir = tmp_path / "host"
+    dest = Path(planning.payload_dir(str(workdir), src))
+    spec = HostSpec(host="10.0.0.2", name="gpu2", master=True, line=1, python=sys.executable)
+    node = SimpleNamespace(name="gpu2", local=False, code_dest="", cwd=str(dest))
+    plan = cast(LaunchPlan, SimpleNamespace(code_dir=src, nodes=(node,)))
+    transport = LocalTransport(spec)
+    pool = cast(Connections, SimpleNamespace(transports={"gpu2": transport}))
+    requests = _requests(monkeypatch)
+
+    def launch_once() -> str:
+        head = HeadStart(Job(script=src / "train.py"), pool, ())
+        report = HostReport(spec, 0, facts={"workdir": {"path": str(workdir)}})
+        head.read(report)
+        head.answers(30)
+        assert requests[-1] == {"root": str(dest), "files": ["train.py"], "mkdir": False}
+        return sync.sync(plan, {"gpu2": transport}, {"gpu2": spec}, {"gpu2": {"rsync": True}},
+                         (), head=head)["gpu2"]
+
+    assert launch_once() == "ssh: 1 of 1 files copied, all 1 verified"
+    assert [r["mkdir"] for r in requests] == [False, True]  # read during preflight, then write
+    assert (dest / "train.py").read_text() == "print(1)\n"
+    requests.clear()
+    assert launch_once() == "unchanged: 0 of 1 files copied, all 1 verified"
+    assert len(requests) == 1  # the read during preflight was the check
+
+
+def test_the_read_during_preflight_creates_nothing_on_the_host(
+        tmp_path: Path) -> None:
+    src = _job(tmp_path)
+    workdir = tmp_path / "host"
+    spec = HostSpec(host="10.0.0.2", name="gpu2", master=True, line=1, python=sys.executable)
+    pool = cast(Connections, SimpleNamespace(transports={"gpu2": LocalTransport(spec)}))
+    head = HeadStart(Job(script=src / "train.py"), pool, ())
+    head.read(HostReport(spec, 0, facts={"workdir": {"path": str(workdir)}}))
+    local, found = head.answers(30)
+    assert sorted(local) == ["train.py"] and found["gpu2"][1] == {}
+    assert not workdir.exists()  # a dry run or a failed preflight leaves the host as it was

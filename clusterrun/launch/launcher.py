@@ -6,6 +6,7 @@ import dataclasses
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -18,8 +19,9 @@ from clusterrun.errors import (
     UnreachableError,
     UsageError,
 )
-from clusterrun.inventory import Inventory
+from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.launch import outcome, restarts, sync
+from clusterrun.launch.headstart import HeadStart
 from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.launch.session import Session
 from clusterrun.logs.mirror import Mirror
@@ -144,8 +146,13 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
     slots = restarts.Slots.initial(inv, opts.min_nodes)
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
+        # Each host's manifest of the code is read as soon as its facts are in (read only;
+        # a dry run copies nothing and needs none).
+        head = None if opts.dry_run or not opts.sync else HeadStart(
+            job, pool, _excludes(job.code, opts, slots.inventory(inv).hosts))
         report = _judge(restarts.checked(inv, pool, slots, attempt=1, data_path=opts.check,
-                                         allow_busy_gpus=opts.allow_busy_gpus, say=say),
+                                         allow_busy_gpus=opts.allow_busy_gpus, say=say,
+                                         on_facts=head.read if head else None),
                         opts, err)
 
         def plan_for(attempt: int, report: CheckReport, run_id: Optional[str]) -> LaunchPlan:
@@ -184,7 +191,7 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
             return plan_for(attempt, found, plan.run_id), found
 
         return execute(plan, inv, report, pool, home=home, opts=opts, out=out, err=err,
-                       again=again, slots=slots)
+                       again=again, slots=slots, head=head)
 
 
 Again = Callable[[int, list[NodeOutcome], outcome.Failure],
@@ -194,9 +201,10 @@ Again = Callable[[int, list[NodeOutcome], outcome.Failure],
 def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connections, *,
             home: Path, opts: LaunchOptions, out: Optional[TextIO] = None,
             err: Optional[TextIO] = None, again: Optional[Again] = None,
-            slots: Optional[restarts.Slots] = None) -> int:
+            slots: Optional[restarts.Slots] = None, head: Optional[HeadStart] = None) -> int:
     """Run a plan on the hosts ``pool`` holds connections to (preflight made them); with
-    ``again``, a failed attempt is followed by the next one, up to --max-restarts."""
+    ``again``, a failed attempt is followed by the next one, up to --max-restarts. ``head``:
+    the first attempt's manifests, read during its preflight."""
     out = out or sys.stdout
     say = _sayer(err or sys.stderr)
     run_dir = runs.create(home, plan.run_id)
@@ -212,7 +220,8 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
         while True:
             history.begin(plan)
             nodes = _attempt(plan, run_dir, attempt_dir, report, pool, opts=opts, say=say,
-                             out=out, interrupts=interrupts)
+                             out=out, interrupts=interrupts,
+                             head=head if plan.attempt == 1 else None)
             if isinstance(nodes, int):
                 return nodes  # detached: running on without this process
             found = outcome.failures(nodes)
@@ -238,14 +247,14 @@ def execute(plan: LaunchPlan, inv: Inventory, report: CheckReport, pool: Connect
 def _attempt(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
              report: CheckReport,
              pool: Connections, *, opts: LaunchOptions, say: Callable[[str], None],
-             out: TextIO, interrupts: Interrupts) -> Any:
+             out: TextIO, interrupts: Interrupts, head: Optional[HeadStart]) -> Any:
     """One attempt, from the banner to the end of its watch: its nodes' outcomes (or, for a
     detached run, the exit status of the start)."""
     for line in planview.banner(plan):
         say(line)
     specs = {h.spec.name: h.spec for h in report.hosts}
     try:
-        _code_on_hosts(plan, report, pool, opts=opts, say=say)
+        _code_on_hosts(plan, report, pool, opts=opts, say=say, head=head)
     except ClusterrunError as exc:  # a copy failed, the script is missing, or a host went away
         reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
         lifecycle.record(run_dir, RunState.FAILED, reason=reason, exit_status=exc.exit_status)
@@ -264,7 +273,8 @@ def _attempt(plan: LaunchPlan, run_dir: runs.RunDir, attempt_dir: runs.RunDir,
 
 
 def _code_on_hosts(plan: LaunchPlan, report: CheckReport, pool: Connections, *,
-                   opts: LaunchOptions, say: Callable[[str], None]) -> None:
+                   opts: LaunchOptions, say: Callable[[str], None],
+                   head: Optional[HeadStart] = None) -> None:
     """The script's directory on every host: copied and verified, or with --no-sync, checked
     to be there already."""
     specs = {h.spec.name: h.spec for h in report.hosts}
@@ -274,11 +284,15 @@ def _code_on_hosts(plan: LaunchPlan, report: CheckReport, pool: Connections, *,
     if all(n.local for n in plan.nodes):
         return
     facts = {h.spec.name: h.facts for h in report.hosts}
-    secret_files = sync.env_file_excludes(
-        plan.code_dir, [opts.env_file, *(s.env_file for s in specs.values())])
     for name, how in sync.sync(plan, pool.transports, specs, facts,
-                               (*opts.excludes, *secret_files)).items():
+                               _excludes(plan.code_dir, opts, specs.values()), head=head).items():
         say(f"{name}: {plan.code_dir.name}/ {how}")
+
+
+def _excludes(code_dir: Path, opts: LaunchOptions, specs: Iterable[HostSpec]) -> tuple[str, ...]:
+    """--exclude, and the env files inside the copied directory (never copied: secrets)."""
+    env_files = [opts.env_file, *(s.env_file for s in specs)]
+    return (*opts.excludes, *sync.env_file_excludes(code_dir, env_files))
 
 
 def _detached(plan: LaunchPlan, run_dir: runs.RunDir, session: Session,

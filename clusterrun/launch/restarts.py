@@ -90,14 +90,15 @@ def problem(host: HostReport) -> str:
 
 
 def checked(inv: Inventory, pool: Connections, slots: Slots, *, attempt: int,
-            data_path: bool, allow_busy_gpus: bool,
-            say: Callable[[str], None]) -> CheckReport:
+            data_path: bool, allow_busy_gpus: bool, say: Callable[[str], None],
+            on_facts: Optional[Callable[[HostReport], None]] = None) -> CheckReport:
     """Preflight of the attempt's hosts. A host that fails is replaced (a spare, or fewer nodes
     with --min-nodes) and the new set checked again; when nothing can replace it, the failing
-    report is returned, as a launch without spares would see it."""
+    report is returned, as a launch without spares would see it. ``on_facts``: see
+    preflight.run."""
     while True:
         report = preflight.run(slots.inventory(inv), pool, data_path=data_path,
-                               allow_busy_gpus=allow_busy_gpus)
+                               allow_busy_gpus=allow_busy_gpus, on_facts=on_facts)
         # Without the checks (--no-check), only a host that cannot be reached is left out.
         bad = [h for h in report.hosts if (not h.ok if data_path else not h.reached)]
         if not bad or not (slots.spares or slots.min_nodes is not None):

@@ -25,13 +25,16 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from clusterrun.errors import PreflightError, SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.transport import SshTransport, Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
+
+if TYPE_CHECKING:
+    from clusterrun.launch.headstart import HeadStart
 
 # Never code. `.env` files hold secrets: they are read here (--env-file, `env_file:`) and their
 # values reach the ranks through the supervisor's stdin, never as a file on the hosts.
@@ -111,6 +114,17 @@ def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
                                 ) from None
             out[rel] = (size, digest.hexdigest())
     return out
+
+
+def patterns(src: Path, excludes: Sequence[str]) -> tuple[str, ...]:
+    """What a sync of ``src`` leaves out: the defaults, its .gitignore, ``--exclude``."""
+    return tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
+
+
+def remote_manifest(transport: Transport, spec: HostSpec, dest: str,
+                    files: list[str]) -> dict[str, tuple[int, str]]:
+    """The manifest of ``files`` under ``dest`` on the host, creating nothing."""
+    return _remote(transport, spec, dest, files, mkdir=False)
 
 
 def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str], *,
@@ -193,11 +207,17 @@ def _stream_method(spec: HostSpec) -> str:
 
 
 def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
-         facts: dict[str, dict[str, Any]], excludes: Sequence[str]) -> dict[str, str]:
-    """Copy the script's directory to every remote host; return per host how it went."""
+         facts: dict[str, dict[str, Any]], excludes: Sequence[str], *,
+         head: Optional[HeadStart] = None) -> dict[str, str]:
+    """Copy the script's directory to every remote host; return per host how it went.
+    ``head``: the hosts' manifests read during preflight (launch/headstart.py)."""
     src = plan.code_dir
-    patterns = tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
-    local = manifest(src, patterns)
+    left_out = patterns(src, excludes)
+    early: dict[str, tuple[str, dict[str, tuple[int, str]]]] = {}
+    if head is not None and head.src == src.resolve() and head.patterns == left_out:
+        local, early = head.answers(SYNC_SECONDS)
+    else:
+        local = manifest(src, left_out)
     files = sorted(local)
     forced = os.environ.get("CLUSTERRUN_SYNC")  # "rsync" or "stream": the tests take each path
     have_rsync = shutil.which("rsync") is not None
@@ -206,7 +226,10 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         node = next(n for n in plan.nodes if n.name == spec.name)
         transport = transports[spec.name]
         dest = node.code_dest or node.cwd
-        before = _remote(transport, spec, dest, files, mkdir=True)
+        ahead = early.get(spec.name)
+        read_early = ahead is not None and ahead[0] == dest
+        before = ahead[1] if ahead is not None and read_early else _remote(
+            transport, spec, dest, files, mkdir=True)
         changed = [rel for rel in files if before.get(rel) != local[rel]]
         if not changed:  # that manifest was the verification: every file already matched
             return f"unchanged: 0 of {len(files)} files copied, all {len(files)} verified"
@@ -218,7 +241,9 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         if use_rsync:
             assert isinstance(transport, SshTransport)
             method = "rsync"
-            _rsync(transport, spec, src, dest, patterns)
+            if read_early:  # that read created nothing: rsync needs the parents (0700)
+                _remote(transport, spec, dest, [], mkdir=True)
+            _rsync(transport, spec, src, dest, left_out)
             after = _remote(transport, spec, dest, files, mkdir=False)
         else:
             method = _stream_method(spec)

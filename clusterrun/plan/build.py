@@ -106,6 +106,18 @@ def _rank_env(spec: HostSpec, sources: EnvSources,
     ])
 
 
+def code_paths(spec: HostSpec, workdir: str, job: Job, sync: bool) -> tuple[str, str]:
+    """(the ranks' cwd, where the code is copied when that is not the cwd itself: "")."""
+    local_code = job.code.resolve()
+    if spec.own_files or not sync:
+        return str(local_code.parent if job.module and job.script.is_dir() else local_code), ""
+    cwd = payload_dir(workdir, local_code)
+    if job.module is not None and job.script.is_dir():
+        # `python -m pkg.train` needs the directory that holds pkg/ as its cwd.
+        return cwd, f"{cwd}/{local_code.name}"
+    return cwd, ""
+
+
 def _command(spec: HostSpec, job: Job, cwd: str) -> list[str]:
     """How the host's interpreter runs the job: ``python -u script`` or ``python -u -m module``."""
     target = ["-m", job.module] if job.module is not None else [f"{cwd}/{job.script.name}"]
@@ -137,17 +149,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
         workdir = host.workdir or spec.workdir
         rundir = (f"{workdir}/runs/{run_id}/{spec.name}" if attempt == 1 else
                   f"{workdir}/runs/{run_id}/attempt-{attempt}/{spec.name}")
-        local_code = job.code.resolve()
-        if spec.own_files or not sync:
-            cwd = str(local_code.parent if job.module and job.script.is_dir() else local_code)
-            code_dest = ""
-        elif job.module is not None and job.script.is_dir():
-            # `python -m pkg.train` needs the directory that holds pkg/ as its cwd.
-            cwd = payload_dir(workdir, local_code)
-            code_dest = f"{cwd}/{local_code.name}"
-        else:
-            cwd = payload_dir(workdir, local_code)
-            code_dest = ""
+        cwd, code_dest = code_paths(spec, workdir, job, sync)
         values: dict[str, object] = {
             "node_rank": host.node_rank, "nnodes": len(hosts),
             "master_addr": report.master_addr, "master_port": report.master_port}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -46,16 +46,19 @@ class _Master:
 
 
 def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth: bool = False,
-        allow_busy_gpus: bool = False) -> CheckReport:
+        allow_busy_gpus: bool = False,
+        on_facts: Optional[Callable[[HostReport], None]] = None) -> CheckReport:
     """Probe every host; never raises for a host's failure (it is in the report).
     ``bandwidth``: also measure each worker's throughput to the master (`check --bandwidth`);
-    ``allow_busy_gpus``: GPU problems are warnings, not failures."""
+    ``allow_busy_gpus``: GPU problems are warnings, not failures; ``on_facts(report)``: called
+    as each host's facts are in, while the others' and the cluster-wide checks go on (launch
+    reads the code's manifest there meanwhile)."""
     ordered = ranks.in_rank_order(inv.hosts)
     reports = [HostReport(h, rank) for rank, h in enumerate(ordered)]
     sessions: dict[str, ProbeSession] = {}
     pairs = None
     try:
-        _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus)
+        _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus, on_facts=on_facts)
         twins.judge(reports)
         master = _master(inv, reports[0], sessions.get(ordered[0].name), pool,
                          data_path=data_path)
@@ -105,7 +108,8 @@ def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections)
 
 
 def _facts(reports: Sequence[HostReport], pool: Connections,
-           sessions: dict[str, ProbeSession], *, allow_busy_gpus: bool) -> None:
+           sessions: dict[str, ProbeSession], *, allow_busy_gpus: bool,
+           on_facts: Optional[Callable[[HostReport], None]]) -> None:
     def one(report: HostReport) -> None:
         spec = report.spec
         transport = pool.get(spec)
@@ -131,6 +135,8 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
         report.checks.extend(decide.host_checks(spec, report.facts))
         report.checks.extend(gpus.host_checks(spec, report.facts, allow_busy_gpus=allow_busy_gpus))
+        if on_facts is not None:
+            on_facts(report)
 
     results = parallel.run(one, reports, pool.options.connect_timeout + PROBE_SECONDS,
                            name=lambda r: r.spec.name)
