@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from clusterrun.errors import ClusterrunError
 from clusterrun.launch import sync
 from clusterrun.plan import build as planning
 from clusterrun.plan.model import Job
@@ -68,8 +67,8 @@ class HeadStart:
         try:
             files = sorted(self.local())
             found = sync.remote_manifest(transport, report.spec, dest, files)
-        except (ClusterrunError, OSError):
-            return  # the sync after preflight asks again, and reports what goes wrong
+        except Exception:  # the sync after preflight asks again, and reports what went wrong
+            return  # (also when preflight failed and its connections are closed under us)
         with self._lock:
             self._found[report.spec.name] = (dest, found)
 
