@@ -50,9 +50,9 @@ class HeadStart:
         # SSH hosts only: a container or a Slurm step gets its manifest after preflight.
         if spec.local or spec.own_files or spec.container or spec.transport != "ssh":
             return
-        _cwd, code_dest = planning.code_paths(spec, report.workdir or spec.workdir, self.job,
-                                              True)
-        dest = code_dest or _cwd
+        cwd, code_dest = planning.code_paths(spec, report.workdir or spec.workdir, self.job,
+                                             True)
+        dest = code_dest or cwd
         thread = threading.Thread(target=self._read, args=(report, dest), daemon=True,
                                   name=f"clusterrun-headstart-{spec.name}")
         with self._lock:
