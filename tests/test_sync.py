@@ -181,7 +181,7 @@ def test_the_manifest_read_during_preflight_is_the_whole_sync_when_nothing_chang
         head.answers(30)
         assert requests[-1] == {"root": str(dest), "files": ["train.py"], "mkdir": False}
         return sync.sync(plan, {"gpu2": transport}, {"gpu2": spec}, {"gpu2": {"rsync": True}},
-                         (), head=head)["gpu2"]
+                         (), early=head.answers)["gpu2"]
 
     assert launch_once() == "ssh: 1 of 1 files copied, all 1 verified"
     assert [r["mkdir"] for r in requests] == [False, True]  # read during preflight, then write
@@ -199,6 +199,6 @@ def test_the_read_during_preflight_creates_nothing_on_the_host(
     pool = cast(Connections, SimpleNamespace(transports={"gpu2": LocalTransport(spec)}))
     head = HeadStart(Job(script=src / "train.py"), pool, ())
     head.read(HostReport(spec, 0, facts={"workdir": {"path": str(workdir)}}))
-    local, found = head.answers(30)
-    assert sorted(local) == ["train.py"] and found["gpu2"][1] == {}
+    early = head.answers(30)
+    assert sorted(early.local) == ["train.py"] and early.hosts["gpu2"][1] == {}
     assert not workdir.exists()  # a dry run or a failed preflight leaves the host as it was

@@ -25,7 +25,7 @@ Manifest = dict[str, tuple[int, str]]
 
 
 class HeadStart:
-    """``preflight.run(..., on_facts=head.read)``, then ``sync.sync(..., head=head)``."""
+    """``preflight.run(..., on_facts=head.read)``, then ``sync.sync(..., early=head.answers)``."""
 
     def __init__(self, job: Job, pool: Connections, excludes: Sequence[str]) -> None:
         self.job = job
@@ -72,13 +72,13 @@ class HeadStart:
         with self._lock:
             self._found[report.spec.name] = (dest, found)
 
-    def answers(self, timeout: float) -> tuple[Manifest, dict[str, tuple[str, Manifest]]]:
-        """This machine's manifest and {host: (destination, its manifest there)} for every host
-        that answered, after waiting up to ``timeout`` s for the reads still under way."""
+    def answers(self, timeout: float = sync.SYNC_SECONDS) -> sync.Early:
+        """This machine's manifest and every answering host's, after waiting up to ``timeout``
+        s for the reads still under way."""
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
             thread.join(timeout)
         local = self.local()
         with self._lock:
-            return local, dict(self._found)
+            return sync.Early(self.src, self.patterns, local, dict(self._found))

@@ -285,7 +285,8 @@ def _code_on_hosts(plan: LaunchPlan, report: CheckReport, pool: Connections, *,
         return
     facts = {h.spec.name: h.facts for h in report.hosts}
     for name, how in sync.sync(plan, pool.transports, specs, facts,
-                               _excludes(plan.code_dir, opts, specs.values()), head=head).items():
+                               _excludes(plan.code_dir, opts, specs.values()),
+                               early=head.answers if head else None).items():
         say(f"{name}: {plan.code_dir.name}/ {how}")
 
 

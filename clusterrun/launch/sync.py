@@ -23,18 +23,16 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from clusterrun.errors import PreflightError, SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.transport import SshTransport, Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
-
-if TYPE_CHECKING:
-    from clusterrun.launch.headstart import HeadStart
 
 # Never code. `.env` files hold secrets: they are read here (--env-file, `env_file:`) and their
 # values reach the ranks through the supervisor's stdin, never as a file on the hosts.
@@ -206,16 +204,28 @@ def _stream_method(spec: HostSpec) -> str:
     return "srun" if spec.transport == "srun" else "ssh"
 
 
+@dataclass(frozen=True)
+class Early:
+    """Manifests read before the sync (launch/headstart.py): this machine's, of ``src`` without
+    ``patterns``, and ``hosts``: {host: (destination, its manifest there)}."""
+
+    src: Path
+    patterns: tuple[str, ...]
+    local: dict[str, tuple[int, str]]
+    hosts: dict[str, tuple[str, dict[str, tuple[int, str]]]]
+
+
 def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, HostSpec],
          facts: dict[str, dict[str, Any]], excludes: Sequence[str], *,
-         head: Optional[HeadStart] = None) -> dict[str, str]:
+         early: Optional[Callable[[], Early]] = None) -> dict[str, str]:
     """Copy the script's directory to every remote host; return per host how it went.
-    ``head``: the hosts' manifests read during preflight (launch/headstart.py)."""
+    ``early``: the manifests read during preflight, when they are of the same files."""
     src = plan.code_dir
     left_out = patterns(src, excludes)
-    early: dict[str, tuple[str, dict[str, tuple[int, str]]]] = {}
-    if head is not None and head.src == src.resolve() and head.patterns == left_out:
-        local, early = head.answers(SYNC_SECONDS)
+    known = early() if early is not None else None
+    ahead: dict[str, tuple[str, dict[str, tuple[int, str]]]] = {}
+    if known is not None and known.src == src.resolve() and known.patterns == left_out:
+        local, ahead = known.local, known.hosts
     else:
         local = manifest(src, left_out)
     files = sorted(local)
@@ -226,9 +236,9 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         node = next(n for n in plan.nodes if n.name == spec.name)
         transport = transports[spec.name]
         dest = node.code_dest or node.cwd
-        ahead = early.get(spec.name)
-        read_early = ahead is not None and ahead[0] == dest
-        before = ahead[1] if ahead is not None and read_early else _remote(
+        found = ahead.get(spec.name)
+        read_early = found is not None and found[0] == dest
+        before = found[1] if found is not None and read_early else _remote(
             transport, spec, dest, files, mkdir=True)
         changed = [rel for rel in files if before.get(rel) != local[rel]]
         if not changed:  # that manifest was the verification: every file already matched
