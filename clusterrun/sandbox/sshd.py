@@ -152,6 +152,9 @@ def start(root: Path, view: str, host: dict[str, Any],
     # Not `ip netns exec`: its own remount of /sys drops /sys/fs/cgroup (see sys_lines).
     argv = ["nsenter", f"--net={NETNS_DIR}/{host['netns']}", "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c", "\n".join(script)]
+    # A crashed sshd (faults.crash) leaves its pid file: wait_ready must not take that pid for
+    # the new listener's, or everything "but the listener" would include the new one.
+    (root / host["name"] / "sshd.pid").unlink(missing_ok=True)
     with open(root / host["name"] / "sshd.log", "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)  # outlives `sandbox up`, no tty signals
