@@ -32,11 +32,8 @@ HEARTBEAT = 2.0
 LEASE = 30.0
 GRACE = 5.0  # between SIGTERM and SIGKILL when a command is stopped
 MARGIN = 10.0  # how long past its own deadline a host may take to confirm the end
-# Connecting (the SSH handshake, in Python here) is what costs CPU on this machine; a started
-# command is a few idle threads and one socket. So at most HANDSHAKES hosts connect at once,
-# and up to RUNNING commands run at once: a host that has connected frees its handshake slot
-# for the next one instead of holding it until its command ends.
-HANDSHAKES = parallel.DEFAULT_FANOUT
+# Commands running at once. Handshakes have their own, smaller cap (transport.connect): a host
+# that has connected frees its handshake slot for the next one while its command runs.
 RUNNING = 512
 
 
@@ -61,12 +58,9 @@ class ExecRun:
 
 @dataclass
 class _Control:
-    """Shared by every host's thread: the user's interrupts (filled by the main thread), and
-    the handshake slots."""
+    """Shared by every host's thread: the user's interrupts (filled by the main thread)."""
 
     interrupts: list[int] = field(default_factory=list)
-    handshakes: threading.BoundedSemaphore = field(
-        default_factory=lambda: threading.BoundedSemaphore(HANDSHAKES))
 
 
 def placed(inv: Inventory, container: Optional[str], *, on_host: bool) -> Inventory:
@@ -121,8 +115,7 @@ class _Host:
 
 def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, control: _Control,
          timeout: Optional[float]) -> ExecResult:
-    with control.handshakes:
-        transport = connect(spec, options)
+    transport = connect(spec, options)
     try:
         proc = transport.run(shell.remote_python(spec, site=False))
         _thread, stderr = drain(proc)

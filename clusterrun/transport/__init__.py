@@ -3,6 +3,8 @@ hosts at once."""
 
 from __future__ import annotations
 
+import threading
+
 from clusterrun.inventory import HostSpec
 from clusterrun.transport.base import ConnectError, Process, SshOptions, Transport
 from clusterrun.transport.local import LocalTransport
@@ -13,6 +15,13 @@ __all__ = ["ConnectError", "LocalTransport", "Process", "SshOptions", "SshTransp
            "connect"]
 
 
+# SSH handshakes at once in this process, whatever the callers' fan-out: the key exchange (in
+# Python, here) is what costs this machine CPU, while a host that is connected and working is a
+# few idle threads and a socket, so a caller may wait on many more hosts than connect at once.
+HANDSHAKES = 64
+_handshakes = threading.BoundedSemaphore(HANDSHAKES)
+
+
 def connect(spec: HostSpec, options: SshOptions) -> SshTransport | LocalTransport | SrunTransport:
     transport: SshTransport | LocalTransport | SrunTransport
     if spec.transport == "srun":
@@ -21,6 +30,9 @@ def connect(spec: HostSpec, options: SshOptions) -> SshTransport | LocalTranspor
         transport = LocalTransport(spec)
     else:
         transport = SshTransport(spec, options)
-    transport.connect()
+    # Here, not in SshTransport.connect: a proxy_jump connects its bastion from inside that,
+    # and must not wait for a slot its own host holds.
+    with _handshakes:
+        transport.connect()
     return transport
 

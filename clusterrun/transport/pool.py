@@ -13,12 +13,6 @@ from clusterrun.transport.base import SshOptions, Transport
 
 Connector = Callable[[HostSpec, SshOptions], Transport]
 
-# SSH handshakes at once, whatever the callers' fan-out: the key exchange is the CPU-heavy part
-# of reaching a host from here, while a host that is connected and working costs next to
-# nothing, so a caller may wait on many more hosts at once than it connects to.
-HANDSHAKES = 64
-_handshakes = threading.BoundedSemaphore(HANDSHAKES)
-
 
 class Connections:
     """``with Connections(options) as pool: pool.get(spec)``. Thread-safe: hosts connect in
@@ -44,8 +38,8 @@ class Connections:
                 found = self._open.get(spec.name)
             if found is not None:
                 return found
-            with _handshakes:  # outside the pool's lock: hosts in parallel
-                transport = self._connect(spec, self.options)
+            # Outside the pool's lock: hosts connect in parallel (as many as connect() lets).
+            transport = self._connect(spec, self.options)
             with self._lock:
                 self._open[spec.name] = transport
             return transport
