@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.inventory import HostSpec, Inventory, ranks
 from clusterrun.launch import outcome
 from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.logs.mirror import verify
-from clusterrun.plan import ranks
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight.report import CheckReport, HostReport

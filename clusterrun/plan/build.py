@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from clusterrun.errors import PreflightError, UsageError
-from clusterrun.inventory import AUTO, HostSpec, Inventory
-from clusterrun.plan import environment, placeholders, ranks
+from clusterrun.inventory import AUTO, HostSpec, Inventory, ranks
+from clusterrun.plan import environment, placeholders
 from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
-from clusterrun.inventory import Inventory
-from clusterrun.plan import ranks
+from clusterrun.inventory import Inventory, ranks
 from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, twins
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from clusterrun.inventory import HostSpec
+from clusterrun.inventory.hosts import HostSpec
 
 
 def in_rank_order(hosts: Sequence[HostSpec]) -> list[HostSpec]:
