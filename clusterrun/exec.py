@@ -22,6 +22,7 @@ from typing import Any, Optional
 from clusterrun.console import Printer
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, UsageError
 from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
 from clusterrun.logs import wire
 from clusterrun.logs.view import LogView
@@ -251,7 +252,7 @@ def summarize(run: ExecRun) -> tuple[list[str], int]:
         by_outcome.setdefault(_text(r.value), []).append(r.name)
         code = r.value.code
         worst = max(worst, code if code > 0 else (255 if code < 0 else 0))
-    lines = [f"{parallel.fold(names)}: {text}" for text, names in sorted(by_outcome.items())]
+    lines = [f"{fold(names)}: {text}" for text, names in sorted(by_outcome.items())]
     if unreachable:
         return lines, int(ExitStatus.UNREACHABLE)
     if run.interrupted is not None:

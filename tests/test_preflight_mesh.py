@@ -147,8 +147,6 @@ def test_the_mesh_asks_every_host_at_once_whatever_the_default_fanout(
     class Capped:
         """``parallel`` as the mesh sees it, with a default fan-out of 2."""
 
-        fold = staticmethod(parallel.fold)
-
         @staticmethod
         def run(fn: Any, items: Any, deadline: Any, fanout: int = 2, **kw: Any) -> Any:
             calls.append((len(items), fanout))

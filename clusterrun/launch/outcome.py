@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from clusterrun.errors import ExitStatus
+from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
 from clusterrun.logs.wire import End, NcclReport, NodeFailure, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
-from clusterrun.transport.parallel import fold
 
 LAST_LINES = 15
 

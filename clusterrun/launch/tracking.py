@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Optional
 
 from clusterrun.inventory import HostSpec
+from clusterrun.inventory.ranges import fold
 from clusterrun.launch.outcome import NodeOutcome
-from clusterrun.transport.parallel import fold
 
 
 def untracked_note(nodes: Mapping[str, NodeOutcome], specs: Mapping[str, HostSpec]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from clusterrun.inventory.ranges import fold
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.plan.secrets import describe, masked
 from clusterrun.transport import shell
-from clusterrun.transport.parallel import fold
 
 
 def banner(plan: LaunchPlan) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import Inventory
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import names as naming
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
@@ -126,10 +127,10 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
         out = [b for b in mine if b.source == name]
         parts = []
         if into:
-            parts.append(f"{parallel.fold([b.source for b in into])} cannot connect to {name} "
+            parts.append(f"{fold([b.source for b in into])} cannot connect to {name} "
                          f"({r.address}) on an ephemeral port: {into[0].error}")
         if out:
-            parts.append(f"{name} cannot connect to {parallel.fold([b.target for b in out])} "
+            parts.append(f"{name} cannot connect to {fold([b.target for b in out])} "
                          f"on an ephemeral port: {out[0].error}")
         r.add("pairs", False, "; ".join(parts) + ". " + fix(r.facts.get("port_range")))
 

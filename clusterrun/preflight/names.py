@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight.report import Check, HostReport, warn
-from clusterrun.transport import parallel
 
 
 def is_loopback(addr: str) -> bool:
@@ -109,7 +109,7 @@ def _seen_by_others(report: HostReport, reports: Sequence[HostReport],
         return
     (name, found), where = next(iter(wrong.items()))
     report.add("names", True, f"warning: {report.spec.name}'s name {name!r} resolves on "
-               f"{parallel.fold(where)} to {found}, not to {report.address}, the address "
+               f"{fold(where)} to {found}, not to {report.address}, the address "
                "clusterrun uses for it: code that connects to peers by host name will reach "
                "another interface, or nothing. Fix /etc/hosts or DNS on those hosts.")
 

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import limits
 from clusterrun.preflight.report import HostReport
-from clusterrun.transport import parallel
 
 SLOW_LINK_MBIT = 10_000
 MAX_LISTED = 8
@@ -137,7 +137,7 @@ def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
     with_ib = [r for r in probed if limits.active_ports(r.facts)]
     without = [r for r in probed if r not in with_ib]
     if with_ib and without and len(with_ib) >= len(without):
-        holders = parallel.fold([r.spec.name for r in with_ib])
+        holders = fold([r.spec.name for r in with_ib])
         for r in without:
             r.add("infiniband", True, f"warning: {r.spec.name} has no active RDMA port while "
                   f"{holders} have: NCCL then uses TCP sockets between all hosts, and the "
@@ -145,7 +145,7 @@ def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
                   "(ibstat), or leave it out.", "warning: no active RDMA port while the other "
                   "hosts have one; NCCL falls back to TCP sockets for the whole job")
     elif with_ib and without:
-        lacking = parallel.fold([r.spec.name for r in without])
+        lacking = fold([r.spec.name for r in without])
         for r in with_ib:
             r.add("infiniband", True, f"warning: {r.spec.name} has an active RDMA port but "
                   f"{lacking} have none: NCCL uses TCP sockets between all hosts.",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, TextIO
 
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight.report import CheckReport, HostReport, Pairs
-from clusterrun.transport import parallel
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,7 +31,7 @@ def problems(report: CheckReport) -> list[tuple[str, bool]]:
     for (name, warning, text), names in groups.items():
         # One host: its own words (they name the interface, the other hosts, the fix).
         said = details.get((name, warning, text), text) if len(names) == 1 else text
-        lines.append((f"{parallel.fold(names)}: {name}: {said.split(chr(0))[0]}", warning))
+        lines.append((f"{fold(names)}: {name}: {said.split(chr(0))[0]}", warning))
     return sorted(lines, key=lambda item: item[1])  # stable: failures first, host order kept
 
 
@@ -57,7 +57,7 @@ def pair_lines(pairs: Pairs) -> list[str]:
         for b in pairs.blocked:
             by_target.setdefault(b.target, []).append(b.source)
         for target, sources in by_target.items():
-            lines.append(f"  {parallel.fold(sources)} -> {target}")
+            lines.append(f"  {fold(sources)} -> {target}")
     reasons = sorted({b.error for b in pairs.blocked})
     lines.append(f"  ({'; '.join(reasons[:3])}; the hosts' lines above say how to fix it)")
     return lines

@@ -8,7 +8,6 @@ answer is a ``GroupResult``, modelled on fabric's: a result per item in input or
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import traceback
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar, overload
 
 from clusterrun.errors import ClusterrunError, Outcome
+from clusterrun.inventory.ranges import fold
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -188,34 +188,3 @@ def strip_name(message: str, name: str) -> str:
     if message.startswith((f"{name}: ", f"{name} (")) and ": " in message:
         return message.split(": ", 1)[1]
     return message
-
-
-def fold(names: list[str]) -> str:
-    """``node1 node2 node3 gpu-a`` -> ``gpu-a,node[1-3]``: how pdsh and clush name host sets."""
-    groups: dict[tuple[str, str, int], list[int]] = {}
-    plain: list[str] = []
-    for item in names:
-        match = re.fullmatch(r"(.*?)(\d+)(\D*)", item)
-        if match is None:
-            plain.append(item)
-            continue
-        head, digits, tail = match.groups()
-        groups.setdefault((head, tail, len(digits) if digits[0] == "0" and len(digits) > 1 else 0),
-                          []).append(int(digits))
-    parts = sorted(plain)
-    for (head, tail, width), found in sorted(groups.items()):
-        numbers = sorted(set(found))
-        if len(numbers) == 1:
-            parts.append(f"{head}{numbers[0]:0{width}d}{tail}")
-            continue
-        spans, start, prev = [], numbers[0], numbers[0]
-        for n in [*numbers[1:], None]:
-            if n is not None and n == prev + 1:
-                prev = n
-                continue
-            spans.append(f"{start:0{width}d}" if start == prev else
-                         f"{start:0{width}d}-{prev:0{width}d}")
-            if n is not None:
-                start = prev = n
-        parts.append(f"{head}[{','.join(spans)}]{tail}")
-    return ",".join(parts)
