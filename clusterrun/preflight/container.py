@@ -1,6 +1,6 @@
 """Before the probe on a host with `container:`: is there an engine this user may use, does the
 container exist and run, and does it have Python? Asked on the host itself (outside the
-container) with one short shell script, so each answer names its own fix."""
+container) with one short shell script (shell.CONTAINER_CHECK), so each answer names its own fix."""
 
 from __future__ import annotations
 
@@ -13,31 +13,6 @@ from clusterrun.inventory import HostSpec
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
 from clusterrun.transport.programs import ProgramError, drain
-
-# Prints key=value lines; `detail=` lines carry what the engine said. POSIX sh: the host's own
-# shell, whatever the container has. The engine is chosen as shell.container_exec chooses it.
-SCRIPT = r"""
-name=$1 python=$3 user=$4
-say() { printf '%s=%s\n' "$1" "$2"; }
-detail() { printf '%s\n' "$1" | tail -n 3 | sed 's/^/detail=/'; }
-if [ -n "$2" ]; then engine=$2; else
-""" + shell.PICK_ENGINE + r"""
-fi
-say engine "$engine"
-if [ -z "$engine" ] || ! command -v "$engine" >/dev/null 2>&1; then say error missing; exit 0; fi
-if ! out=$("$engine" inspect --type container --format '{{.State.Status}}' "$name" 2>&1); then
-  say error inspect; detail "$out"; exit 0
-fi
-say state "$out"
-[ "$out" = running ] || exit 0
-[ -n "$python" ] || exit 0
-if out=$("$engine" exec ${user:+-u "$user"} "$name" "$python" -c \
-    'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>&1); then
-  say python "$out"
-else
-  say error python; detail "$out"
-fi
-"""
 
 RUN_EXAMPLE = {
     "docker": "docker run -d --name {name} --network host --ipc host --gpus all IMAGE "
@@ -58,7 +33,7 @@ class Found:
 
 
 def judge(spec: HostSpec, output: str) -> Found:
-    """Read SCRIPT's output; say what is wrong, with the fix, naming the host."""
+    """Read shell.CONTAINER_CHECK's output; say what is wrong, with the fix, naming the host."""
     fields: dict[str, str] = {}
     details: list[str] = []
     for line in output.splitlines():
@@ -114,9 +89,7 @@ def judge(spec: HostSpec, output: str) -> Found:
 
 def check(transport: Transport, spec: HostSpec, timeout: float) -> Found:
     """Ask the host (outside the container). Raises ProgramError when it gives no answer."""
-    argv = ["/bin/sh", "-c", SCRIPT, "sh", spec.container or "", spec.container_engine or "",
-            "" if spec.setup else spec.python, spec.container_user or ""]
-    proc = transport.run(shell.join(["exec", *argv]))
+    proc = transport.run(shell.container_check(spec))
     _thread, stderr = drain(proc)
     out = bytearray()
     done = threading.Event()

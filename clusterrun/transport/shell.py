@@ -83,6 +83,41 @@ def container_exec(spec: HostSpec, argv: Sequence[str]) -> str:
     return join(["exec", "/bin/sh", "-c", script, "sh", *words])
 
 
+# Asks a `container:` host, outside the container, about its engine and container: key=value
+# lines (preflight/container.py reads them), `detail=` lines carrying what the engine said. POSIX
+# sh: the host's own shell, whatever the container has. The engine is chosen as container_exec
+# chooses it.
+CONTAINER_CHECK = r"""
+name=$1 python=$3 user=$4
+say() { printf '%s=%s\n' "$1" "$2"; }
+detail() { printf '%s\n' "$1" | tail -n 3 | sed 's/^/detail=/'; }
+if [ -n "$2" ]; then engine=$2; else
+""" + PICK_ENGINE + r"""
+fi
+say engine "$engine"
+if [ -z "$engine" ] || ! command -v "$engine" >/dev/null 2>&1; then say error missing; exit 0; fi
+if ! out=$("$engine" inspect --type container --format '{{.State.Status}}' "$name" 2>&1); then
+  say error inspect; detail "$out"; exit 0
+fi
+say state "$out"
+[ "$out" = running ] || exit 0
+[ -n "$python" ] || exit 0
+if out=$("$engine" exec ${user:+-u "$user"} "$name" "$python" -c \
+    'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>&1); then
+  say python "$out"
+else
+  say error python; detail "$out"
+fi
+"""
+
+
+def container_check(spec: HostSpec) -> str:
+    """The command line that runs CONTAINER_CHECK on ``spec``'s host. Its Python is asked for
+    only without a ``setup:``, which may be what puts that interpreter on the PATH."""
+    return join(["exec", "/bin/sh", "-c", CONTAINER_CHECK, "sh", spec.container or "",
+                 spec.container_engine or "", "" if spec.setup else spec.python,
+                 spec.container_user or ""])
+
 def run_there(spec: HostSpec, argv: Sequence[str]) -> str:
     """The command line sshd runs for ``argv`` on ``spec``'s host: after its ``setup:``, in its
     container when it has one."""
