@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import click
 
 from clusterrun.cli.common import (
@@ -20,8 +23,17 @@ def sandbox() -> None:
 @click.argument("n", type=click.IntRange(1, 250))
 @click.option("--decoy", is_flag=True,
               help="Give every host a virbr0 with 192.168.122.1/24, as libvirt hosts have.")
-def sandbox_up(n: int, decoy: bool) -> None:
-    """Build N hosts and write an inventory under $CLUSTERRUN_HOME/sandbox/."""
+@click.option("--rc-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="PATH",
+              help="Give every host this ~/.bashrc (e.g. a `conda init` block), to see what "
+              "a heavy shell setup costs each SSH command. By default hosts get a minimal one "
+              "of their own, not this machine's.")
+def sandbox_up(n: int, decoy: bool, rc_file: Optional[Path]) -> None:
+    """Build N hosts and write an inventory under $CLUSTERRUN_HOME/sandbox/.
+
+    Each host's ~/.bashrc (root's, mounted in the host's own mount namespace) counts its
+    logins in $CLUSTERRUN_HOME/sandbox/NODE/logins, one line per SSH command it ran.
+    """
     from clusterrun import sandbox as sb
 
     root = home() / "sandbox"
@@ -29,7 +41,7 @@ def sandbox_up(n: int, decoy: bool) -> None:
         raise ClusterrunError(
             f"a sandbox already exists in {root}; remove it first with `clusterrun sandbox down`.",
             exit_status=ExitStatus.USAGE)
-    box = sb.up(n, root, decoy=decoy)
+    box = sb.up(n, root, decoy=decoy, rc_file=rc_file)
     click.echo(f"{n} hosts up: " + ", ".join(f"{h.name} {h.address} ({h.ifname})"
                                               for h in box.hosts))
     click.echo(f"inventory: {box.inventory}")

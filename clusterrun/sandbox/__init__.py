@@ -12,6 +12,7 @@ from clusterrun.sandbox.cluster import (
     exec_in,
     heal,
     load,
+    logins,
     partition,
     pids,
     regenerate_host_key,
@@ -21,5 +22,5 @@ from clusterrun.sandbox.cluster import (
 )
 
 __all__ = ["PARTITION_TABLE", "Sandbox", "SandboxHost", "SandboxNetwork", "SandboxNic",
-           "add_network", "down", "exec_in", "heal", "load", "partition", "pids",
+           "add_network", "down", "exec_in", "heal", "load", "logins", "partition", "pids",
            "regenerate_host_key", "require_support", "restore_host_key", "up"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shlex
 import signal
 import socket
@@ -19,6 +20,7 @@ from clusterrun.sandbox import net
 
 SSHD = "/usr/sbin/sshd"
 KEY = "ssh_host_ed25519_key"
+LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
 READY_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
 NETNS_DIR = "/run/netns"  # where `ip netns add` pins each namespace
@@ -37,7 +39,8 @@ def keygen(path: Path, comment: str) -> None:
             step=f"generate key {path}")
 
 
-def write_host_files(root: Path, host: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
+def write_host_files(root: Path, view: str, host: dict[str, Any], hosts: list[dict[str, Any]],
+                     rc_text: str = "") -> None:
     home = root / host["name"]
     home.mkdir(mode=0o700)
     (home / "tmp").mkdir()
@@ -47,11 +50,38 @@ def write_host_files(root: Path, host: dict[str, Any], hosts: list[dict[str, Any
     # No nameserver: this machine's resolver is unreachable from the namespaces, and every
     # lookup would wait 10-20 s for it; names come from the hosts file, as on a real cluster.
     (home / "resolv.conf").write_text("options timeout:1 attempts:1\n")
-    # A fresh machine's shell setup, not this machine's: sshd runs every command through the
-    # user's shell, which reads ~/.bashrc, and one that does slow or locking work on each login
-    # (pyenv rehash, conda init) would make every SSH session of every host pay for it.
-    (home / "bashrc").write_text("# the shell setup of a clusterrun sandbox host\n")
+    (home / "bashrc").write_text(bashrc(f"{view}/{host['name']}/{LOGINS}", rc_text))
     keygen(home / KEY, f"{host['name']}@clusterrun-sandbox")
+
+
+def bashrc(logins: str, rc_text: str = "") -> str:
+    """A host's ~/.bashrc: one line per login appended to ``logins`` (a path as the host sees
+    it), then ``rc_text`` (`sandbox up --rc-file`), else nothing.
+
+    sshd runs every command through the user's shell, and Debian's bash reads ~/.bashrc for
+    it: a host sharing this machine's (pyenv rehash, conda init: slow or locking work) would
+    pay for it on every SSH channel. The count comes first, before any interactive guard
+    that returns, so that every login is counted, and costs no process (builtins only).
+    """
+    head = ("# the shell setup of a clusterrun sandbox host (clusterrun/sandbox/sshd.py)\n"
+            f"echo \"$$\" >> {shlex.quote(logins)} 2>/dev/null\n")
+    if not rc_text:
+        return head
+    return head + "# --- the rc file given to `clusterrun sandbox up --rc-file` ---\n" + rc_text
+
+
+def logins(home: Path) -> int:
+    """How many logins (SSH channels that ran a command) the host has had (see bashrc)."""
+    try:
+        with open(home / LOGINS, "rb") as handle:
+            return sum(block.count(b"\n") for block in iter(lambda: handle.read(65536), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def root_bashrc() -> str:
+    """The ~/.bashrc of root, whom the sandbox's sessions log in as (not of whoever ran sudo)."""
+    return os.path.join(pwd.getpwuid(0).pw_dir, ".bashrc")
 
 
 def bind_target(path: str) -> str | None:
@@ -140,9 +170,9 @@ def start(root: Path, view: str, host: dict[str, Any],
     resolv_target = bind_target("/etc/resolv.conf")
     if resolv_target is not None:
         script.append(f"mount --bind {q(home + '/resolv.conf')} {q(resolv_target)}")
-    bashrc = bind_target(os.path.expanduser("~/.bashrc"))
-    if bashrc is not None:
-        script.append(f"mount --bind {q(home + '/bashrc')} {q(bashrc)}")
+    rc_target = bind_target(root_bashrc())
+    if rc_target is not None:
+        script.append(f"mount --bind {q(home + '/bashrc')} {q(rc_target)}")
     for path in shared:  # bound into the host's /tmp first, then carried along by --rbind
         inside = f"{home}/tmp/{os.path.relpath(path, '/tmp')}"
         (root / host["name"] / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,
