@@ -1,0 +1,146 @@
+"""`clusterrun top`: a live view of a running run, from any shell."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Optional
+
+import click
+
+from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
+from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.runs import names
+
+if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` starts fast
+    from clusterrun.observe.watch import Watch
+
+
+@contextlib.contextmanager
+def quit_key() -> Iterator[threading.Event]:
+    """An event set when the user presses q (the terminal in cbreak mode meanwhile)."""
+    quit_ = threading.Event()
+    if not sys.stdin.isatty():
+        yield quit_
+        return
+    import select
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read() -> None:
+        while not quit_.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready and sys.stdin.read(1) in ("q", "Q"):
+                quit_.set()
+
+    threading.Thread(target=read, daemon=True, name="top-keys").start()
+    try:
+        yield quit_
+    finally:
+        quit_.set()
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              metavar="SECONDS", help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="One sample, printed, then exit.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: one object per refresh (one line each), or just one with --once.")
+@ssh_options
+def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
+        connect_timeout: float, accept_new_host_keys: bool) -> None:
+    """A live view of a running run (the newest by default), attached or detached.
+
+    Per host: CPU %, memory, load, network MB/s on the run's interface, free disk under the
+    run's folder, GPUs. Per rank: pid, CPU %, RSS, lines per minute, last line, seconds
+    silent; slow and silent ranks flagged. One connection per host, kept; a host that stops
+    answering shows as lost within two intervals. q or Ctrl-C quits.
+    """
+    from clusterrun.observe.watch import Watch
+    from clusterrun.runs import lifecycle
+
+    run = names.resolve(home(write=False), run_id, note=note, prefer=lifecycle.live)
+    if not lifecycle.live(run):
+        state = lifecycle.recorded(run)
+        raise UsageError(f"run {run.id} has ended ({state.value if state else 'unknown'}); "
+                         "`top` watches running runs. See how it went with `clusterrun logs "
+                         f"{run.id}` or `clusterrun ps`.")
+    watch = Watch(run, make_options(connect_timeout, accept_new_host_keys), interval)
+    watch.start()
+    try:
+        if once:
+            _once(watch, as_json)
+        elif as_json:
+            _json_lines(watch)
+        else:
+            _live(watch)
+    finally:
+        watch.close()
+
+
+def _once(watch: Watch, as_json: bool) -> None:
+    import json
+    import time
+
+    watch.wait_connected(watch.ssh.connect_timeout + 5)
+    # The sampler measured its baseline when it started: rates need some time after it.
+    time.sleep(min(watch.interval, 1.0))
+    frame = watch.refresh(wait=watch.ssh.connect_timeout)
+    if as_json:
+        click.echo(json.dumps(frame.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        from clusterrun.observe.view import render
+
+        Console().print(render(frame))
+    lost = [h for h in frame.hosts if h.status != "ok"]
+    if lost:
+        for host in lost:
+            note(f"{host.node}: no sample ({host.reason or 'no answer'}); its figures are "
+                 "null. Check the host is up and reachable (`clusterrun ps` asks it too).")
+        raise SystemExit(int(ExitStatus.UNREACHABLE))
+
+
+def _json_lines(watch: Watch) -> None:
+    import json
+
+    while True:
+        frame = watch.refresh()
+        click.echo(json.dumps(frame.to_json()))
+        if frame.ended:
+            return
+
+
+def _live(watch: Watch) -> None:
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from clusterrun.observe.view import render
+    if not sys.stdout.isatty():
+        raise ClusterrunError("`clusterrun top` draws a live view and needs a terminal; for "
+                              "output to a file or a pipe use `--once` or `--json`.",
+                              exit_status=ExitStatus.USAGE)
+    console = Console()
+    frame = None
+    with quit_key() as quit_, Live(console=console, screen=True, auto_refresh=False) as live:
+        while not quit_.is_set():
+            began = time.monotonic()
+            frame = watch.refresh()
+            live.update(render(frame), refresh=True)
+            if frame.ended:
+                break
+            quit_.wait(max(0.0, watch.interval - (time.monotonic() - began)))
+    if frame is not None and frame.ended:
+        states = sorted({h.node_state for h in frame.hosts})
+        note(f"run {frame.run} has ended on every host ({', '.join(states)}).")

@@ -1,0 +1,200 @@
+"""One connection and one sampler (remote/sampler.py) per host of a run, kept across refreshes.
+
+Each refresh writes one request line to every host's sampler and waits, at most a refresh
+interval, for the answers; a host that has not answered for two intervals, or whose connection
+closed, is lost, and is connected again in the background now and then (a host that comes back
+is shown again). Nothing here waits on one host for another's sake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from typing import Any, Optional
+
+from clusterrun.errors import ClusterrunError
+from clusterrun.inventory import HostSpec
+from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, RankSample, flag_ranks
+from clusterrun.runs import attempts
+from clusterrun.runs import remote as remote_runs
+from clusterrun.runs.store import RunDir
+from clusterrun.transport import Process, SshOptions, Transport, connect, shell
+from clusterrun.transport.programs import drain, send
+
+RECONNECT = 5.0  # seconds between tries to reach a lost host again
+
+
+class Link:
+    """One host: its connection, its sampler, and the last answer it gave."""
+
+    def __init__(self, spec: HostSpec, node: dict[str, Any], ssh: SshOptions) -> None:
+        self.spec = spec
+        self.node = node
+        self.ssh = ssh
+        self.transport: Optional[Transport] = None
+        self.proc: Optional[Process] = None
+        self.latest: Optional[dict[str, Any]] = None
+        self.answered_at: Optional[float] = None  # monotonic
+        self.opened_at = time.monotonic()
+        self.down: Optional[str] = None  # why it is not connected, once it failed
+        self.tried_at = 0.0
+        self.busy = False  # connecting right now
+        self.stderr = bytearray()  # the sampler's last words, for a lost host's reason
+        self.answered = threading.Condition()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def open(self) -> None:
+        """Connect and start the sampler (on a thread of its own: a dead host's connect
+        timeout delays nothing else)."""
+        self.busy, self.tried_at = True, time.monotonic()
+        try:
+            self.transport = connect(self.spec, self.ssh)
+            proc = self.transport.run(shell.remote_python(self.spec, site=False))
+            _, self.stderr = drain(proc, 4096)
+            send(proc, "sampler.py", {"rundir": self.node["rundir"],
+                                      "interface": self.node.get("interface"),
+                                      "ranks": self.node.get("ranks")})
+            self.proc, self.down = proc, None
+            threading.Thread(target=self.read, args=(proc,), daemon=True,
+                             name=f"top-{self.name}").start()
+        except (ClusterrunError, OSError) as exc:
+            self.close()
+            self.down = getattr(exc, "message", None) or str(exc)
+        finally:
+            self.busy = False
+
+    def read(self, proc: Process) -> None:
+        buffer = b""
+        while True:
+            try:
+                chunk = proc.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                self.take(line.strip())
+        if self.proc is proc:
+            said = bytes(self.stderr).decode("utf-8", "replace").strip().splitlines()
+            self.down = "connection closed" + (f": {said[-1]}" if said else "")
+            self.proc = None
+
+    def take(self, line: bytes) -> None:
+        if not line.startswith(b"J "):
+            return
+        with contextlib.suppress(ValueError):
+            reply = json.loads(line[2:])
+            if isinstance(reply, dict) and reply.get("ev") == "sample":
+                with self.answered:
+                    self.latest, self.answered_at = reply, time.monotonic()
+                    self.answered.notify_all()
+
+    def ask(self, seq: int) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            proc.write(b'{"seq": %d}\n' % seq)
+        except OSError as exc:
+            self.down = f"connection closed ({exc})"
+            self.proc = None
+
+    def has(self, seq: int) -> bool:
+        return self.latest is not None and self.latest.get("seq") == seq
+
+    def close(self) -> None:
+        proc, transport, self.proc, self.transport = self.proc, self.transport, None, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.close_stdin()  # the sampler's EOF: it exits
+            with contextlib.suppress(OSError):
+                proc.close()
+        if transport is not None:
+            with contextlib.suppress(OSError):
+                transport.close()
+
+
+class Watch:
+    """Every host of a run's current attempt, sampled together."""
+
+    def __init__(self, run: RunDir, ssh: SshOptions, interval: float) -> None:
+        self.run = run
+        self.interval = interval
+        self.ssh = ssh
+        self.current = attempts.current(run)
+        self.links = [Link(spec, node, ssh) for spec, node in remote_runs.host_specs(self.current)]
+        self.seq = 0
+
+    def start(self) -> None:
+        for link in self.links:
+            threading.Thread(target=link.open, daemon=True, name=f"top-open-{link.name}").start()
+
+    def wait_connected(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+                link.proc is None and link.down is None for link in self.links):
+            time.sleep(0.05)
+
+    def refresh(self, wait: Optional[float] = None) -> Frame:
+        """Ask every connected host for a sample; wait for the answers at most ``wait``
+        seconds (default: one interval); the frame holds what each host said last."""
+        self.seq += 1
+        for link in self.links:
+            if link.proc is None and not link.busy and link.down is not None \
+                    and time.monotonic() - link.tried_at >= RECONNECT:
+                threading.Thread(target=link.open, daemon=True).start()
+            link.ask(self.seq)
+        deadline = time.monotonic() + (self.interval if wait is None else wait)
+        for link in self.links:
+            with link.answered:
+                while link.proc is not None and not link.has(self.seq):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    link.answered.wait(min(left, 0.1))
+        return self.frame()
+
+    def host_status(self, link: Link) -> tuple[str, str]:
+        now = time.monotonic()
+        stale = 2 * self.interval
+        if link.answered_at is not None and now - link.answered_at < stale + 0.05 and (
+                link.proc is not None or link.down is None):
+            return OK, ""
+        if link.down is not None:
+            return LOST, link.down
+        if link.answered_at is not None:
+            return LOST, f"no answer for {now - link.answered_at:.0f} s"
+        if now - link.opened_at > self.ssh.connect_timeout + stale:
+            return LOST, f"no answer for {now - link.opened_at:.0f} s"
+        return CONNECTING, ""
+
+    def frame(self) -> Frame:
+        hosts, ranks = [], []
+        for link in self.links:
+            status, why = self.host_status(link)
+            interface = str(link.node.get("interface") or "")
+            reply = link.latest if status == OK else None
+            if reply is not None:
+                host = HostSample.from_reply(link.name, interface, reply["host"])
+                ranks += [RankSample.from_reply(link.name, r) for r in reply["ranks"]]
+            else:
+                host = HostSample(node=link.name, status=status, reason=why, interface=interface)
+                first, last = link.node.get("ranks") or (0, -1)
+                ranks += [RankSample(rank=r, node=link.name) for r in range(first, last + 1)]
+            hosts.append(host)
+        ranks.sort(key=lambda r: r.rank)
+        flag_ranks(ranks)
+        state = str(attempts.top(self.run).state.get("state") or "unknown")
+        return Frame(run=self.run.id, run_state=state, interval=self.interval, hosts=hosts,
+                     ranks=ranks)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()

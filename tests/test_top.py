@@ -1,0 +1,222 @@
+"""`clusterrun top` against the namespace cluster: real sshd, real torchrun and gloo. What it
+reports is checked against the hosts themselves (their processes, their log files), also for a
+detached run whose controller is gone, a crashed host, a real terminal, a container host and
+a Slurm host."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun.observe.frame import LOST, OK
+from clusterrun.observe.watch import Watch
+from clusterrun.runs import names
+from clusterrun.sandbox import faults
+from clusterrun.transport import SshOptions
+from tests.conftest import Cluster, clusterrun_argv, copy_payload, run_cli
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = ["node9", "node10"]
+HOST_KEYS = {"node", "cpu_percent", "mem_used_mb", "mem_total_mb", "net_rx_mbps", "net_tx_mbps",
+             "gpus"}
+RANK_KEYS = {"rank", "node", "pid", "cpu_percent", "rss_mb", "lines_per_min", "last_line",
+             "silent_s"}
+
+
+@pytest.fixture
+def ticker(tmp_path: Path) -> Path:
+    return copy_payload(tmp_path, "ticker.py", "ticker")
+
+
+@pytest.fixture
+def revive(cluster: Cluster) -> Iterator[list[str]]:
+    """Hosts appended here were crashed by the test; their sshd is started again after."""
+    crashed: list[str] = []
+    yield crashed
+    for name in crashed:
+        cluster.sb = faults.revive(cluster.sb.root, name)
+
+
+@pytest.fixture
+def strays(cluster: Cluster) -> Iterator[None]:
+    yield
+    cluster.kill_all(HOSTS)
+
+
+def detach(inv: Path, script: Path, *env: str, nproc: int = 2) -> str:
+    args = [x for e in env for x in ("--env", e)]
+    cp = run_cli("launch", "--detach", "--nproc-per-node", str(nproc), "--grace", "3", *args,
+                 str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    match = re.search(r"run (\S+) started on", cp.stderr)
+    assert match, cp.stderr
+    return match.group(1)
+
+
+def log_path(run_id: str, host: str, rank: int) -> str:
+    return f"/tmp/clusterrun/runs/{run_id}/{host}/rank-{rank}.log"
+
+
+def wait_lines(cluster: Cluster, run_id: str, hosts: dict[str, list[int]], count: int = 3,
+               timeout: float = 120) -> None:
+    """Until every rank's log on its host has ``count`` lines."""
+    deadline = time.monotonic() + timeout
+    for host, ranks in hosts.items():
+        for rank in ranks:
+            while True:
+                text = cluster.run_on(host, "sh", "-c",
+                                      f"cat {log_path(run_id, host, rank)} 2>/dev/null || true")
+                if text.count("\n") >= count:
+                    break
+                assert time.monotonic() < deadline, f"{host} rank {rank}: {text!r}"
+                time.sleep(0.5)
+
+
+def top_once(run_id: str, *extra: str) -> dict:
+    cp = run_cli("top", run_id, "--once", "--json", "--interval", "1", *extra, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+def netns_pids(cluster: Cluster, host: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", cluster.host(host).netns], capture_output=True,
+                         text=True, check=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def samplers(cluster: Cluster, host: str) -> list[int]:
+    """The host's clusterrun programs at the lowest priority (nice 19): top's samplers."""
+    found = []
+    for pid in netns_pids(cluster, host):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"<clusterrun>" in cmdline and nice == 19:
+            found.append(pid)
+    return found
+
+
+def test_top_json_matches_what_the_hosts_run(cluster: Cluster, home: Path, tmp_path: Path,
+                                             ticker: Path, strays: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    run_id = detach(inv, ticker, "STEP_SLEEP=0.3")
+    # The launch returned: this run has no controller, `top` reaches its hosts on its own.
+    wait_lines(cluster, run_id, {"node9": [0, 1], "node10": [2, 3]})
+    sample = top_once(run_id)
+    assert set(sample) == {"run", "hosts", "ranks"} and sample["run"] == run_id
+    assert [h["node"] for h in sample["hosts"]] == HOSTS
+    for host in sample["hosts"]:
+        assert set(host) == HOST_KEYS, host
+        assert host["mem_total_mb"] > 0 and host["cpu_percent"] is not None
+        assert host["net_rx_mbps"] is not None and host["gpus"] == []
+    # The gloo all-reduce crosses the run's interface: some traffic is counted there.
+    assert any(h["net_rx_mbps"] > 0 for h in sample["hosts"]), sample["hosts"]
+    assert [r["rank"] for r in sample["ranks"]] == [0, 1, 2, 3]
+    for rank in sample["ranks"]:
+        assert set(rank) == RANK_KEYS, rank
+        host = rank["node"]
+        assert host == ("node9" if rank["rank"] < 2 else "node10")
+        # Its pid is a process of that host, and it is that rank's python, running ticker.py.
+        assert rank["pid"] in netns_pids(cluster, host), rank
+        environ = Path(f"/proc/{rank['pid']}/environ").read_bytes().split(b"\0")
+        assert f"RANK={rank['rank']}".encode() in environ
+        assert b"ticker.py" in Path(f"/proc/{rank['pid']}/cmdline").read_bytes()
+        # Its last line is one the rank wrote to its log on its host, and a recent one.
+        lines = cluster.read(host, log_path(run_id, host, rank["rank"])).splitlines()
+        assert rank["last_line"] in lines[-20:], (rank, lines[-3:])
+        assert rank["last_line"].startswith("step ") and f"rank {rank['rank']} " in \
+            rank["last_line"]
+        assert rank["silent_s"] < 10 and rank["rss_mb"] > 10
+        assert rank["lines_per_min"] > 0
+    stop = run_cli("stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
+
+
+def test_a_crashed_host_turns_lost_within_two_intervals(cluster: Cluster, home: Path,  # noqa: PLR0917
+                                                         tmp_path: Path, ticker: Path,
+                                                         revive: list[str],
+                                                         strays: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    run_id = detach(inv, ticker, nproc=1)
+    wait_lines(cluster, run_id, {"node9": [0], "node10": [1]}, count=1)
+    run = names.resolve(home, run_id, note=lambda _text: None)
+    interval = 1.0
+    watch = Watch(run, SshOptions(), interval)
+    watch.start()
+    try:
+        watch.wait_connected(15)
+        for _ in range(3):
+            frame = watch.refresh()
+        assert [h.status for h in frame.hosts] == [OK, OK], frame.hosts
+        faults.crash(cluster.sb, "node10")
+        revive.append("node10")
+        crashed = time.monotonic()
+        while True:
+            frame = watch.refresh()
+            status = {h.node: h.status for h in frame.hosts}
+            if status["node10"] == LOST:
+                break
+            assert time.monotonic() - crashed < 2 * interval + 1, frame.hosts
+        assert time.monotonic() - crashed <= 2 * interval + 1
+        lost = next(r for r in frame.ranks if r.node == "node10")
+        assert lost.pid is None  # nothing is claimed about a host that does not answer
+        # The other host still answers (its part of the run is ended by the gang).
+        assert status["node9"] == OK
+    finally:
+        watch.close()
+
+
+def test_top_draws_in_a_real_terminal(cluster: Cluster, home: Path, tmp_path: Path,
+                                      ticker: Path, strays: None) -> None:
+    assert shutil.which("tmux"), "tmux is needed for this test"
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    run_id = detach(inv, ticker, "STEP_SLEEP=0.3")
+    wait_lines(cluster, run_id, {"node9": [0, 1], "node10": [2, 3]})
+    session = f"top-{run_id[-8:]}"
+    command = " ".join([*clusterrun_argv("top", run_id, "--interval", "1")])
+    env = f"CLUSTERRUN_HOME={home}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "30",
+                    f"cd {Path.cwd()} && {env} {command}; sleep 30"], check=True)
+    try:
+        screen = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True, check=True).stdout
+            if re.search(r"rank 3 at", screen) and "node10" in screen:
+                break
+            time.sleep(0.5)
+        (tmp_path / "frame.txt").write_text(screen)
+        assert f"clusterrun top {run_id}" in screen, screen
+        assert "LINES/MIN" in screen and "LAST LINE" in screen, screen
+        # One sampler per host while it shows the run.
+        assert {h: len(samplers(cluster, h)) for h in HOSTS} == dict.fromkeys(HOSTS, 1)
+        for rank in range(4):
+            assert re.search(rf"step \d+ rank {rank} at", screen), screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True, check=True).stdout
+            if "LINES/MIN" not in screen:
+                break
+            time.sleep(0.3)
+        assert "LINES/MIN" not in screen, "q did not end the view"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    # Quitting top leaves the run going, and no sampler behind on the hosts.
+    time.sleep(1)
+    assert {h: samplers(cluster, h) for h in HOSTS} == {h: [] for h in HOSTS}
+    assert run_cli("stop", run_id).returncode == 0
+    assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
