@@ -1,0 +1,73 @@
+"""`clusterrun stacks`: every rank's Python stack in a live run."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
+from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.runs import names
+
+
+def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
+    if text is None:
+        return None
+    from clusterrun.inventory.ranges import expand
+
+    try:
+        wanted = set(expand(text))
+    except ValueError as exc:
+        raise UsageError(f"--node {text!r}: {exc}") from None
+    unknown = wanted - known
+    if unknown:
+        raise UsageError(f"the run has no node {', '.join(sorted(unknown))}; its nodes: "
+                         f"{', '.join(sorted(known))}.")
+    return wanted
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("--node", "node_set", default=None, metavar="NODESET",
+              help="Only these nodes (NodeSet syntax, e.g. node[1-4]).")
+@click.option("--rank", "ranks_", multiple=True, type=click.IntRange(min=0), metavar="R",
+              help="Only this global rank; repeatable.")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
+                   '"frames": [{"function", "file", "line"}]}]}]}, frames outermost first.')
+@ssh_options
+def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ...],
+           as_json: bool, connect_timeout: float, accept_new_host_keys: bool) -> None:
+    """The Python stack of every thread of every rank of a live run (the latest by default).
+
+    Taken from outside with py-spy, no change to the script, never pausing a rank. Ranks with
+    the same stack are grouped; the odd ones out come first, with their node, pid and last
+    log line. py-spy is the host's own, or shipped from this machine (clusterrun[stacks]).
+    """
+    import json
+
+    from clusterrun.runs import attempts
+    from clusterrun.stacks import collect, view
+
+    run = names.resolve(home(write=False), run_id, note=note)
+    plan = attempts.current(run).plan
+    nodes = _node_names(node_set, {n["name"] for n in plan.get("nodes", [])})
+    world = int(plan.get("world_size") or 0)
+    missing = sorted(set(ranks_) - set(range(world)))
+    if missing:
+        raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
+                         f"ranks 0-{world - 1}.")
+    found = collect.collect(run, make_options(connect_timeout, accept_new_host_keys),
+                            nodes=nodes, ranks=set(ranks_) if ranks_ else None)
+    if as_json:
+        click.echo(json.dumps(found.to_json(), indent=2))
+        for name, why in sorted(found.problems.items()):
+            note(f"no stacks from {name}: {why}")
+    else:
+        for line in view.render(found):
+            click.echo(line)
+    if not found.ranks:
+        raise ClusterrunError(
+            f"run {run.id}: no rank's stack could be taken; is the run still going "
+            "(`clusterrun ps`)?", exit_status=ExitStatus.UNREACHABLE)

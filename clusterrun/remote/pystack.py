@@ -1,0 +1,207 @@
+"""A run's rank processes on this host and their Python stacks (stdlib only, Python 3.6+).
+
+Shared by the `stacks` program (remote/stacks.py) and the supervisor's stall watch
+(remote/stall.py). A rank is the process rank.sh starts: its parent runs
+``/bin/sh <rundir>/rank.sh``, so a rank's own children (data loader workers) are never taken
+for ranks, and another run's ranks (another rundir) never match. Stacks come from py-spy
+(``dump --nonblocking``: memory is read while the rank runs, it is never paused or stopped).
+"""
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+from clusterrun.remote import procs
+
+# torch.distributed calls a rank waits in while its peers have not arrived (the "waiting group"
+# of a stall). A frame of one of these in torch/distributed marks the rank as waiting.
+COLLECTIVES = frozenset((
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
+    "scatter_object_list", "send", "recv", "isend", "irecv", "wait", "_wait", "batch_isend_irecv",
+    "new_group", "init_process_group", "_store_based_barrier", "get", "wait_for_workers",
+))
+PYSPY_TIMEOUT = 8.0
+
+
+def _stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _rank_of(pid):
+    """RANK from the process's environment (readable by its own user)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            for item in handle.read().split(b"\0"):
+                if item.startswith(b"RANK="):
+                    return int(item[5:])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def find_ranks(rundir, roots):
+    """``{rank: pid}`` of the ranks below ``roots`` (torchrun's or the launcher's pid, and the
+    job's cgroup members)."""
+    wrapper = os.path.join(rundir, "rank.sh").encode()
+    pids = set()
+    for root in roots:
+        pids.add(root)
+        pids.update(procs.descendants(root))
+    found = {}
+    for pid in sorted(pids):
+        stat = _stat(pid)
+        if stat is None or stat[0] == "Z":
+            continue
+        parent = _cmdline(int(stat[1]))
+        if len(parent) < 2 or parent[1] != wrapper:
+            continue
+        own = _cmdline(pid)
+        if len(own) > 1 and own[1] in (wrapper, b"-c"):
+            continue  # rank.sh itself, or its shell that has not exec'd the rank yet
+        rank = _rank_of(pid)
+        if rank is not None and rank not in found:
+            found[rank] = pid
+    return found
+
+
+def cpu_ticks(pid):
+    """User + system CPU time of a process (all its threads), in clock ticks; None if gone."""
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    return int(stat[11]) + int(stat[12])
+
+
+def proc_state(pid):
+    stat = _stat(pid)
+    return stat[0] if stat else None
+
+
+def last_line(rundir, rank, limit=4096):
+    """The last non-empty line the rank wrote (its log on this host), at most 300 characters."""
+    try:
+        with open(os.path.join(rundir, "rank-%d.log" % rank), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            data = handle.read()
+    except OSError:
+        return ""
+    for line in reversed(data.splitlines()):
+        text = line.decode("utf-8", "replace").strip()
+        if text:
+            return text[:300]
+    return ""
+
+
+def ptrace_scope():
+    """Yama's kernel.yama.ptrace_scope, or None where the kernel has no Yama."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def host_pyspy(python):
+    """py-spy installed on this host: next to its Python (a venv's bin/), or on PATH."""
+    candidates = [os.path.join(os.path.dirname(python), "py-spy")] if python else []
+    candidates += [os.path.join(d, "py-spy") for d in os.environ.get("PATH", "").split(":") if d]
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _frames(raw):
+    """py-spy's frames (innermost first) as a traceback's: outermost first."""
+    return [{"function": f.get("name") or "?", "file": f.get("filename") or "?",
+             "line": int(f.get("line") or 0)} for f in reversed(raw or [])]
+
+
+def dump(pyspy, pid, timeout=PYSPY_TIMEOUT, tries=3):
+    """``(threads, error)`` for one process: every thread's name and frames, outermost first.
+    Reading a running process's memory can race with it (a stack changing under py-spy): a
+    failed read is tried again."""
+    for _ in range(tries):
+        threads, error = _dump_once(pyspy, pid, timeout)
+        if error is None or "no answer" in error or "cannot run" in error:
+            break
+        time.sleep(0.1)
+    return threads, error
+
+
+def _dump_once(pyspy, pid, timeout):
+    try:
+        proc = subprocess.Popen([pyspy, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return [], "cannot run py-spy: %s" % exc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return [], "py-spy gave no answer within %g s" % timeout
+    if proc.returncode != 0:
+        return [], "py-spy: %s" % _why(err.decode("utf-8", "replace"), proc.returncode)
+    try:
+        traces = json.loads(out.decode("utf-8", "replace"))
+    except ValueError:
+        return [], "py-spy answered no JSON"
+    threads = [{"name": t.get("thread_name") or "thread %s" % t.get("os_thread_id"),
+                "frames": _frames(t.get("frames"))} for t in traces if isinstance(t, dict)]
+    return threads, None
+
+
+def _why(text, code):
+    """py-spy's error and its innermost cause, without the Rust backtrace."""
+    lines = [x.strip() for x in text.split("Stack backtrace:")[0].splitlines() if x.strip()]
+    causes = [x.split(":", 1)[-1].strip() for x in lines if x[:1].isdigit()]
+    first = lines[0] if lines else "exit status %d" % code
+    return first + (" (%s)" % causes[-1] if causes else "")
+
+
+def dump_all(pyspy, ranks, rundir):
+    """Every rank of ``ranks`` ({rank: pid}) at once: a list of per-rank dicts."""
+    out = {}
+
+    def one(rank, pid):
+        threads, error = dump(pyspy, pid) if pyspy else ([], "no py-spy on this host")
+        out[rank] = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
+                     "error": error, "last_line": last_line(rundir, rank)}
+
+    workers = [threading.Thread(target=one, args=item) for item in sorted(ranks.items())]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return [out[rank] for rank in sorted(out)]
+
+
+def waiting_in(threads):
+    """The torch.distributed call a rank's main thread waits in, or None."""
+    main = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
+    for thread in main:
+        for frame in reversed(thread.get("frames") or []):
+            if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
+                    and "torch/distributed" in frame["file"]):
+                return frame["function"]
+    return None

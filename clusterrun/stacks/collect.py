@@ -1,0 +1,97 @@
+"""Collecting a live run's stacks from its hosts: one `stacks.py` per node, all at once."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from clusterrun.inventory import HostSpec
+from clusterrun.runs import attempts
+from clusterrun.runs import remote as remote_runs
+from clusterrun.runs.store import RunDir
+from clusterrun.stacks import pyspy
+from clusterrun.stacks.model import Collected, from_reply
+from clusterrun.transport import SshOptions, Transport
+from clusterrun.transport.programs import call
+
+TIMEOUT = 30.0  # per host: py-spy itself answers in well under a second per rank
+
+
+def _request(node: dict[str, Any], ranks: Optional[list[int]],
+             binary: Optional[pyspy.Binary]) -> dict[str, Any]:
+    return {"rundir": node["rundir"], "python": node.get("python"),
+            "tools": f"{node['workdir']}/runs/.tools" if node.get("workdir") else None,
+            "ranks": ranks,
+            "pyspy": {"sha": binary.sha, "size": binary.size} if binary else None}
+
+
+def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
+        ranks: Optional[list[int]] = None) -> dict[str, Any]:
+    """One node's answer (remote/stacks.py), shipping py-spy if the host has none."""
+    binary = pyspy.local()
+    request = _request(node, ranks, binary)
+    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT, site=False)
+    if not reply.get("need_pyspy"):
+        return reply
+    if binary is None:
+        reply["problem"] = (f"{spec.name}: py-spy is not installed there nor here; install it "
+                            f"on the controller ({pyspy.INSTALL}) and clusterrun ships it, or "
+                            "in the host's Python environment (pip install py-spy)")
+        return reply
+    if reply.get("machine") != binary.machine:
+        reply["problem"] = (f"{spec.name}: the host is {reply.get('machine')}, this machine's "
+                            f"py-spy is {binary.machine}; install py-spy in the host's Python "
+                            "environment (pip install py-spy)")
+        return reply
+    request["send"] = True
+    return call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60, site=False,
+                payload=pyspy.chunks(binary))
+
+
+def _nodes_for(run: RunDir, nodes: Optional[set[str]],
+               ranks: Optional[set[int]]) -> Optional[set[str]]:
+    """The nodes to ask: those named, and those holding the ranks asked for."""
+    if nodes is None and ranks is None:
+        return None
+    keep = set(nodes or ())
+    if ranks is not None:
+        for node in run.plan.get("nodes", []):
+            if ranks & set(node.get("ranks") or ()) and (nodes is None or node["name"] in nodes):
+                keep.add(node["name"])
+        if nodes is not None:
+            keep &= set(nodes)
+    return keep
+
+
+def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
+            ranks: Optional[set[int]] = None) -> Collected:
+    """Every rank's stacks on the current attempt's hosts (or those of ``nodes``/``ranks``).
+    A host that gave none is in ``problems`` with the reason; ranks are sorted by number."""
+    attempt = attempts.current(run)
+    wanted = _nodes_for(attempt, nodes, ranks)
+    rank_list = sorted(ranks) if ranks is not None else None
+
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+        if wanted is not None and spec.name not in wanted:
+            return {"skipped": True}
+        return ask(transport, spec, node, rank_list)
+
+    results = remote_runs.each_node(attempt, ssh, one, ssh.connect_timeout + TIMEOUT + 90)
+    out = Collected(run=run.id)
+    for result in results:
+        name = result.spec.name
+        reply = result.value
+        if reply is None:
+            out.problems[name] = result.failure.message if result.failure else "no answer"
+            continue
+        if reply.get("skipped"):
+            continue
+        if reply.get("problem"):
+            out.problems[name] = reply["problem"]
+        elif not reply.get("found"):
+            out.problems[name] = f"{name}: no trace of the run there"
+        elif not reply.get("ranks") and reply.get("state") != "running":
+            out.problems[name] = f"{name}: the run is {reply.get('state')} there"
+        for entry in reply.get("ranks") or []:
+            out.ranks.append(from_reply(name, entry))
+    out.ranks.sort(key=lambda r: r.rank)
+    return out

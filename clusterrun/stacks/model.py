@@ -1,0 +1,75 @@
+"""Typed per-rank stacks, as `stacks --json` prints them (docs/commands.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int
+
+    @property
+    def short(self) -> str:
+        return f"{self.function} ({self.file.rsplit('/', 1)[-1]}:{self.line})"
+
+
+@dataclass(frozen=True)
+class Thread:
+    name: str
+    frames: tuple[Frame, ...]  # outermost first, as in a traceback
+
+
+@dataclass(frozen=True)
+class RankStack:
+    rank: int
+    node: str
+    pid: int
+    threads: tuple[Thread, ...]
+    state: Optional[str] = None  # /proc state: "T" is a stopped process (SIGSTOP)
+    error: Optional[str] = None  # why no stack could be taken
+    last_line: str = ""
+
+    @property
+    def main(self) -> Optional[Thread]:
+        for thread in self.threads:
+            if thread.name == "MainThread":
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def signature(self) -> tuple[Any, ...]:
+        """What makes two ranks' stacks "the same": the main thread's functions and files
+        (line numbers too: two ranks on different lines of one function differ)."""
+        if self.error:
+            return ("error", self.error)
+        main = self.main
+        frames = tuple((f.function, f.file, f.line) for f in main.frames) if main else ()
+        return ("stopped" if self.state == "T" else "", frames)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "pid": self.pid,
+                "threads": [{"name": t.name, "frames": [
+                    {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
+                    for t in self.threads]}
+
+
+@dataclass
+class Collected:
+    run: str
+    ranks: list[RankStack] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)  # node -> why it gave no stacks
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "ranks": [r.to_json() for r in self.ranks]}
+
+
+def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
+    threads = tuple(Thread(str(t.get("name", "")), tuple(
+        Frame(str(f["function"]), str(f["file"]), int(f["line"])) for f in t.get("frames", [])))
+        for t in entry.get("threads") or [])
+    return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
+                     state=entry.get("state"), error=entry.get("error"),
+                     last_line=str(entry.get("last_line") or ""))

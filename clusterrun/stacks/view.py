@@ -1,0 +1,121 @@
+"""Grouping ranks by identical stacks, and the text `stacks` and the stall report print."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from clusterrun.inventory.ranges import fold
+from clusterrun.remote import pystack  # the same rule the hosts apply
+from clusterrun.stacks.model import Collected, RankStack
+
+# A frame of one of these, in torch/distributed, means the rank waits for its peers there.
+COLLECTIVE_HINT = "torch/distributed"
+MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 4]`` -> ``0-2,4``."""
+    spans: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if spans and spans[-1][1] == rank - 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+@dataclass(frozen=True)
+class Group:
+    ranks: tuple[RankStack, ...]
+
+    @property
+    def first(self) -> RankStack:
+        return self.ranks[0]
+
+    @property
+    def label(self) -> str:
+        numbers = [r.rank for r in self.ranks]
+        nodes = fold(sorted({r.node for r in self.ranks}))
+        word = "rank" if len(numbers) == 1 else "ranks"
+        return f"{word} {rank_ranges(numbers)} ({nodes})"
+
+
+def groups(collected: Collected) -> list[Group]:
+    """Ranks with the same stack together; the smallest groups (the odd ones out) first, the
+    biggest (usually the ranks waiting for them) last."""
+    by_sig: dict[tuple[object, ...], list[RankStack]] = {}
+    for rank in collected.ranks:
+        by_sig.setdefault(rank.signature(), []).append(rank)
+    found = [Group(tuple(members)) for members in by_sig.values()]
+    found.sort(key=lambda g: (len(g.ranks), g.first.rank))
+    return found
+
+
+def waiting_in(rank: RankStack) -> Optional[str]:
+    """The torch.distributed function the rank's main thread waits in, if it does."""
+
+    main = rank.main
+    if main is None:
+        return None
+    found = pystack.waiting_in([{"name": main.name, "frames": [  # type: ignore[no-untyped-call]
+        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames]}])
+    return str(found) if found else None
+
+
+def innermost(rank: RankStack) -> str:
+    """The frame a rank is in: its main thread's innermost frame outside the standard library
+    and torch internals is the most telling; the innermost frame itself is shown too."""
+    if rank.error:
+        return rank.error
+    main = rank.main
+    if main is None or not main.frames:
+        return "no Python frames"
+    return main.frames[-1].short
+
+
+def _frame_lines(rank: RankStack, indent: str) -> list[str]:
+    lines: list[str] = []
+    for thread in rank.threads:
+        frames = thread.frames
+        if thread is not rank.main:
+            where = frames[-1].short if frames else "no Python frames"
+            lines.append(f"{indent}thread {thread.name}: {where}")
+            continue
+        lines.append(f"{indent}{thread.name}:")
+        if len(frames) > MAX_FRAMES:
+            lines.append(f"{indent}  ... {len(frames) - MAX_FRAMES} outer frames")
+            frames = frames[-MAX_FRAMES:]
+        lines.extend(f"{indent}  {f.function}  {f.file}:{f.line}" for f in frames)
+    return lines
+
+
+def _rank_head(rank: RankStack) -> str:
+    extra = ", STOPPED (SIGSTOP: resume it with kill -CONT)" if rank.state == "T" else ""
+    return f"rank {rank.rank} ({rank.node}, pid {rank.pid}{extra})"
+
+
+def render(collected: Collected, *, frames: bool = True) -> list[str]:
+    """`clusterrun stacks`: odd ranks out first, each with node, pid and last line; then the
+    biggest group."""
+    found = groups(collected)
+    lines: list[str] = []
+    nodes = {r.node for r in collected.ranks}
+    lines.append(f"run {collected.run}: {len(collected.ranks)} ranks on {len(nodes)} nodes, "
+                 f"{len(found)} different stack{'s' if len(found) != 1 else ''}")
+    for name, why in sorted(collected.problems.items()):
+        lines.append(f"  no stacks from {name}: {why}")
+    for index, group in enumerate(found):
+        odd = len(found) > 1 and index < len(found) - 1
+        lines.append("")
+        wait = waiting_in(group.first)
+        what = f"waiting in {wait}" if wait else innermost(group.first)
+        tag = "odd one out: " if odd else ""
+        lines.append(f"{tag}{group.label}: {what}")
+        for rank in group.ranks if (odd or len(group.ranks) <= 4) else group.ranks[:1]:
+            lines.append(f"  {_rank_head(rank)} last line: {rank.last_line!r}")
+        if len(group.ranks) > 4 and not odd:
+            lines.append(f"  ... and {len(group.ranks) - 1} more with the same stack")
+        if frames:
+            lines.extend(_frame_lines(group.first, "    "))
+    return lines
