@@ -1,0 +1,186 @@
+"""`clusterrun top` without a cluster: the sampler program run here with the fake nvidia-smi
+(tests/fakes), the rank flags, the JSON shape and the drawn view."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from clusterrun.observe.frame import LOST, OK, Frame, HostSample, RankSample, flag_ranks
+from clusterrun.observe.view import render
+from clusterrun.transport import shell
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+
+
+class Sampler:
+    """remote/sampler.py as a host runs it: shipped on stdin, one request per line."""
+
+    def __init__(self, request: dict[str, Any], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-S", "-u", "-c", shell.BOOTSTRAP],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, **env})
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(shell.program_input("sampler.py", request))
+        self.proc.stdin.flush()
+        self.seq = 0
+
+    def sample(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.seq += 1
+        self.proc.stdin.write(b'{"seq": %d}\n' % self.seq)
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line.startswith(b"J "), line
+        reply: dict[str, Any] = json.loads(line[2:])
+        assert reply["seq"] == self.seq
+        return reply
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # EOF: the sampler exits
+        return self.proc.wait(10)
+
+
+@pytest.fixture
+def gpu_state(tmp_path: Path) -> Path:
+    state = {"gpus": [
+        {"utilization.gpu": 97, "memory.used": 40000, "temperature.gpu": 71, "power.draw": 612.3,
+         "clocks_throttle_reasons.active": "0x0000000000000044"},
+        {"utilization.gpu": 3, "memory.used": 100, "temperature.gpu": 40, "power.draw": "[N/A]",
+         "ecc.errors.uncorrected.volatile.total": 2}]}
+    path = tmp_path / "nvidia-smi.json"
+    path.write_text(json.dumps(state))
+    return path
+
+
+@pytest.fixture
+def rundir(tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "rank-0.log").write_text("starting\nstep 1\rstep 1 50%\rstep 1 100%\n")
+    return folder
+
+
+def gpus_of(sampler: Sampler) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        found: list[dict[str, Any]] = sampler.sample()["host"]["gpus"] or []
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("no GPU figures from the fake nvidia-smi")
+
+
+def test_the_sampler_reads_gpus_from_nvidia_smi(gpu_state: Path, rundir: Path) -> None:
+    sampler = Sampler({"rundir": str(rundir), "interface": "lo", "ranks": [0, 0]},
+                      {"PATH": f"{FAKES}:{os.environ['PATH']}",
+                       "FAKE_NVIDIA_SMI_STATE": str(gpu_state)})
+    try:
+        first, second = gpus_of(sampler)
+        assert first == {"index": 0, "util_percent": 97, "mem_used_mb": 40000,
+                         "mem_total_mb": 81559, "temp_c": 71, "power_w": 612.3,
+                         "throttle": ["sw_power_cap", "hw_thermal"], "ecc_errors": 0}
+        assert second["power_w"] is None and second["ecc_errors"] == 2
+        assert second["throttle"] == []  # 0x1 is "idle": not a slowdown
+        reply = sampler.sample()
+        host = reply["host"]
+        assert host["mem_total_mb"] > 0 and host["interface_found"] is True
+        assert host["state"] == "missing"  # no state.json: no supervisor has run here
+        rank = reply["ranks"][0]
+        assert rank["pid"] is None  # no launcher: no rank process claimed
+        assert rank["last_line"] == "step 1 100%"  # a progress bar's last frame
+    finally:
+        assert sampler.close() == 0
+
+
+def test_an_old_driver_without_throttle_reasons_still_gives_the_rest(
+        gpu_state: Path, rundir: Path) -> None:
+    state = json.loads(gpu_state.read_text())
+    state["unsupported"] = ["clocks_throttle_reasons.active"]
+    gpu_state.write_text(json.dumps(state))
+    sampler = Sampler({"rundir": str(rundir), "interface": "lo", "ranks": [0, 0]},
+                      {"PATH": f"{FAKES}:{os.environ['PATH']}",
+                       "FAKE_NVIDIA_SMI_STATE": str(gpu_state)})
+    try:
+        first = gpus_of(sampler)[0]
+        assert first["util_percent"] == 97 and first["throttle"] is None
+    finally:
+        sampler.close()
+
+
+def test_lines_per_minute_counts_what_a_log_gained(rundir: Path) -> None:
+    sampler = Sampler({"rundir": str(rundir), "ranks": [0, 0]}, {"PATH": "/usr/bin:/bin"})
+    try:
+        sampler.sample()  # it has started, and counts from here
+        with (rundir / "rank-0.log").open("a") as log:
+            log.write("".join(f"line {i}\n" for i in range(30)))
+        time.sleep(0.5)
+        rank = sampler.sample()["ranks"][0]
+        # 30 lines in about half a second: a few thousand a minute.
+        assert 500 < rank["lines_per_min"] < 4000, rank
+        assert rank["last_line"] == "line 29" and rank["silent_s"] < 5
+        assert sampler.sample()["host"]["gpus"] is None  # no nvidia-smi on this PATH
+    finally:
+        sampler.close()
+
+
+def ranks(*rates: float, silent: tuple[float, ...] = ()) -> list[RankSample]:
+    return [RankSample(rank=i, node="n", lines_per_min=r,
+                       silent_s=silent[i] if silent else 1.0) for i, r in enumerate(rates)]
+
+
+def test_flags_name_the_rank_that_falls_behind() -> None:
+    even = ranks(60, 62, 59, 61)
+    flag_ranks(even)
+    assert [r.flags for r in even] == [[], [], [], []]
+    slow = ranks(60, 62, 20, 61)
+    flag_ranks(slow)
+    assert [r.flags for r in slow] == [[], [], ["slow"], []]
+    # Only rank 0 prints (a common script): the quiet ranks are not slow.
+    quiet = ranks(60, 0, 0, 0)
+    flag_ranks(quiet)
+    assert [r.flags for r in quiet] == [[], [], [], []]
+    stopped = ranks(60, 60, 0, 60, silent=(1, 1, 95, 2))
+    flag_ranks(stopped)
+    assert stopped[2].flags == ["silent"]
+
+
+def frame() -> Frame:
+    hosts = [HostSample(node="gpu-a", status=OK, node_state="running", cpu_percent=12.5,
+                        mem_used_mb=2048, mem_total_mb=16384, load=[0.5, 0.4, 0.3],
+                        interface="ens5", net_rx_mbps=1.5, net_tx_mbps=1.25,
+                        disk_free_mb=10240),
+             HostSample(node="gpu-b", status=LOST, reason="no answer for 5 s")]
+    ranked = [RankSample(rank=0, node="gpu-a", pid=42, cpu_percent=99.0, rss_mb=300.0,
+                         lines_per_min=60.0, last_line="epoch 1 loss 0.4", silent_s=0.5),
+              RankSample(rank=1, node="gpu-b")]
+    return Frame(run="r1", run_state="stalled", interval=2.0, hosts=hosts, ranks=ranked)
+
+
+def test_the_json_has_exactly_the_documented_shape() -> None:
+    out = frame().to_json()
+    assert set(out) == {"run", "hosts", "ranks"}
+    assert set(out["hosts"][0]) == {"node", "cpu_percent", "mem_used_mb", "mem_total_mb",
+                                    "net_rx_mbps", "net_tx_mbps", "gpus"}
+    assert set(out["ranks"][0]) == {"rank", "node", "pid", "cpu_percent", "rss_mb",
+                                    "lines_per_min", "last_line", "silent_s"}
+    assert out["hosts"][1]["cpu_percent"] is None and out["ranks"][1]["pid"] is None
+
+
+def test_the_view_shows_a_stalled_run_and_a_lost_host() -> None:
+    console = Console(width=120, record=True, color_system=None)
+    console.print(render(frame()))
+    text = console.export_text()
+    assert "clusterrun top r1  STALLED" in text and "1 host lost" in text
+    assert re.search(r"gpu-b +LOST +no answer for 5 s", text), text
+    assert "epoch 1 loss 0.4" in text and "ens5" in text
