@@ -19,13 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from clusterrun import wire
 from clusterrun.console import Printer
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, UsageError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
-from clusterrun.logs import wire
 from clusterrun.logs.view import LogView
+from clusterrun.remote import protocol
 from clusterrun.transport import Process, SshOptions, connect, parallel, shell
 from clusterrun.transport.programs import drain, send
 
@@ -104,7 +105,7 @@ class _Host:
             for header, data in wire.frames(self.proc):
                 self.last = time.monotonic()
                 if data is not None:
-                    self.view.feed(self.spec.name, str(header["f"]), data)
+                    self.view.feed(self.spec.name, str(header[protocol.FILE]), data)
                     continue
                 event = wire.parse(header)
                 if isinstance(event, wire.End):

@@ -27,9 +27,8 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from clusterrun import sandbox
+from clusterrun import sandbox, wire
 from clusterrun.inventory import HostSpec, Inventory
-from clusterrun.logs import wire
 from clusterrun.sandbox import containers as sandbox_containers
 from clusterrun.sandbox import slurm as sandbox_slurm
 from clusterrun.transport import shell

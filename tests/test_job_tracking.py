@@ -10,9 +10,9 @@ from pathlib import Path
 
 from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.launch.tracking import untracked_note
-from clusterrun.logs.wire import Started
 from clusterrun.plan.model import NodePlan
 from clusterrun.remote import cgroup, disk
+from clusterrun.wire import Started
 from tests.conftest import host_spec
 
 HYBRID = """\

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from clusterrun import wire
 from clusterrun.launch import nccl as view
-from clusterrun.logs import wire
 from clusterrun.plan import environment
 from clusterrun.remote import nccl
 from clusterrun.transport import shell

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from clusterrun.logs import wire
+from clusterrun import wire
 from clusterrun.remote import run
 from tests.conftest import Remote, state_of, wait_gone
 

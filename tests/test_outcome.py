@@ -12,8 +12,8 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.launch import outcome
 from clusterrun.launch.outcome import Clock
 from clusterrun.launch.session import Fold
-from clusterrun.logs.wire import End, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
+from clusterrun.wire import End, RankExit, Started, TorchrunExit
 
 
 def node(name: str, rank: int, *, handshake: float = 0.0, elapsed: float = 0.0

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterrun.logs import wire
+from clusterrun import wire
 from clusterrun.transport import shell
 from tests.conftest import Remote, state_of, wait_gone
 

@@ -1,9 +1,11 @@
-"""The supervisor's wire frames (logs/wire.py) and the local mirrors (logs/mirror.py): framing
-holds whatever the bytes and wherever the stream is cut; a resumed stream neither duplicates
-nor loses."""
+"""The supervisor's wire frames (remote/protocol.py, wire.py) and the local mirrors
+(logs/mirror.py): framing holds whatever the bytes and wherever the stream is cut; a resumed
+stream neither duplicates nor loses. Both ends use protocol.py's names."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -12,9 +14,13 @@ from typing import Any, Optional
 
 import pytest
 
+from clusterrun import wire
 from clusterrun.logs.mirror import Mirror, receive, verify
-from clusterrun.logs.wire import ProtocolError, frames
+from clusterrun.remote import protocol
 from clusterrun.runs import store
+from clusterrun.wire import ProtocolError, frames
+
+REMOTE = Path(wire.__file__).resolve().parent / "remote"
 
 
 class Stream:
@@ -115,6 +121,73 @@ def test_stray_text_is_a_protocol_error_naming_the_output() -> None:
         list(frames(Stream(b"Traceback (most recent call last):\n")))
     with pytest.raises(ProtocolError, match="garbled"):
         list(frames(Stream(b"J {not json\n")))
+
+
+# -- one protocol, both ends ----------------------------------------------------------------
+
+# Each kind of event the hosts send, and what the controller makes of it.
+TYPED = {protocol.HEARTBEAT: wire.Heartbeat, protocol.STARTED: wire.Started,
+         protocol.RANK_EXIT: wire.RankExit, protocol.FAILURE: wire.NodeFailure,
+         protocol.TORCHRUN_EXIT: wire.TorchrunExit, protocol.NCCL: wire.NcclReport,
+         protocol.END: wire.End, protocol.STATUS: wire.Status, protocol.STOPPED: wire.StopResult}
+
+
+def test_the_hosts_encoders_write_the_frames_the_controller_reads() -> None:
+    assert protocol.event_frame({"ev": "end"}) == event({"ev": "end"})
+    assert protocol.data_frame("rank0.log", 5, TRICKY) == data("rank0.log", 5, TRICKY)
+    stream = protocol.event_frame({"ev": "started", "pid": 7}) + protocol.data_frame(
+        "rank0.log", 0, TRICKY) + protocol.event_frame({"ev": "end"})
+    assert list(frames(Stream(stream))) == [EXPECTED[0], EXPECTED[1], EXPECTED[-1]]
+
+
+def test_every_kind_has_a_typed_event_made_of_its_fields() -> None:
+    assert set(TYPED) == set(protocol.FIELDS)
+    given = {"rank": 3, "code": 1, "stopping": False, "detail": "disk full"}
+    for kind, cls in TYPED.items():
+        names = {f.name for f in dataclasses.fields(cls)} - {"elapsed"}
+        assert names <= set(protocol.FIELDS[kind]), (kind, names - set(protocol.FIELDS[kind]))
+        raw = {protocol.KIND: kind, protocol.ELAPSED: 1.5, protocol.WALL: 0.0,
+               **{name: given.get(name) for name in protocol.FIELDS[kind]}}
+        parsed = wire.parse(raw)
+        assert isinstance(parsed, cls), kind
+        assert getattr(parsed, "elapsed", 1.5) == 1.5
+
+
+def test_a_root_cause_has_the_protocols_fields() -> None:
+    cause = wire.root_cause({"node": "n1", "rank": 0, "code": 1, "detail": "exited with 1"})
+    assert cause is not None and set(cause.public()) == set(protocol.ROOT_CAUSE)
+
+
+def _sent(tree: ast.AST) -> Iterator[tuple[str, set[str], int]]:
+    """(kind, field names, line) of each ``writer.event(protocol.KIND, ...)``,
+    ``writer.stamp(protocol.KIND, {...})`` and ``writer.end(...)`` in a program."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "end" and ast.unparse(node.func.value).endswith("writer")):
+            yield protocol.END, {k.arg for k in node.keywords if k.arg is not None}, node.lineno
+            continue
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("event", "stamp") and node.args
+                and isinstance(node.args[0], ast.Attribute)
+                and isinstance(node.args[0].value, ast.Name)
+                and node.args[0].value.id == "protocol"):
+            continue
+        kind = getattr(protocol, node.args[0].attr)
+        names = {k.arg for k in node.keywords if k.arg not in (None, "elapsed")}
+        for arg in node.args[1:]:
+            if isinstance(arg, ast.Dict):
+                names |= {k.value for k in arg.keys if isinstance(k, ast.Constant)}
+        yield kind, names, node.lineno
+
+
+def test_the_hosts_programs_send_only_the_protocols_fields() -> None:
+    seen = set()
+    for path in sorted(REMOTE.glob("*.py")):
+        for kind, names, line in _sent(ast.parse(path.read_text())):
+            seen.add(kind)
+            unknown = names - set(protocol.FIELDS[kind])
+            assert not unknown, f"{path.name}:{line}: {kind} with {sorted(unknown)}"
+    assert {protocol.STARTED, protocol.RANK_EXIT, protocol.TORCHRUN_EXIT, protocol.END} <= seen
 
 
 # -- the mirror ------------------------------------------------------------------------------

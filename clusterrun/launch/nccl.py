@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from clusterrun.inventory.ranges import fold
-from clusterrun.logs.wire import NcclReport
+from clusterrun.wire import NcclReport
 
 # How long a host's ranks may take from its first NCCL report to all being initialised before
 # the stragglers are named while the run goes on (large jobs take a minute at most).

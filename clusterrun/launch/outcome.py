@@ -21,9 +21,9 @@ from typing import Any, Optional
 from clusterrun.errors import ExitStatus
 from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
-from clusterrun.logs.wire import End, NcclReport, NodeFailure, RankExit, Started, TorchrunExit
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
+from clusterrun.wire import End, NcclReport, NodeFailure, RankExit, Started, TorchrunExit
 
 LAST_LINES = 15
 

@@ -1,6 +1,6 @@
 """A run in progress: one supervisor per host, their streams, heartbeats, and gang teardown.
 
-Every host's supervisor reports typed events (logs/wire.py) and streams its log files; this side
+Every host's supervisor reports typed events (wire.py) and streams its log files; this side
 mirrors the files, prints the lines, and watches for the first failure or lost host, at which
 point every other host is told to stop (SIGTERM, grace, SIGKILL, done by the supervisors
 themselves). Heartbeats flow both ways on the same channel.
@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from clusterrun import wire
 from clusterrun.inventory import HostSpec
 from clusterrun.launch import pause, tracking
 from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failures
-from clusterrun.logs import wire
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from clusterrun import wire
 from clusterrun.inventory import HostSpec
-from clusterrun.logs import wire
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterrun.logs.wire import ProtocolError, frames
+from clusterrun.remote import protocol
 from clusterrun.runs.store import RunDir, make_node_dir, open_private
 from clusterrun.transport import Process
+from clusterrun.wire import ProtocolError, frames
 
 
 class Mirror:
@@ -85,9 +86,10 @@ def receive(node: str, proc: Process, mirror: Mirror,
         if data is None:
             on_event(header)
             continue
-        fresh = mirror.append(node, header["f"], header["o"], data)
+        name = header[protocol.FILE]
+        fresh = mirror.append(node, name, header[protocol.OFFSET], data)
         if fresh and on_data is not None:
-            on_data(node, header["f"], fresh)
+            on_data(node, name, fresh)
 
 
 def verify(run: RunDir, checksums: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ loader registers it as ``clusterrun.remote.common`` before the program runs.
 
 - files: private, atomic JSON; the log files a run streams; their checksums
 - ``Writer``: the only writer of stdout, on its own thread (a paused controller blocks it, never
-  the job); frames are ``J <json>\\n`` events and ``D <json>\\n<bytes>`` file data
+  the job), in the frames of protocol.py
 - the phases of a supervisor and the causes of a stop
 
 Beside it: procs.py (processes: ``Tree``) and mainloop.py (the selectors loop and the lifeline).
@@ -19,6 +19,8 @@ import queue
 import sys
 import threading
 import time
+
+from clusterrun.remote import protocol
 
 POLL = 0.1
 CHUNK = 256 * 1024
@@ -161,24 +163,27 @@ class Writer:
     def start(self):
         threading.Thread(target=self._run, daemon=True).start()
 
-    def event(self, ev, **fields):
+    def event(self, ev, elapsed=None, **fields):
+        """``elapsed``: when it happened, if not now (as ``Clock.elapsed`` counts)."""
+        if elapsed is not None:
+            fields[protocol.ELAPSED] = elapsed
         self.events.put(self.stamp(ev, fields))
 
     def stamp(self, ev, fields):
-        fields["ev"] = ev
-        fields.setdefault("e", self.clock.elapsed())
-        fields.setdefault("t", time.time())
+        fields[protocol.KIND] = ev
+        fields.setdefault(protocol.ELAPSED, self.clock.elapsed())
+        fields.setdefault(protocol.WALL, time.time())
         return fields
 
     def end(self, **fields):
         self.final = fields
         self.events.put(None)
 
-    def _send(self, header, data=b""):
+    def _send(self, frame):
         if self.broken:
             return
         try:
-            self.out.write(header + b"\n" + data)
+            self.out.write(frame)
             self.out.flush()
         except (OSError, ValueError):
             self.broken = True  # the controller went away; the job carries on regardless
@@ -201,8 +206,7 @@ class Writer:
                 continue
             if not data:
                 continue
-            self._send(b"D " + json.dumps({"f": name, "o": offset, "n": len(data)}).encode(),
-                       data)
+            self._send(protocol.data_frame(name, offset, data))
             self.offsets[name] = offset + len(data)
             sent = True
         return sent
@@ -216,7 +220,7 @@ class Writer:
                 if item is None:
                     ending = True
                 else:
-                    self._send(b"J " + json.dumps(item).encode())
+                    self._send(protocol.event_frame(item))
                     last = time.monotonic()
             except queue.Empty:
                 pass
@@ -225,17 +229,17 @@ class Writer:
                 if not self.events.empty():
                     break
             if ending and self.events.empty() and not self._pump_files():
-                final = self.stamp("end", dict(self.final or {}))
-                self._send(b"J " + json.dumps(final).encode())
+                final = self.stamp(protocol.END, dict(self.final or {}))
+                self._send(protocol.event_frame(final))
                 self.finished.set()
                 return
             if time.monotonic() - last >= self.heartbeat:
-                self._send(b"J " + json.dumps(self.stamp("hb", {})).encode())
+                self._send(protocol.event_frame(self.stamp(protocol.HEARTBEAT, {})))
                 last = time.monotonic()
 
 
 def reply(obj):
     """A one-shot program's single answer."""
     out = sys.stdout.buffer
-    out.write(b"J " + json.dumps(obj).encode() + b"\n")
+    out.write(protocol.event_frame(obj))
     out.flush()

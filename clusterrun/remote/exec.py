@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from clusterrun.remote import common, mainloop, procs
+from clusterrun.remote import common, mainloop, procs, protocol
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -48,7 +48,7 @@ class Exec:
         for fd in fds:
             os.close(fd)
         self.phase = Phase.RUNNING
-        self.writer.event("started", pid=pid, hostname=os.uname()[1])
+        self.writer.event(protocol.STARTED, pid=pid, hostname=os.uname()[1])
 
     def stop(self, cause, detail, force=False):
         if self.cause is None:

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 
-from clusterrun.remote import cgroup, common, disk, gang, launcher, mainloop, nccl, procs
+from clusterrun.remote import cgroup, common, disk, gang, launcher, mainloop, nccl, procs, protocol
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -114,10 +114,10 @@ class Supervisor:
                    torchrun_pid=pid, torchrun_start=procs.start_time(pid),
                    started_at=self.clock.wall, detached=self.detached,
                    subreaper=self.tree.subreaper, cgroup=self.group)
-        return self.writer.stamp("started", {
+        return self.writer.stamp(protocol.STARTED, {
             "pid": me, "torchrun_pid": pid, "hostname": os.uname()[1],
             "subreaper": self.tree.subreaper, "cgroup": self.group,
-            "cgroup_why": self.group_why, "e": self.clock.elapsed(),
+            "cgroup_why": self.group_why,
             "hub_port": self.hub.port if self.hub is not None else None})
 
     # -- what happens to it --------------------------------------------------------------
@@ -203,7 +203,8 @@ class Supervisor:
             self.rank_exits[rank] = code
             stopping = ended or (self.stop_wall is not None and when >= self.stop_wall)
             elapsed = self.clock.since_wall(when)
-            self.writer.event("rank_exit", rank=rank, code=code, e=elapsed, stopping=stopping)
+            self.writer.event(protocol.RANK_EXIT, rank=rank, code=code, elapsed=elapsed,
+                              stopping=stopping)
             if code != 0 and not stopping:
                 self._failed(rank, code, elapsed)
 
@@ -211,7 +212,7 @@ class Supervisor:
         found = self.nccl.poll(time.monotonic(), force)
         if found is not None:
             self.state(nccl=found)  # for `ps`/`logs` of a detached run: nobody hears the event
-            self.writer.event("nccl", **found)
+            self.writer.event(protocol.NCCL, **found)
 
     def _check_disk(self):
         """A run whose host can no longer keep its output is stopped, with the host named,
@@ -221,7 +222,7 @@ class Supervisor:
             return
         detail = "%s: %s" % (self.name, full)
         elapsed = self.clock.elapsed()
-        self.writer.event("failure", code=disk.STATUS, detail=detail, e=elapsed)
+        self.writer.event(protocol.FAILURE, code=disk.STATUS, detail=detail, elapsed=elapsed)
         self._failed(None, disk.STATUS, elapsed, detail)
         # At once, not after --grace: ranks printing flat out would fill the margin meanwhile,
         # and the supervisor's own final state must still fit.
@@ -229,7 +230,7 @@ class Supervisor:
 
     def _torchrun_exited(self):
         code = self.tree.code
-        self.writer.event("torchrun_exit", code=code, stopping=self.cause is not None)
+        self.writer.event(protocol.TORCHRUN_EXIT, code=code, stopping=self.cause is not None)
         if code != 0 and self.cause is None:
             self._failed(None, code, self.clock.elapsed())
 
@@ -368,13 +369,14 @@ def main(req):
     try:
         join_gang(sup, req, loop)
     except OSError as exc:
-        first = writer.stamp("end", {"state": "failed", "reason": "cannot join the gang: %s" % exc})
-        os.write(pipe if pipe is not None else 1, b"J " + json.dumps(first).encode() + b"\n")
+        first = writer.stamp(protocol.END, {"state": "failed",
+                                            "reason": "cannot join the gang: %s" % exc})
+        os.write(pipe if pipe is not None else 1, protocol.event_frame(first))
         return
     os.umask(umask)
     first = sup.start()
     if pipe is not None:
-        os.write(pipe, b"J " + json.dumps(first).encode() + b"\n")
+        os.write(pipe, protocol.event_frame(first))
         if not hold:
             os.close(pipe)
         writer.broken = True  # nobody is listening; `clusterrun logs -f` reads the files

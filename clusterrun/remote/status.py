@@ -4,12 +4,12 @@ import json
 import os
 import sys
 
-from clusterrun.remote import common, procs
+from clusterrun.remote import common, procs, protocol
 
 
 def main(req):
     state = common.read_json(os.path.join(req["rundir"], "state.json"))
-    common.reply({"ev": "status", "state": procs.observed(state)})
+    common.reply({protocol.KIND: protocol.STATUS, "state": procs.observed(state)})
 
 
 if __name__ == "__main__":

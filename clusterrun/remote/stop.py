@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from clusterrun.remote import cgroup, common, procs
+from clusterrun.remote import cgroup, common, procs, protocol
 
 
 def end_cgroup(path):
@@ -27,7 +27,8 @@ def end_cgroup(path):
 def main(req):
     path = os.path.join(req["rundir"], "state.json")
     state = common.read_json(path)
-    result = {"ev": "stopped", "found": state is not None, "was": None, "state": None}
+    result = {protocol.KIND: protocol.STOPPED, "found": state is not None, "was": None,
+              "state": None}
     if state is not None:
         result["was"] = procs.observed(state).get("state")
         deadline = time.monotonic() + float(req.get("grace", 15)) + 10

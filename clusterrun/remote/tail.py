@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote import common, mainloop, procs
+from clusterrun.remote import common, mainloop, procs, protocol
 
 FINAL_KEYS = ("state", "exit_code", "reason", "cause", "ranks", "root_cause", "ended_at")
 
@@ -16,7 +16,7 @@ FINAL_KEYS = ("state", "exit_code", "reason", "cause", "ranks", "root_cause", "e
 def main(req):
     rundir = req["rundir"]
     if not os.path.isdir(rundir):
-        common.reply({"ev": "end", "state": "missing"})
+        common.reply({protocol.KIND: protocol.END, "state": "missing"})
         return
     path = os.path.join(rundir, "state.json")
     writer = common.Writer(common.Clock(), rundir, req.get("offsets"),

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, TypeVar
 
+from clusterrun import wire
 from clusterrun.inventory import HostSpec
-from clusterrun.logs import wire
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, connect, parallel
 from clusterrun.transport.programs import call

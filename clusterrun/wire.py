@@ -1,10 +1,10 @@
 """The wire between clusterrun's programs on a host and this machine, parsed at one place.
 
-A program's stdout is a sequence of ``J <json>\\n`` event frames and ``D <json>\\n<bytes>`` data
-frames (each naming a file and the byte offset it starts at). ``frames`` splits the stream;
-``parse`` turns an event frame into one of the typed events below. Every event carries ``e``,
-the seconds since its supervisor started by that host's own clocks (see launch/outcome.py for
-how they are put on this machine's clock).
+The protocol's frames, kinds and field names are defined once, in clusterrun/remote/protocol.py,
+which the programs on the hosts write with. ``frames`` splits a program's stdout into event
+frames and data frames; ``parse`` turns an event frame into one of the typed events below.
+Every event carries its ``elapsed``, the seconds since its supervisor started by that host's own
+clocks (see launch/outcome.py for how they are put on this machine's clock).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from clusterrun.remote import protocol
 from clusterrun.transport import Process
 
 
@@ -146,7 +147,7 @@ def root_cause(raw: Any) -> Optional[RootCause]:
 
 
 def _float(ev: dict[str, Any]) -> float:
-    return float(ev.get("e") or 0.0)
+    return float(ev.get(protocol.ELAPSED) or 0.0)
 
 
 def _optional_int(value: Any) -> Optional[int]:
@@ -168,33 +169,33 @@ def nccl_report(ev: dict[str, Any]) -> NcclReport:
 
 def parse(ev: dict[str, Any]) -> Event:
     """One event frame's JSON as its typed event."""
-    kind = ev.get("ev")
+    kind = ev.get(protocol.KIND)
     try:
-        if kind == "hb":
+        if kind == protocol.HEARTBEAT:
             return Heartbeat(_float(ev))
-        if kind == "started":
+        if kind == protocol.STARTED:
             return Started(_float(ev), pid=ev.get("pid"), torchrun_pid=ev.get("torchrun_pid"),
                            hostname=str(ev.get("hostname") or ""),
                            subreaper=bool(ev.get("subreaper")), hub_port=ev.get("hub_port"),
                            cgroup=ev.get("cgroup"), cgroup_why=ev.get("cgroup_why"))
-        if kind == "rank_exit":
+        if kind == protocol.RANK_EXIT:
             return RankExit(_float(ev), int(ev["rank"]), int(ev["code"]), bool(ev["stopping"]))
-        if kind == "failure":
+        if kind == protocol.FAILURE:
             return NodeFailure(_float(ev), int(ev["code"]), str(ev["detail"]))
-        if kind == "torchrun_exit":
+        if kind == protocol.TORCHRUN_EXIT:
             return TorchrunExit(_float(ev), int(ev["code"]), bool(ev["stopping"]))
-        if kind == "nccl":
+        if kind == protocol.NCCL:
             return nccl_report(ev)
-        if kind == "end":
+        if kind == protocol.END:
             return End(_float(ev), str(ev.get("state") or "unknown"),
                        exit_code=ev.get("exit_code"), reason=ev.get("reason"),
                        cause=ev.get("cause"), signal=ev.get("signal"),
                        ranks={int(r): int(c) for r, c in (ev.get("ranks") or {}).items()},
                        checksums=dict(ev.get("checksums") or {}),
                        root_cause=root_cause(ev.get("root_cause")))
-        if kind == "status":
+        if kind == protocol.STATUS:
             return Status(ev.get("state"))
-        if kind == "stopped":
+        if kind == protocol.STOPPED:
             return StopResult(bool(ev.get("found")), ev.get("was"), ev.get("state"))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed {kind!r} event from a supervisor: {exc}") from None
@@ -209,18 +210,18 @@ def frames(proc: Process) -> Iterator[tuple[dict[str, Any], Optional[bytes]]]:
         nl = buf.find(b"\n")
         if nl >= 0:
             kind = bytes(buf[:2])
-            if kind not in (b"J ", b"D "):
+            if kind not in (protocol.EVENT, protocol.DATA):
                 raise ProtocolError(f"unexpected output from the supervisor: {bytes(buf[:80])!r}")
             try:
                 header = json.loads(bytes(buf[2:nl]))
             except ValueError:
                 raise ProtocolError(f"a garbled frame from the supervisor: "
                                     f"{bytes(buf[:80])!r}") from None
-            if kind == b"J ":
+            if kind == protocol.EVENT:
                 del buf[: nl + 1]
                 yield header, None
                 continue
-            need = nl + 1 + header["n"]
+            need = nl + 1 + header[protocol.LENGTH]
             if len(buf) >= need:
                 data = bytes(buf[nl + 1 : need])
                 del buf[:need]
