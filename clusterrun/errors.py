@@ -7,6 +7,7 @@ table in docs/exit-status.md is checked against ``ExitStatus`` by the test suite
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -25,9 +26,19 @@ class ExitStatus(enum.IntEnum):
     NODE_LOST = 5  # a node stopped answering or its supervisor died mid-run
     SYNC = 6  # copying the code to a host failed (rsync or the copy over SSH, disk full), or a
     # host's disk filled up under the run directory mid-run (the run was stopped: remote/disk.py)
+    STALLED = 7  # the stall watchdog found no rank making progress and --on-stall stop ended it
     TIMEOUT = 124  # `exec --timeout` ran out on some host (as timeout(1) reports it)
     SIGINT = 130  # 128 + SIGINT: Ctrl-C
     SIGTERM = 143  # 128 + SIGTERM
+
+
+class HostStatus(enum.IntEnum):
+    """Statuses clusterrun's own wrappers exit with on a host, read back by the controller
+    (docs/exit-status.md, "On the hosts")."""
+
+    DISK_FULL = ExitStatus.SYNC  # remote/disk.py: the run directory's disk filled up
+    ENGINE_MISSING = 96  # a `container:` host has neither docker nor podman
+    SETUP_FAILED = 97  # the inventory's `setup:` failed there
 
 
 class Outcome(enum.Enum):
@@ -53,6 +64,7 @@ class Outcome(enum.Enum):
     SYNC = ("sync", ExitStatus.SYNC)
     JOB_FAILED = ("job failed", ExitStatus.ERROR)  # the status is the root-cause rank's own
     NODE_LOST = ("node lost", ExitStatus.NODE_LOST)
+    STALLED = ("stalled", ExitStatus.STALLED)
     COMMAND_TIMEOUT = ("command timeout", ExitStatus.TIMEOUT)
     INTERRUPTED = ("interrupted", ExitStatus.SIGINT)
     TERMINATED = ("terminated", ExitStatus.SIGTERM)
@@ -120,3 +132,54 @@ class SandboxError(ClusterrunError):
     """The local sandbox cluster cannot be built or removed here."""
 
     outcome = Outcome.SANDBOX
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command came to. Commands return one; the command line turns it into the exit
+    status with ``exit_status``, the one mapping."""
+
+    interrupted: Optional[int] = None  # the signal (SIGINT, SIGTERM) that stopped it
+    unreachable: bool = False  # a host could not be reached, authenticated or trusted
+    failed_check: bool = False  # a host answered and failed a preflight check
+    cause: Optional[Outcome] = None  # what ended a run: JOB_FAILED (``code``), NODE_LOST, ...
+    code: int = 0  # JOB_FAILED: the root-cause rank's own status; exec: the largest of the hosts'
+    stopped: bool = False  # ended from outside (`clusterrun stop`)
+
+
+# The precedence, first match wins (docs/exit-status.md says the same): the user's signal; a
+# host that could not be reached; a failed check; what ended a run; the hosts' own statuses; a
+# stop from outside; success.
+def exit_status(result: Result) -> int:
+    """The exit status for ``result``."""
+    if result.interrupted is not None:
+        return 128 + result.interrupted
+    if result.unreachable:
+        return int(ExitStatus.UNREACHABLE)
+    if result.failed_check:
+        return int(ExitStatus.PREFLIGHT)
+    if result.cause is Outcome.JOB_FAILED:
+        return result.code if 0 < result.code < 256 else int(ExitStatus.ERROR)
+    if result.cause is not None:
+        return int(result.cause.status)
+    if result.code:
+        return result.code if 0 < result.code < 256 else int(ExitStatus.ERROR)
+    return int(ExitStatus.SIGTERM if result.stopped else ExitStatus.SUCCESS)
+
+
+# Which commands can exit with each status (docs/exit-status.md's "commands" column, checked
+# against this by the test suite). A failed job's own status (1-255) is `launch`'s and
+# `check --smoke`'s; 1 is also every command's internal error.
+COMMANDS: dict[ExitStatus, tuple[str, ...]] = {
+    ExitStatus.SUCCESS: ("all",),
+    ExitStatus.ERROR: ("all",),
+    ExitStatus.USAGE: ("all",),
+    ExitStatus.PREFLIGHT: ("check", "launch", "exec"),
+    ExitStatus.UNREACHABLE: ("check", "launch", "exec", "stop"),
+    ExitStatus.NODE_LOST: ("check --smoke", "launch", "exec"),
+    ExitStatus.SYNC: ("check --smoke", "launch"),
+    ExitStatus.STALLED: ("launch",),
+    ExitStatus.TIMEOUT: ("exec",),
+    ExitStatus.SIGINT: ("check --smoke", "launch", "exec"),
+    ExitStatus.SIGTERM: ("check --smoke", "launch", "exec"),
+}

@@ -55,6 +55,11 @@ def append_lines(folder: Path, host: str, rank: int, texts: list[str]) -> None:
         handle.write(f"{host}\trank-{rank}.log\t{log.stat().st_size}\n")
 
 
+def change_state(run: store.RunDir, **fields: Any) -> None:
+    """What the launch in another terminal writes into the run's state.json."""
+    store.write_json(run.file("state.json"), {**run.state, **fields})
+
+
 def run_state(k: int, **extra: Any) -> dict[str, Any]:
     started = time.time() - 100
     listed = [{"attempt": 1, "hosts": FIRST, "exit_status": 14,
@@ -262,10 +267,10 @@ def test_follow_moves_on_to_the_next_attempt(home: Path) -> None:
     append_lines(run_path, "gpu-a", 0, ["attempt 1 last words"])
     # The launch tears attempt 1 down, then starts attempt 2 on the spare.
     write_attempt(run_path / "attempt-2", SECOND, 2, lines=1)
-    run.update_state(**{k: v for k, v in run_state(2).items() if k in ("attempt", "attempts")})
+    change_state(run, **{k: v for k, v in run_state(2).items() if k in ("attempt", "attempts")})
     time.sleep(0.5)
     append_lines(run_path / "attempt-2", "gpu-e", 2, ["attempt 2 more"])
-    run.update_state(state="succeeded", ended_at=time.time(), exit_status=0)
+    change_state(run, state="succeeded", ended_at=time.time(), exit_status=0)
     follower.join(20)
     assert not follower.is_alive()
     assert out.getvalue().splitlines() == [

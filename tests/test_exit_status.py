@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.errors import ExitStatus, Outcome
+from clusterrun.errors import COMMANDS, ExitStatus, HostStatus, Outcome, Result, exit_status
+from clusterrun.remote import disk
+from clusterrun.transport import shell
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "exit-status.md"
@@ -76,6 +78,43 @@ def test_every_exit_status_is_documented_and_every_documented_one_exists() -> No
     numbers = {int(s) for s in status_rows() if s.isdigit()}
     assert numbers == {int(s) for s in ExitStatus}
     assert [s for s in status_rows() if not s.isdigit()] == [JOB]
+
+
+def test_the_commands_column_is_the_codes() -> None:
+    documented = {row[0]: tuple(c.strip() for c in row[2].split(",")) for row in
+                  table("# Exit statuses")}
+    assert {s: documented[s] for s in documented if s.isdigit()} == \
+        {str(int(s)): commands for s, commands in COMMANDS.items()}
+    # A failed job's own status comes from `launch`, and from the launch `check --smoke` makes.
+    assert documented[JOB] == ("check --smoke", "launch")
+
+
+def test_the_hosts_own_statuses_are_one_table() -> None:
+    documented = {int(row[0]) for row in table("## On the hosts")}
+    assert documented == {int(s) for s in HostStatus}
+    # The shipped programs cannot import errors.py: their constants are held to the table.
+    assert disk.STATUS == HostStatus.DISK_FULL == ExitStatus.SYNC
+    assert (shell.SETUP_FAILED, shell.ENGINE_MISSING) == (HostStatus.SETUP_FAILED,
+                                                          HostStatus.ENGINE_MISSING)
+
+
+@pytest.mark.parametrize(("result", "status"), [
+    (Result(), 0),
+    (Result(stopped=True), 143),
+    (Result(code=124), 124),
+    (Result(cause=Outcome.JOB_FAILED, code=3, stopped=True), 3),
+    (Result(cause=Outcome.JOB_FAILED), 1),  # a failed run whose hosts kept no root cause
+    (Result(cause=Outcome.JOB_FAILED, code=300), 1),
+    (Result(cause=Outcome.NODE_LOST, code=9), 5),
+    (Result(cause=Outcome.STALLED), 7),
+    (Result(failed_check=True, cause=Outcome.NODE_LOST), 3),
+    (Result(unreachable=True, failed_check=True), 4),  # check prefers 4 over 3
+    (Result(unreachable=True, code=7), 4),
+    (Result(interrupted=2, unreachable=True, code=3), 130),  # Ctrl-C wins, also for exec
+    (Result(interrupted=15, cause=Outcome.JOB_FAILED, code=3), 143),
+])
+def test_the_precedence_is_the_documented_one(result: Result, status: int) -> None:
+    assert exit_status(result) == status
 
 
 def test_every_outcome_is_documented_with_its_status() -> None:

@@ -13,7 +13,8 @@ from clusterrun.launch import outcome
 from clusterrun.launch.outcome import Clock
 from clusterrun.launch.session import Fold
 from clusterrun.plan.model import NodePlan
-from clusterrun.wire import End, RankExit, Started, TorchrunExit
+from clusterrun.runs.state import exit_status, from_outcome
+from clusterrun.wire import End, RankExit, RootCause, Started, TorchrunExit
 
 
 def node(name: str, rank: int, *, handshake: float = 0.0, elapsed: float = 0.0
@@ -25,6 +26,13 @@ def node(name: str, rank: int, *, handshake: float = 0.0, elapsed: float = 0.0
                     setup=None, workdir="/w", rundir="/w/r", cwd="/w/c", argv=(), env=())
     return outcome.NodeOutcome(plan, started=Started(elapsed),
                                clock=Clock.handshake(handshake, elapsed))
+
+
+def status(root: Optional[RootCause], interrupted: Optional[int], stopped: bool) -> int:
+    """The exit status of a watched run with this root cause (runs.state, as launch uses it)."""
+    state = from_outcome(root_lost=None if root is None else root.lost,
+                         interrupted=interrupted is not None, stopped=stopped)
+    return exit_status(state, root, interrupted)
 
 
 def ended(n: outcome.NodeOutcome, state: str, code: Optional[int],
@@ -41,7 +49,7 @@ def test_first_failure_in_time_is_the_root_cause_and_teardown_exits_are_not() ->
     found = outcome.failures([a, b, c])
     assert [f.detail for f in found] == ["b rank 3 exited with code 3",
                                          "a rank 0 exited with code 1"]
-    assert outcome.exit_status(found[0], None, False) == 3
+    assert status(found[0], None, False) == 3
 
 
 @pytest.mark.parametrize(("a_fails_at", "first"), [(11.5, "a"), (12.5, "b")])
@@ -81,17 +89,17 @@ def test_a_lost_node_is_placed_on_this_machines_own_clock() -> None:
     assert [f.node for f in found] == ["b", "a"]
     assert found[1].detail == "a rank 1 was killed by signal 9 (SIGKILL)"
     assert found[1].signal == 9
-    assert outcome.exit_status(found[0], None, False) == 5
+    assert status(found[0], None, False) == 5
 
 
 def test_signals_lost_nodes_and_interrupts_map_to_documented_statuses() -> None:
     b = node("b", 1)
     b.lost, b.lost_at = "no word from it for 31 s", 1.0
     root = outcome.failures([b])[0]
-    assert outcome.exit_status(root, None, False) == 5
-    assert outcome.exit_status(root, 2, False) == 130
-    assert outcome.exit_status(None, 15, True) == 143
-    assert outcome.exit_status(None, None, False) == 0
+    assert status(root, None, False) == 5
+    assert status(root, 2, False) == 130
+    assert status(None, 15, True) == 143
+    assert status(None, None, False) == 0
 
 
 def test_torchrun_failure_without_a_rank_failure_is_reported() -> None:

@@ -1,4 +1,4 @@
-"""Which hosts run each attempt of a restarted run (clusterrun/launch/restarts.py): spares take a
+"""Which hosts run each attempt of a restarted run (clusterrun/inventory/slots.py): spares take a
 failed host's node rank, --min-nodes shrinks the run, and the first host is the master."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.launch import restarts
+from clusterrun.inventory import slots as restarts
 from tests.conftest import fake_inventory, host_spec
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.runs import lifecycle, store
+from clusterrun.runs.journal import Journal
 from clusterrun.runs.state import RunState, combine, from_outcome, merge
 
 FINAL = [s for s in RunState if s.final]
@@ -59,11 +60,10 @@ def test_a_watched_run_ends_as_its_outcome_says() -> None:
 def test_recording_keeps_the_first_end_and_its_fields(tmp_path: Path) -> None:
     run = store.create(tmp_path, "20260101-000000-x-0000")
     assert lifecycle.live(run)
-    lifecycle.record(run, RunState.RUNNING, controller_pid=123)
-    assert lifecycle.record(run, RunState.FAILED, exit_status=3, ended_at=10.0) is RunState.FAILED
+    journal = Journal(run)
+    assert journal.finished(RunState.FAILED, status=3, ended_at=10.0) is RunState.FAILED
     # `stop` (or a later ps) after the end changes nothing.
-    assert lifecycle.record(run, RunState.STOPPED, exit_status=143, ended_at=20.0) is \
-        RunState.FAILED
+    assert journal.finished(RunState.STOPPED, status=143, ended_at=20.0) is RunState.FAILED
     state = run.state
     assert (state["state"], state["exit_status"], state["ended_at"]) == ("failed", 3, 10.0)
     assert not lifecycle.live(run)
@@ -71,5 +71,8 @@ def test_recording_keeps_the_first_end_and_its_fields(tmp_path: Path) -> None:
 
 def test_every_state_written_is_one_the_rule_knows() -> None:
     # Nothing writes "starting" or "stopping" any more: the five states are the whole rule.
-    assert {s.value for s in RunState} == {"running", "succeeded", "failed", "stopped", "lost"}
+    # `stalled` is a running run that made no progress for the stall timeout: not an end.
+    assert {s.value for s in RunState} == {"running", "stalled", "succeeded", "failed",
+                                           "stopped", "lost"}
+    assert not RunState.STALLED.final
     assert RunState.parse("starting") is None

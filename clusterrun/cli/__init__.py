@@ -12,7 +12,7 @@ import click
 from clusterrun import __version__, usage
 from clusterrun.cli import hosts, launch, observe, runs, sandbox, stacks
 from clusterrun.cli.common import CONTEXT
-from clusterrun.errors import ClusterrunError, ExitStatus
+from clusterrun.errors import ClusterrunError, ExitStatus, Result, exit_status
 from clusterrun.home import home as state_home
 
 
@@ -38,7 +38,8 @@ def _inside(folder: Path, path: str) -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: run the CLI and turn every outcome into an exit status."""
+    """Entry point: run the CLI and turn every outcome into an exit status: a command's Result
+    through ``errors.exit_status`` (the one mapping), an error through its outcome."""
     try:
         status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -71,4 +72,4 @@ def main(argv: Optional[list[str]] = None) -> None:
         click.echo(f"clusterrun: error: {store.unusable(state_home(), exc.filename).message}",
                    err=True)
         sys.exit(ExitStatus.USAGE)
-    sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)
+    sys.exit(exit_status(status) if isinstance(status, Result) else ExitStatus.SUCCESS)

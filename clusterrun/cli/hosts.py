@@ -17,7 +17,7 @@ from clusterrun.cli.common import (
     selection_options,
     ssh_options,
 )
-from clusterrun.errors import ExitStatus, UsageError
+from clusterrun.errors import Result, UsageError
 from clusterrun.inventory import HostSpec
 from clusterrun.inventory.subset import select
 
@@ -36,7 +36,7 @@ from clusterrun.inventory.subset import select
 @ssh_options
 def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
           allow_busy_gpus: bool, connect_timeout: float, accept_new_host_keys: bool,
-          only_hosts: Optional[str], exclude_hosts: Optional[str]) -> None:
+          only_hosts: Optional[str], exclude_hosts: Optional[str]) -> Result:
     """Preflight every host in parallel: SSH, interfaces, the data path to the master and
     between every pair of hosts, names, software and package parity, GPUs, limits and links
     (docs/troubleshooting.md says what each failure means and how to fix it).
@@ -61,12 +61,12 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
         else:
             checkview.render_plain(report, sys.stdout)
         if not report.ok:
-            raise SystemExit(int(ExitStatus.PREFLIGHT if not report.unreachable
-                                 else ExitStatus.UNREACHABLE))
-        if smoke_home is not None:
-            from clusterrun.launch import smoke as smoke_test
+            return Result(unreachable=bool(report.unreachable), failed_check=True)
+        if smoke_home is None:
+            return Result()
+        from clusterrun.launch import smoke as smoke_test
 
-            raise SystemExit(smoke_test.run(inv, report, pool, smoke_home, bandwidth=bandwidth))
+        return smoke_test.run(inv, report, pool, smoke_home, bandwidth=bandwidth)
 
 
 @click.command("exec", context_settings=CONTEXT)
@@ -84,7 +84,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
 def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
           container: Optional[str], on_host: bool,
           connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
-          exclude_hosts: Optional[str]) -> None:
+          exclude_hosts: Optional[str]) -> Result:
     """Run a shell command on every host in parallel (after `setup:`), pdsh-style.
 
     Every output line is prefixed with the host's name. The words of CMD are joined with spaces,
@@ -102,10 +102,10 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
                          printer, timeout)
-    lines, status = fanout.summarize(results)
+    lines, result = fanout.summarize(results)
     for line in lines:
         click.echo(line, err=True)
-    raise SystemExit(int(status))
+    return result
 
 
 def _reached(spec: HostSpec) -> str:

@@ -18,7 +18,7 @@ from clusterrun.cli.common import (
     selection_options,
     ssh_options,
 )
-from clusterrun.errors import UsageError
+from clusterrun.errors import Result, UsageError
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
@@ -78,7 +78,7 @@ from clusterrun.errors import UsageError
 @selection_options
 @ssh_options
 def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
-           **opt: Any) -> None:
+           **opt: Any) -> Result:
     """Run SCRIPT with torchrun on every host: check, sync, rank, launch, stream, tear down.
 
     Options go before INVENTORY; everything after SCRIPT is passed to the script untouched,
@@ -129,7 +129,7 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
         min_nodes=opt["min_nodes"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
-    raise SystemExit(launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home))
+    return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
 
 
 def _check_restarts(max_restarts: int, min_nodes: Optional[int], *, detach: bool) -> None:

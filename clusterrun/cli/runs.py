@@ -13,7 +13,7 @@ from clusterrun.cli.common import (
     note,
     ssh_options,
 )
-from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.errors import ExitStatus, Result, UsageError
 from clusterrun.runs import names
 
 
@@ -33,7 +33,7 @@ from clusterrun.runs import names
 @ssh_options
 def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tuple[int, ...],
          pattern: Optional[str], tail: Optional[int], attempt: Optional[int],
-         connect_timeout: float, accept_new_host_keys: bool) -> None:
+         connect_timeout: float, accept_new_host_keys: bool) -> Result:
     """Aggregated logs of a run (the latest by default), every line prefixed [node rRANK].
 
     A finished run is read from the local mirrors; with -f a live run is followed from its
@@ -51,8 +51,8 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     try:
         grep = re.compile(pattern) if pattern else None
     except re.error as exc:
-        raise ClusterrunError(f"--grep {pattern!r}: not a valid regular expression ({exc}).",
-                              exit_status=ExitStatus.USAGE) from None
+        raise UsageError(f"--grep {pattern!r}: not a valid regular expression ({exc}).") \
+            from None
     run = names.resolve(home(write=False), run_id, note=note)
     total = attempts.count(run)
     if attempt is not None and attempt > total:
@@ -67,19 +67,18 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     unknown = set(nodes) - known
     of = f"attempt {attempt or total} of run {run.id}" if total > 1 else f"run {run.id}"
     if unknown:
-        raise ClusterrunError(f"{of} has no node {', '.join(sorted(unknown))}; its "
-                              f"nodes: {', '.join(sorted(known))}.", exit_status=ExitStatus.USAGE)
+        raise UsageError(f"{of} has no node {', '.join(sorted(unknown))}; its "
+                         f"nodes: {', '.join(sorted(known))}.")
     world = int(plan.get("world_size") or 0)
     missing = sorted(set(ranks_) - set(range(world)))
     if missing:
         raise UsageError(f"{of} has no rank {', '.join(map(str, missing))}; it has "
                          f"ranks 0-{world - 1}.")
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
-    status = logview_cmd.show(run, flt, tail=tail, follow=follow,
-                              ssh=make_options(connect_timeout, accept_new_host_keys),
-                              printer=Printer(), attempt=attempt,
-                              say=lambda text: click.echo(f"clusterrun: {text}", err=True))
-    raise SystemExit(status)
+    return logview_cmd.show(run, flt, tail=tail, follow=follow,
+                            ssh=make_options(connect_timeout, accept_new_host_keys),
+                            printer=Printer(), attempt=attempt,
+                            say=lambda text: click.echo(f"clusterrun: {text}", err=True))
 
 
 @click.command(context_settings=CONTEXT)
@@ -98,10 +97,16 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     import json
     import time
 
+    from clusterrun.logs.settle import settle
     from clusterrun.runs import ps as listing
+    from clusterrun.runs import store
 
-    rows = listing.ps_rows(home(write=False), make_options(connect_timeout, accept_new_host_keys),
-                            refresh_remote=not local_only)
+    state_home = home(write=False)
+    if not local_only:
+        ssh = make_options(connect_timeout, accept_new_host_keys)
+        for run in store.all_runs(state_home):
+            settle(run, ssh)
+    rows = listing.ps_rows(state_home)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -128,21 +133,23 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
 @ssh_options
 def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
-         accept_new_host_keys: bool) -> None:
+         accept_new_host_keys: bool) -> Result:
     """End a run on every host (graceful, then forced), also after its controller died.
 
     Only this run's processes are touched: other runs on the same hosts go on. A restarted run
     is stopped on the hosts of its current attempt.
     """
+    from clusterrun.logs.settle import settle
     from clusterrun.runs import attempts, lifecycle
     from clusterrun.runs import remote as remote_runs
+    from clusterrun.runs.journal import Journal
 
     run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
     ended = lifecycle.recorded(run)
     if ended is not None and ended.final:
         # The one run-state rule: an ended run keeps the state it ended with.
         click.echo(f"run {run.id} already {ended.value}; nothing to stop")
-        return
+        return Result()
     ssh = make_options(connect_timeout, accept_new_host_keys)
     # The current attempt's hosts and rundirs: earlier attempts have ended (and some of their
     # hosts are quarantined, maybe unreachable).
@@ -157,12 +164,13 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
         click.echo(f"{name}: {final}")
     if failed:
         click.echo(f"run {run.id}: NOT stopped on {', '.join(failed)}", err=True)
-        raise SystemExit(int(ExitStatus.UNREACHABLE))
+        return Result(unreachable=True)
     if lifecycle.watched(run):
         click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
-        return
-    state = lifecycle.settle(run, ssh)
+        return Result()
+    state = settle(run, ssh)
     if not state.final:  # every host answered that it stopped: nothing of it is left
-        state = lifecycle.record(run, lifecycle.RunState.STOPPED,
-                                 exit_status=int(ExitStatus.SIGTERM))
+        state = Journal(run).finished(lifecycle.RunState.STOPPED,
+                                      status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")
+    return Result()

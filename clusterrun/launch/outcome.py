@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import signal
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from clusterrun.errors import ExitStatus
 from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
+from clusterrun.logs.mirror import verify
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.store import RunDir
-from clusterrun.wire import End, NcclReport, NodeFailure, RankExit, Started, TorchrunExit
+from clusterrun.wire import (
+    End,
+    NcclReport,
+    NodeFailure,
+    RankExit,
+    RootCause,
+    Started,
+    TorchrunExit,
+)
 
 LAST_LINES = 15
 
@@ -69,19 +78,6 @@ class NodeOutcome:
         return self.end.state if self.end is not None else "unknown"
 
 
-@dataclass(frozen=True)
-class Failure:
-    t: float  # this machine's monotonic clock
-    node: str
-    rank: Optional[int]
-    code: Optional[int]  # None: the node was lost
-    detail: str
-
-    @property
-    def signal(self) -> Optional[int]:
-        return self.code - 128 if self.code is not None and self.code > 128 else None
-
-
 def describe_code(code: int) -> str:
     if code > 128:
         try:
@@ -92,47 +88,40 @@ def describe_code(code: int) -> str:
     return f"exited with code {code}"
 
 
-def node_failures(node: NodeOutcome) -> list[Failure]:
+def node_failures(node: NodeOutcome) -> list[RootCause]:
     """One node's failures that happened on their own: not exits its supervisor's stop caused."""
     name = node.plan.name
-    found: list[Failure] = []
+    found: list[RootCause] = []
     if node.clock is not None:
         for rank, ev in node.rank_exits.items():
             if ev.code != 0 and not ev.stopping:
-                found.append(Failure(node.clock.local(ev.elapsed), name, rank, ev.code,
-                                     f"{name} rank {rank} {describe_code(ev.code)}"))
+                found.append(RootCause(name, rank, ev.code,
+                                       f"{name} rank {rank} {describe_code(ev.code)}",
+                                       t=node.clock.local(ev.elapsed)))
         if node.failure is not None:
-            found.append(Failure(node.clock.local(node.failure.elapsed), name, None,
-                                 node.failure.code, node.failure.detail))
+            found.append(RootCause(name, None, node.failure.code, node.failure.detail,
+                                   t=node.clock.local(node.failure.elapsed)))
         tr = node.torchrun_exit
         if tr is not None and tr.code != 0 and not tr.stopping and not found:
-            found.append(Failure(node.clock.local(tr.elapsed), name, None, tr.code,
-                                 f"{name}: torchrun {describe_code(tr.code)}"))
+            found.append(RootCause(name, None, tr.code,
+                                   f"{name}: torchrun {describe_code(tr.code)}",
+                                   t=node.clock.local(tr.elapsed)))
     if node.lost is not None and node.lost_at is not None:
-        found.append(Failure(node.lost_at, name, None, None, f"{name} was lost: {node.lost}"))
+        found.append(RootCause(name, None, None, f"{name} was lost: {node.lost}",
+                               t=node.lost_at))
     elif node.end is not None and node.end.state == "lost" and node.clock is not None:
         # Its supervisor heard nothing from this controller for the lease (the controller was
         # stopped or suspended, or the channel broke one way) and ended the run there itself.
-        found.append(Failure(node.clock.local(node.end.elapsed), name, None, None,
-                             f"{name} ended the run itself: "
-                             f"{node.end.reason or 'it lost the controller'}"))
+        found.append(RootCause(name, None, None, f"{name} ended the run itself: "
+                               f"{node.end.reason or 'it lost the controller'}",
+                               t=node.clock.local(node.end.elapsed)))
     return found
 
 
-def failures(nodes: list[NodeOutcome]) -> list[Failure]:
+def failures(nodes: list[NodeOutcome]) -> list[RootCause]:
     """Every node's own failures, first in time first (ties: by node, then rank)."""
     found = [f for node in nodes for f in node_failures(node)]
     return sorted(found, key=lambda f: (f.t, f.node, -1 if f.rank is None else f.rank))
-
-
-def exit_status(root: Optional[Failure], interrupted: Optional[int], stopped: bool) -> int:
-    if interrupted is not None:
-        return 128 + interrupted
-    if root is None:
-        return int(ExitStatus.SIGTERM) if stopped else int(ExitStatus.SUCCESS)
-    if root.code is None:
-        return int(ExitStatus.NODE_LOST)
-    return root.code if 0 < root.code < 256 else int(ExitStatus.ERROR)
 
 
 def last_lines(run: RunDir, node: str, rank: Optional[int], count: int = LAST_LINES) -> list[str]:
@@ -147,7 +136,7 @@ def last_lines(run: RunDir, node: str, rank: Optional[int], count: int = LAST_LI
     return list(tail)
 
 
-def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[Failure],
+def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[RootCause],
            interrupted: Optional[int], stopped: bool) -> list[str]:
     """The final report: the root cause first with its last lines, then one line per group of
     nodes that fared alike."""
@@ -174,7 +163,7 @@ def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[Failure],
     return lines
 
 
-def _after(root: Optional[Failure]) -> str:
+def _after(root: Optional[RootCause]) -> str:
     if root is None:
         return ""
     return f" after {root.node} " + ("was lost" if root.code is None else "failed")
@@ -185,7 +174,7 @@ def _own_words(detail: str, name: str) -> str:
     return detail[len(name):].lstrip(": ") if detail.startswith(name) else detail
 
 
-def node_text(node: NodeOutcome, root: Optional[Failure],
+def node_text(node: NodeOutcome, root: Optional[RootCause],
               interrupted: Optional[int] = None) -> str:
     """What happened to one node, in a few words (the root cause's node: its own failure)."""
     if node.lost is not None:
@@ -212,7 +201,7 @@ def node_text(node: NodeOutcome, root: Optional[Failure],
     return state
 
 
-def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], status: int,
+def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[RootCause], status: int,
             interrupted: Optional[int], checks: dict[str, Any]) -> dict[str, Any]:
     """summary.json: machine-readable, secrets never included (nothing here holds env). Each
     node's state and exit code are its own (its supervisor's), never the controller's."""
@@ -220,9 +209,7 @@ def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], s
         "run_id": run.id,
         "exit_status": status,
         "interrupted": signal.Signals(interrupted).name if interrupted else None,
-        "root_cause": None if root is None else {
-            "node": root.node, "rank": root.rank, "code": root.code, "signal": root.signal,
-            "detail": root.detail, "lost": root.code is None},
+        "root_cause": None if root is None else root.public(),
         "nodes": [_node_summary(n, root, interrupted) for n in nodes],
         "logs": checks,
         "nccl": nccl.summary([nccl.HostNccl(n.plan.name, n.plan.ranks, n.nccl) for n in nodes],
@@ -230,7 +217,7 @@ def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[Failure], s
     }
 
 
-def _node_summary(n: NodeOutcome, root: Optional[Failure],
+def _node_summary(n: NodeOutcome, root: Optional[RootCause],
                   interrupted: Optional[int]) -> dict[str, Any]:
     code = n.end.exit_code if n.end is not None else None
     return {
@@ -242,3 +229,12 @@ def _node_summary(n: NodeOutcome, root: Optional[Failure],
         "outcome": node_text(n, root, interrupted),
         "rank_exits": {str(r): ev.code for r, ev in sorted(n.rank_exits.items())},
     }
+
+
+def attempt_summary(folder: RunDir, nodes: Sequence[NodeOutcome], *, root: Optional[RootCause],
+                    status: int, interrupted: Optional[int]) -> tuple[dict[str, Any],
+                                                                     dict[str, Any]]:
+    """An attempt's summary.json content, and the check of its mirrors against the hosts'."""
+    logs = verify(folder, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
+    return summary(folder, list(nodes), root=root, status=status, interrupted=interrupted,
+                   checks=logs), logs

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clusterrun.errors import UsageError
+from clusterrun.errors import Result, UsageError
 from clusterrun.inventory import Inventory
 from clusterrun.launch import launcher as launch
 from clusterrun.plan import build as planning
@@ -27,12 +27,12 @@ BYTES_ENV = "CLUSTERRUN_SMOKE_BYTES"
 
 
 def run(inv: Inventory, report: CheckReport, pool: Connections, home: Path, *,
-        bandwidth: bool = False) -> int:
+        bandwidth: bool = False) -> Result:
     opts = launch.LaunchOptions(nproc_per_node=1, name="smoke", grace=5.0)
     args = ("--bandwidth-bytes", str(bandwidth_bytes())) if bandwidth else ()
-    plan = planning.build(inv, report, Job(SCRIPT, args), name="smoke", nproc_override=1,
-                          grace=5.0)
-    return launch.execute(plan, inv, report, pool, home=smoke_home(home), opts=opts)
+    job = Job(SCRIPT, args)
+    plan = planning.build(inv, report, job, name="smoke", nproc_override=1, grace=5.0)
+    return launch.execute(job, plan, inv, report, pool, home=smoke_home(home), opts=opts)
 
 
 def smoke_home(home: Path) -> Path:

@@ -7,9 +7,11 @@ import os
 from typing import Callable, Optional
 
 from clusterrun.console import Printer
+from clusterrun.errors import Result
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
+from clusterrun.logs.settle import settle
 from clusterrun.logs.view import Filter, LogView
 from clusterrun.runs import attempts, lifecycle, ps
 from clusterrun.runs.store import RunDir
@@ -19,29 +21,29 @@ Position = tuple[LogView, dict[tuple[str, str], int], int]  # the view, per-file
 
 
 def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
-         printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None) -> int:
+         printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None) -> Result:
     """Show attempt ``attempt`` of ``run`` (default: its current one)."""
     run = attempts.top(run)
     # Whichever command looks first at a run nobody watches fetches what its hosts have; a
-    # finished one is then verified, summarised and recorded (runs.lifecycle).
-    lifecycle.settle(run, ssh, say)
+    # finished one is then verified, summarised and recorded (logs.settle).
+    settle(run, ssh, say)
     lock = None
     if lifecycle.live(run) and not lifecycle.watched(run):
         # One lock in the run folder guards the mirrors of all its attempts.
         lock = run.lock_fd("mirror.lock")  # None: another clusterrun is fetching this run
     try:
-        status = _show(run, attempt or attempts.count(run), flt, tail=tail, follow=follow,
-                       ssh=ssh, printer=printer, say=say, lock=lock)
+        _show(run, attempt or attempts.count(run), flt, tail=tail, follow=follow, ssh=ssh,
+              printer=printer, say=say, lock=lock)
     finally:
         if lock is not None:
             os.close(lock)
     if follow and lock is not None:  # followed to its end from the hosts: record how it ended
-        state = lifecycle.settle(run, ssh, say)
+        state = settle(run, ssh, say)
         _say_root_cause(run, say)
         say(f"run {run.id} {state.value}")
     elif not lifecycle.live(run):
         _say_root_cause(run, say)
-    return status
+    return Result()  # shown: what the run came to is `ps`'s to say
 
 
 def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
@@ -54,7 +56,7 @@ def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
           ssh: SshOptions, printer: Printer, say: Callable[[str], None],
-          lock: Optional[int]) -> int:
+          lock: Optional[int]) -> None:
     shown = attempts.attempt_dir(run, k)
 
     def going() -> bool:  # an earlier attempt has ended, whatever the run does now
@@ -83,14 +85,13 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
         if follow and k < attempts.count(run):
             say(f"attempt {k} of run {run.id} has ended; follow the current one with "
                 f"`clusterrun logs -f {run.id}`")
-        return 0
+        return
     if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
         _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say)
-        return 0
+        return
     mirror = Mirror(shown)
     following.follow(shown, ssh, mirror, view, say)
     mirror.close()
-    return 0
 
 
 def _wait_local(run: RunDir, k: int, at: Position, *, flt: Filter, printer: Printer,

@@ -14,7 +14,7 @@ FLOOR = 8 * 1024 * 1024
 EVERY = 0.1
 # The exit status of a run stopped for a full disk (ExitStatus.SYNC in clusterrun/errors.py,
 # which this program, shipped alone, cannot import: a disk problem, as a failed copy is).
-STATUS = 6
+STATUS = 6  # HostStatus.DISK_FULL: tests/test_exit_status.py holds them equal
 
 
 def free_bytes(path):

@@ -7,9 +7,9 @@ attempt is the current one (``attempt``, absent: 1) and keeps the ``attempts`` a
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
-from clusterrun.runs.store import RunDir, write_json
+from clusterrun.runs.store import RunDir
 
 
 def top(run: RunDir) -> RunDir:
@@ -73,37 +73,6 @@ def hosts(run: RunDir, k: int) -> list[str]:
         if entry.get("attempt") == k:
             return [str(h) for h in entry.get("hosts") or []]
     return []
-
-
-def cause_text(root: Optional[dict[str, Any]]) -> Optional[str]:
-    """A root cause as the hosts record it, in the words of the attempts list."""
-    if not root:
-        return None
-    node = root.get("node") or "?"
-    detail = root.get("detail") or ""
-    if root.get("lost") or (root.get("code") is None and root.get("signal") is None):
-        return f"{node} lost" + (f" ({detail})" if detail else "")
-    who = node if root.get("rank") is None else f"{node} r{root['rank']}"
-    how = f"signal {root['signal']}" if root.get("signal") else f"exit {root.get('code')}"
-    return f"{who} {how}"
-
-
-def end_entry(run: RunDir, k: int, *, exit_status: Optional[int], root_cause: Optional[str],
-              ended_at: float) -> None:
-    """Record how attempt k ended in the run's attempts list (an entry already ended keeps
-    what it has: whoever saw the end first knew it best)."""
-    run = top(run)
-    with run.locked("state.lock"):
-        state = run.state
-        listed = state.get("attempts")
-        if not isinstance(listed, list):
-            return
-        for entry in listed:
-            if isinstance(entry, dict) and entry.get("attempt") == k \
-                    and entry.get("ended_at") is None:
-                entry.update(exit_status=exit_status, root_cause=root_cause, ended_at=ended_at)
-                write_json(run.file("state.json"), state)
-                return
 
 
 def quarantine_text(entry: dict[str, Any]) -> str:

@@ -6,17 +6,15 @@ import time
 from typing import Any, Optional
 
 from clusterrun.runs import attempts, lifecycle, store
-from clusterrun.transport import SshOptions
 
 
-def ps_rows(home: Any, ssh: SshOptions, refresh_remote: bool = True) -> list[dict[str, Any]]:
-    """One row per run, newest first. ``hosts`` are the current attempt's; ``attempt`` is that
-    attempt's number, ``attempts`` and ``quarantined`` the run's lists (empty for a run that
-    never restarted)."""
+def ps_rows(home: Any) -> list[dict[str, Any]]:
+    """One row per run, newest first, as this machine recorded it (`clusterrun ps` settles the
+    runs nobody watches first: logs.settle). ``hosts`` are the current attempt's; ``attempt``
+    is that attempt's number, ``attempts`` and ``quarantined`` the run's lists (empty for a
+    run that never restarted)."""
     rows = []
     for run in store.all_runs(home):
-        if refresh_remote:
-            lifecycle.settle(run, ssh)
         state = run.state
         plan = run.plan
         started = state.get("started_at") or plan.get("created")

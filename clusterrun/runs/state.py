@@ -1,6 +1,7 @@
 """The one rule for a run's state, used by `launch`, `ps`, `logs` and `stop`.
 
-A run is ``running`` until it ends as ``succeeded``, ``failed``, ``stopped`` or ``lost``. Once a
+A run is ``running`` (or ``stalled``: going, but no rank has made progress for the stall timeout,
+until it moves again) until it ends as ``succeeded``, ``failed``, ``stopped`` or ``lost``. Once a
 run has ended, its state never changes again: whoever saw the end first recorded the truth at
 the time (a later `stop` of a failed run does not make it "stopped", a host that answers again
 does not make a lost run "running"). A run's state from its nodes' states: while any node is
@@ -14,9 +15,14 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Optional
 
+from clusterrun import errors
+from clusterrun.errors import Outcome, Result
+from clusterrun.wire import RootCause
+
 
 class RunState(str, enum.Enum):
     RUNNING = "running"
+    STALLED = "stalled"  # still going: no rank has made progress for the stall timeout
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -24,7 +30,7 @@ class RunState(str, enum.Enum):
 
     @property
     def final(self) -> bool:
-        return self is not RunState.RUNNING
+        return self not in (RunState.RUNNING, RunState.STALLED)
 
     @classmethod
     def parse(cls, value: object) -> Optional[RunState]:
@@ -74,3 +80,24 @@ def from_outcome(*, root_lost: Optional[bool], interrupted: bool, stopped: bool)
     if root_lost is not None:
         return RunState.LOST if root_lost else RunState.FAILED
     return RunState.STOPPED if stopped else RunState.SUCCEEDED
+
+
+def result(state: RunState, root: Optional[RootCause],
+           interrupted: Optional[int] = None) -> Result:
+    """What a run that ended as ``state`` comes to: the user's signal, else its root cause (a
+    rank's own status, or a lost node), else its state. A failed run with no recorded root
+    cause (its hosts kept none) is a job failure without a status of its own: 1."""
+    cause: Optional[Outcome]
+    if root is not None:
+        cause = Outcome.NODE_LOST if root.lost else Outcome.JOB_FAILED
+    else:
+        cause = {RunState.LOST: Outcome.NODE_LOST,
+                 RunState.FAILED: Outcome.JOB_FAILED}.get(state)
+    return Result(interrupted=interrupted, cause=cause, code=(root.code if root else None) or 0,
+                  stopped=state is RunState.STOPPED)
+
+
+def exit_status(state: RunState, root: Optional[RootCause],
+                interrupted: Optional[int] = None) -> int:
+    """The exit status of a run that ended as ``state`` (recorded in its state and summary)."""
+    return errors.exit_status(result(state, root, interrupted))

@@ -141,13 +141,6 @@ class RunDir:
     def state(self) -> dict[str, Any]:
         return read_json(self.file("state.json")) or {}
 
-    def update_state(self, **fields: Any) -> dict[str, Any]:
-        with self.locked("state.lock"):
-            state = self.state
-            state.update(fields)
-            write_json(self.file("state.json"), state)
-            return state
-
     @contextlib.contextmanager
     def locked(self, name: str, blocking: bool = True) -> Iterator[bool]:
         """An flock on runs/<id>/<name>; yields whether it was taken."""

@@ -1,0 +1,31 @@
+"""The options of one launch, as the command line gives them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+STALL_TIMEOUT = 300.0  # seconds without progress on any rank before a run is called stalled
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    nproc_per_node: Optional[int] = None
+    master_port: Optional[int] = None
+    env: tuple[tuple[str, str], ...] = ()
+    check: bool = True
+    sync: bool = True
+    dry_run: bool = False
+    detach: bool = False
+    name: Optional[str] = None
+    grace: float = 15.0
+    lease: float = 30.0
+    excludes: tuple[str, ...] = ()
+    env_file: Optional[str] = None
+    forward_env: tuple[str, ...] = ()
+    allow_busy_gpus: bool = False
+    max_restarts: int = 0
+    min_nodes: Optional[int] = None  # None: a lost host with no spare left ends the run
+    stall_timeout: float = STALL_TIMEOUT  # 0: no stall watchdog
+    on_stall: str = "report"  # or "stop": end a stalled run (exit 7)
+    notify: Optional[str] = None  # a command run on this machine for each event of the run

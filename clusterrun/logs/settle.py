@@ -1,0 +1,98 @@
+"""Settling a run that nobody watches (detached, or its controller was killed): whichever
+command looks first (`ps`, `logs`, `stop`) asks the hosts of its current attempt; if every node
+has ended, it fetches the rest of that attempt's logs, verifies them against the hosts'
+checksums, and records the summary and how the run ended through the run's journal."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from clusterrun.logs import follow as following
+from clusterrun.logs.mirror import Mirror, verify
+from clusterrun.runs import attempts, lifecycle, remote
+from clusterrun.runs.journal import Journal
+from clusterrun.runs.state import RunState, combine, exit_status
+from clusterrun.runs.store import RunDir, now
+from clusterrun.transport import SshOptions
+from clusterrun.wire import RootCause, root_cause
+
+Say = Callable[[str], None]
+
+
+def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
+    """For a run this machine last saw going, with no controller watching it: its state now,
+    recorded as final (with its summaries) once every node has ended."""
+    run = attempts.top(run)  # the run's state and locks live in the run folder
+    if not lifecycle.live(run) or lifecycle.watched(run):
+        return lifecycle.recorded(run) or RunState.RUNNING
+    lock = run.lock_fd("mirror.lock")
+    if lock is None:  # another clusterrun process is writing the mirrors right now
+        return RunState.RUNNING
+    try:
+        return _settle(run, attempts.current(run), ssh, say or (lambda _text: None))
+    finally:
+        os.close(lock)
+
+
+def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState:
+    per_node = remote.status(attempt, ssh)
+    # A host that could not be asked (crashed, partitioned, sshd gone) has no state.
+    unreachable = [name for name, s in per_node.items() if s.get("unreachable")]
+    states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
+    state = combine(states, unreachable=unreachable)
+    if not state.final:
+        return lifecycle.recorded(run) or state
+    root = _root_cause(per_node)
+    if root is not None:
+        state = RunState.LOST if root.lost else RunState.FAILED
+    mirror = Mirror(attempt)
+    try:
+        following.follow(attempt, ssh, mirror, None, say, keep_following=False)
+    finally:
+        mirror.close()
+    checks = verify(attempt, {name: s.get("checksums") or {} for name, s in per_node.items()
+                              if name not in unreachable})
+    status = exit_status(state, root)
+    ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
+    summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
+    journal = Journal(run)
+    journal.attempt_ended(attempt.attempt, status=status,
+                          root=root.public() if root else None,
+                          summary=summary if attempt != run else None, seen=state,
+                          ended_at=ended)
+    if attempts.entries(run) or attempts.quarantined(run):
+        summary = dict(summary, attempts=attempts.entries(run),
+                       quarantined=attempts.quarantined(run))
+    return journal.finished(state, status=status, summary=summary, ended_at=ended)
+
+
+def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:
+    """The root cause as the hosts recorded it: the master's supervisor keeps a detached run's
+    (first failure in its own arrival order, so no two hosts' clocks are compared)."""
+    for state in per_node.values():
+        root = root_cause(state.get("root_cause"))
+        if root is not None:
+            return root
+    return None
+
+
+def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list[str], *,
+             root: Optional[RootCause], status: int, checks: dict[str, Any]) -> dict[str, Any]:
+    """summary.json for a run (one attempt's folder) whose controller was not there at the end
+    (same shape as the one an attached launch writes; nothing here holds environment values)."""
+    plan_nodes = {n["name"]: n for n in run.plan.get("nodes", [])}
+    nodes = []
+    for name, state in per_node.items():
+        node = plan_nodes.get(name, {})
+        lost = name in unreachable
+        nodes.append({
+            "name": name, "node_rank": node.get("node_rank"), "ranks": node.get("ranks"),
+            "state": "lost" if lost else state.get("state"),
+            "exit_code": None if lost else state.get("exit_code"),
+            "reason": state.get("reason") or (state.get("error") if lost else None),
+            "rank_exits": {str(r): c for r, c in sorted((state.get("ranks") or {}).items())},
+        })
+    return {"run_id": run.id, "exit_status": status, "interrupted": None,
+            "root_cause": root.public() if root else None, "nodes": nodes, "logs": checks,
+            "settled_by": "a later clusterrun command"}

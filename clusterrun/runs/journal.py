@@ -1,0 +1,257 @@
+"""A run's journal: the one writer of its state.json, summary.json and events.jsonl.
+
+Every change of a run goes through one method here (started, attempt begun, host quarantined,
+attempt ended, detached, stalled, resumed, finished), under the run folder's ``state.lock``,
+and each change that happens appends one event to ``events.jsonl`` in the same step. So the
+state a reader sees and the events it can replay never disagree, and an event is written
+exactly once: a change that the one run-state rule refuses (``runs.state.merge``: an ended run
+keeps the end it had) writes neither state nor event.
+
+Whoever records a change is the writer: the attached launch while it runs, or, for a run
+nobody watches (detached, or its controller was killed), the first later command that sees its
+end (`ps`, `logs`, `stop`; logs.settle). Readers (`ps`, `logs`, `stop`) use runs.lifecycle and
+runs.attempts; nothing else writes these files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from clusterrun.inventory.slots import Quarantine
+from clusterrun.runs import attempts, store
+from clusterrun.runs.state import RunState, merge
+from clusterrun.runs.store import RunDir
+
+EVENTS = "events.jsonl"
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run started as: the fields its state.json opens with."""
+
+    id: str
+    name: str
+    hosts: tuple[str, ...]
+    inventory: str
+    detached: bool = False
+    controller_pid: Optional[int] = None
+    max_restarts: int = 0
+    notify: Optional[str] = None  # `launch --notify CMD`: run for each event (runs/notify.py)
+    started_at: float = field(default_factory=store.now)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One entry of the run's ``attempts`` list (``ps --json``, summary.json)."""
+
+    attempt: int
+    hosts: tuple[str, ...]
+    started_at: float
+    exit_status: Optional[int] = None
+    root_cause: Optional[str] = None  # the root cause's detail, in words
+    ended_at: Optional[float] = None
+
+    def public(self) -> dict[str, Any]:
+        return dict(asdict(self), hosts=list(self.hosts))
+
+
+class Journal:
+    """The writer of one run's files. ``listeners`` hear every event after it is written (the
+    `--notify` hook); a listener never changes what is recorded."""
+
+    def __init__(self, run: RunDir, listeners: tuple[Listener, ...] = ()) -> None:
+        self.run = attempts.top(run)
+        self.listeners = listeners
+
+    # -- a run's life ----------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, home: Path, record: RunRecord, plan: dict[str, Any],
+              listeners: tuple[Listener, ...] = ()) -> Journal:
+        """A new run folder with its plan and its first state (running)."""
+        journal = cls(store.create(home, record.id), listeners)
+        store.write_json(journal.run.file("plan.json"), plan)
+        with journal._changing() as change:
+            change.state.update(asdict(record), hosts=list(record.hosts),
+                                state=RunState.RUNNING.value, attempts=[], quarantined=[])
+            change.event("started", hosts=list(record.hosts), detached=record.detached)
+        return journal
+
+    def attempt_begun(self, k: int, hosts: list[str], plan: dict[str, Any]) -> RunDir:
+        """Attempt k starts on ``hosts``: its folder (attempt 1: the run folder itself, whose
+        plan.json is written already), listed in the run's state as the current attempt."""
+        folder = attempts.attempt_dir(self.run, k)
+        if k > 1:
+            folder = attempts.create_attempt(self.run, k)
+            store.write_json(folder.file("plan.json"), plan)
+            own = {"id": self.run.id, "name": plan.get("name"), "state": RunState.RUNNING.value,
+                   "attempt": k, "started_at": store.now(), "hosts": hosts,
+                   "inventory": plan.get("inventory")}
+            store.write_json(folder.file("state.json"), own)
+        entry = AttemptRecord(k, tuple(hosts), store.now())
+        with self._changing() as change:
+            change.state["attempt"] = k
+            change.state.setdefault("attempts", []).append(entry.public())
+            change.event("restarted" if k > 1 else "attempt_begun", attempt=k, hosts=hosts)
+        return folder
+
+    def host_quarantined(self, entry: Quarantine) -> None:
+        with self._changing() as change:
+            change.state.setdefault("quarantined", []).append(entry.public())
+            change.event("host_quarantined", **entry.public())
+
+    def attempt_ended(self, k: int, *, status: int, root: Optional[dict[str, Any]],
+                      summary: Optional[dict[str, Any]] = None,
+                      seen: Optional[RunState] = None, ended_at: Optional[float] = None) -> None:
+        """Attempt k is over: its summary (in its folder), its own state (attempt folders only:
+        attempt 1's state is the run's), and its entry in the attempts list. An entry that has
+        ended already keeps what it has, and no second event is written: whoever saw the end
+        first knew it best. ``root``: the root cause as RootCause.public() gives it."""
+        folder = attempts.attempt_dir(self.run, k)
+        ended_at = ended_at or store.now()
+        if summary is not None:
+            store.write_json(folder.file("summary.json"), summary)
+        if k > 1 and seen is not None:
+            self._record(folder, seen, {"exit_status": status, "ended_at": ended_at})
+        with self._changing() as change:
+            change.keep = True
+            for entry in change.state.get("attempts") or []:
+                if isinstance(entry, dict) and entry.get("attempt") == k \
+                        and entry.get("ended_at") is None:
+                    entry.update(exit_status=status, ended_at=ended_at,
+                                 root_cause=root.get("detail") if root else None)
+                    change.keep = False
+                    change.root_event(k, root)
+                    change.event("attempt_ended", attempt=k, exit_status=status)
+                    break
+
+    def detached(self) -> None:
+        """Every node started and the launching process leaves: nobody watches the run now."""
+        with self._changing() as change:
+            change.state["controller_pid"] = None
+            change.event("detached")
+
+    def stalled(self, k: int, report: dict[str, Any]) -> bool:
+        """No rank of attempt k has made progress for the stall timeout (#21): the run is
+        ``stalled`` until it moves again; the report is kept in the state. False when the run
+        has ended or is stalled already (one report per stall)."""
+        with self._changing() as change:
+            if RunState.parse(change.state.get("state")) is not RunState.RUNNING:
+                change.keep = True
+                return False
+            change.state.update(state=RunState.STALLED.value, stall=report)
+            change.event("stalled", attempt=k, report=report)
+            return True
+
+    def resumed(self, k: int) -> bool:
+        """A stalled run made progress again: running (its last stall report stays)."""
+        with self._changing() as change:
+            if RunState.parse(change.state.get("state")) is not RunState.STALLED:
+                change.keep = True
+                return False
+            change.state["state"] = RunState.RUNNING.value
+            change.event("resumed", attempt=k)
+            return True
+
+    def finished(self, seen: RunState, *, status: int, summary: Optional[dict[str, Any]] = None,
+                 ended_at: Optional[float] = None, **fields: Any) -> RunState:
+        """The run ended as ``seen`` (its summary in the run folder). Returns the state it
+        ended with: the one recorded first, when someone saw the end before."""
+        if summary is not None:
+            store.write_json(self.run.file("summary.json"), summary)
+        return self._record(self.run, seen,
+                            {"exit_status": status, "ended_at": ended_at or store.now(),
+                             **fields})
+
+    # -- what it has recorded ---------------------------------------------------------------
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return attempts.entries(self.run)
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        return attempts.quarantined(self.run)
+
+    # -- the writing itself ----------------------------------------------------------------
+
+    def _record(self, folder: RunDir, seen: RunState, fields: dict[str, Any]) -> RunState:
+        """``seen`` in ``folder``'s state by the one rule; the run folder's end is an event."""
+        with self._changing(folder) as change:
+            recorded = RunState.parse(change.state.get("state"))
+            now = merge(recorded, seen)
+            if now is not seen or recorded is seen:
+                change.keep = True  # an ended run keeps its end; a repeat changes nothing
+                return now
+            change.state.update(fields, state=seen.value)
+            if seen.final:
+                change.state.setdefault("ended_at", store.now())
+                if folder == self.run:
+                    change.event("finished", state=seen.value,
+                                 exit_status=fields.get("exit_status"))
+            return now
+
+    @contextmanager
+    def _changing(self, folder: Optional[RunDir] = None) -> Iterator[_Change]:
+        """The state of ``folder`` (default: the run's) to change, under the run's lock; written
+        back with the change's events appended, unless the change keeps it as it was."""
+        folder = folder or self.run
+        with self.run.locked("state.lock"):
+            change = _Change(self.run.id, folder.state)
+            yield change
+            if change.keep:
+                return
+            store.write_json(folder.file("state.json"), change.state)
+            if change.events:
+                fd = store.open_private(self.run.file(EVENTS),
+                                        os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                with os.fdopen(fd, "a") as handle:
+                    handle.write("".join(json.dumps(e, sort_keys=True) + "\n"
+                                         for e in change.events))
+        for event in change.events:  # outside the lock: a slow listener holds up no writer
+            for listener in self.listeners:
+                listener(event)
+
+
+@dataclass
+class _Change:
+    """One change of a state.json in the making: the state and the events it appends."""
+
+    run_id: str
+    state: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    keep: bool = False  # True: write nothing after all
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """An event of this change. ``seq`` counts the run's events, so a reader can tell a
+        repeated delivery from a new event."""
+        seq = int(self.state.get("events") or 0) + 1
+        self.state["events"] = seq
+        self.events.append({"event": kind, "run": self.run_id, "seq": seq, "at": store.now(),
+                            **fields})
+
+    def root_event(self, k: int, root: Optional[dict[str, Any]]) -> None:
+        if root:
+            self.event("host_lost" if root.get("lost") else "rank_failed", attempt=k,
+                       root_cause=root)
+
+
+def events(run: RunDir) -> list[dict[str, Any]]:
+    """The run's events in the order they were written (a torn last line is left out)."""
+    try:
+        text = attempts.top(run).file(EVENTS).read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
