@@ -10,17 +10,19 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clusterrun.observe.frame import LOST, OK
 from clusterrun.observe.watch import Watch
 from clusterrun.runs import names
 from clusterrun.sandbox import faults
+from clusterrun.sandbox.slurm import SlurmCluster
 from clusterrun.transport import SshOptions
-from tests.conftest import Cluster, clusterrun_argv, copy_payload, run_cli
+from tests.conftest import Cluster, Containers, clusterrun_argv, copy_payload, run_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -220,3 +222,66 @@ def test_top_draws_in_a_real_terminal(cluster: Cluster, home: Path, tmp_path: Pa
     assert {h: samplers(cluster, h) for h in HOSTS} == {h: [] for h in HOSTS}
     assert run_cli("stop", run_id).returncode == 0
     assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
+
+
+def check_sample(sample: dict, run_id: str, hosts: dict[str, list[int]],
+                 read_log: Callable[[str, str], str]) -> None:
+    """Every rank of ``hosts`` sampled, its last line one its log on its host holds."""
+    assert [h["node"] for h in sample["hosts"]] == list(hosts)
+    expected = sorted(r for ranks in hosts.values() for r in ranks)
+    assert sorted(r["rank"] for r in sample["ranks"]) == expected
+    for rank in sample["ranks"]:
+        assert rank["pid"], rank
+        lines = read_log(rank["node"], log_path(run_id, rank["node"], rank["rank"])).splitlines()
+        assert rank["last_line"] in lines[-20:], (rank, lines[-3:])
+
+
+def test_top_on_a_container_host(cluster: Cluster, podman_hosts: Containers, home: Path,
+                                 tmp_path: Path, ticker: Path) -> None:
+    host, name = "node30", "toptrainer"
+    podman_hosts.run(host, name)
+    inv = cluster.inventory(tmp_path / "inv.yaml", [host], defaults={"container": name})
+    run_id = detach(inv, ticker, "STEP_SLEEP=0.3")
+
+    def in_container(_host: str, path: str) -> str:
+        return str(podman_hosts.podman(host, "exec", name, "cat", path, check=False).stdout)
+
+    deadline = time.monotonic() + 120
+    while in_container(host, log_path(run_id, host, 1)).count("\n") < 3:
+        assert time.monotonic() < deadline, "the ranks in the container printed nothing"
+        time.sleep(0.5)
+    sample = top_once(run_id)
+    check_sample(sample, run_id, {host: [0, 1]}, in_container)
+    for rank in sample["ranks"]:  # the pids are the container's own
+        environ = podman_hosts.podman(host, "exec", name, "cat",
+                                      f"/proc/{rank['pid']}/environ").stdout
+        assert f"RANK={rank['rank']}\0" in environ
+    assert run_cli("stop", run_id).returncode == 0
+    assert cluster.wait_run_gone([host], run_id, 30) == {}
+
+
+def test_top_on_a_slurm_host(cluster: Cluster, slurm_nodes: SlurmCluster, home: Path,
+                             tmp_path: Path, ticker: Path) -> None:
+    node = "node26"
+    inv = tmp_path / "inv.yaml"
+    base = yaml.safe_load(cluster.sb.inventory.read_text())
+    inv.write_text(yaml.safe_dump({"defaults": {"python": base["defaults"]["python"],
+                                                "workdir": "/tmp/clusterrun"},
+                                   "hosts": "slurm"}))
+    me = " ".join(clusterrun_argv())
+    out = tmp_path / "top.json"
+    # Inside one allocation, as a user in an salloc shell: launch detached, watch, stop.
+    script = (f"set -e; {me} launch --detach --nproc-per-node 2 --env STEP_SLEEP=0.3 {inv} "
+              f"{ticker}; id=$({me} ps --json | python3 -c "
+              "'import json,sys; print(json.load(sys.stdin)[0][\"id\"])'); "
+              "for i in $(seq 60); do "
+              f"{me} top $id --once --json --interval 1 > {out} || true; "
+              f"grep -q '\"last_line\": \"step' {out} && break; sleep 2; done; "
+              f"{me} stop $id")
+    cp = subprocess.run(slurm_nodes.salloc_argv(1, [node], ["/bin/sh", "-c", script]),
+                        env=slurm_nodes.env(), capture_output=True, text=True, timeout=240,
+                        check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    sample = json.loads(out.read_text())
+    check_sample(sample, sample["run"], {node: [0, 1]}, cluster.read)
+    assert cluster.wait_run_gone([node], sample["run"], 20) == {}
