@@ -24,14 +24,23 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class RootCause:
-    """A detached run's root cause as the hosts recorded it (the hub's first in arrival order)."""
+    """Why a run (or one attempt) failed: the first failure in time that the teardown did not
+    cause. The one shape of a root cause, as the controller decides it (launch/outcome.py), as a
+    detached run's hub records it on its host, and in summary.json, state.json and events."""
 
     node: str
     rank: Optional[int]
-    code: Optional[int]
-    signal: Optional[int]
+    code: Optional[int]  # None: the node was lost (or ended the run itself, its controller gone)
     detail: str
-    lost: bool = False
+    t: float = field(default=0.0, compare=False)  # this machine's monotonic clock: ordering only
+
+    @property
+    def signal(self) -> Optional[int]:
+        return self.code - 128 if self.code is not None and self.code > 128 else None
+
+    @property
+    def lost(self) -> bool:
+        return self.code is None
 
     def public(self) -> dict[str, Any]:
         return {"node": self.node, "rank": self.rank, "code": self.code, "signal": self.signal,
@@ -139,11 +148,14 @@ Event = Union[Started, RankExit, NodeFailure, TorchrunExit, NcclReport, Heartbea
 
 
 def root_cause(raw: Any) -> Optional[RootCause]:
+    """A root cause as a host or a summary records it (``RootCause.public``'s shape)."""
     if not isinstance(raw, dict) or "node" not in raw:
         return None
-    return RootCause(node=str(raw["node"]), rank=raw.get("rank"), code=raw.get("code"),
-                     signal=raw.get("signal"), detail=str(raw.get("detail") or ""),
-                     lost=bool(raw.get("lost")))
+    code = raw.get("code")
+    lost = bool(raw.get("lost")) or not isinstance(code, int)
+    rank = raw.get("rank")
+    return RootCause(node=str(raw["node"]), rank=rank if isinstance(rank, int) else None,
+                     code=None if lost else code, detail=str(raw.get("detail") or ""))
 
 
 def _float(ev: dict[str, Any]) -> float:
