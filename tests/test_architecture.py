@@ -1,5 +1,6 @@
-"""The shape of the package, checked from its source: no import cycle between modules, small
-modules, and test modules that share helpers only through conftest."""
+"""The shape of the package, checked from its source: no import cycle between modules, nor
+between packages (clusterrun.X, each subpackage one node and each top-level module its own),
+small modules, and test modules that share helpers only through conftest."""
 
 from __future__ import annotations
 
@@ -57,6 +58,28 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(path, name, known) for name, path in known.items()}
 
 
+def package(module: str) -> str:
+    """``clusterrun.logs.follow`` -> ``clusterrun.logs``; a top-level module (``clusterrun.wire``)
+    is a node of its own, as is ``clusterrun`` itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(edges: dict[str, set[str]]) -> tuple[dict[str, set[str]],
+                                                         dict[tuple[str, str], list[str]]]:
+    """The import graph between packages, and for each edge the module imports that make it."""
+    out: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], list[str]] = {}
+    for module, deps in sorted(edges.items()):
+        source = package(module)
+        out.setdefault(source, set())
+        for dep in sorted(deps):
+            target = package(dep)
+            if target != source:
+                out[source].add(target)
+                why.setdefault((source, target), []).append(f"{module} -> {dep}")
+    return out, why
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -110,6 +133,32 @@ def test_no_import_cycle_between_modules() -> None:
     detail = [" <-> ".join(c) + ": " + "; ".join(
         f"{m} -> {', '.join(sorted(edges[m] & set(c)))}" for m in c) for c in found]
     assert not found, "import cycles:\n" + "\n".join(detail)
+
+
+def test_packages_are_modules_first_two_names() -> None:
+    assert package("clusterrun.logs.follow") == "clusterrun.logs"
+    assert package("clusterrun.launch.smoke_payload.allreduce") == "clusterrun.launch"
+    assert package("clusterrun.wire") == "clusterrun.wire"
+    assert package("clusterrun") == "clusterrun"
+    edges, why = package_graph({"clusterrun.a.x": {"clusterrun.a.y", "clusterrun.b.z"},
+                                "clusterrun.a.y": set(), "clusterrun.b.z": {"clusterrun.c"},
+                                "clusterrun.c": {"clusterrun.a.y"}})
+    assert edges == {"clusterrun.a": {"clusterrun.b"}, "clusterrun.b": {"clusterrun.c"},
+                     "clusterrun.c": {"clusterrun.a"}}
+    assert why[("clusterrun.c", "clusterrun.a")] == ["clusterrun.c -> clusterrun.a.y"]
+    assert cycles(edges) == [["clusterrun.a", "clusterrun.b", "clusterrun.c"]]
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """Packages stack in layers (inventory -> preflight -> plan -> launch ...; the wire protocol
+    below every user of it): a cycle between two packages means neither can be read, tested or
+    changed without the other, even when no two modules import each other."""
+    edges, why = package_graph(graph())
+    found = cycles(edges)
+    detail = [" <-> ".join(c) + ":\n    " + "\n    ".join(
+        f"{a} -> {b}: " + "; ".join(why[(a, b)]) for a in c for b in sorted(edges[a] & set(c)))
+        for c in found]
+    assert not found, "import cycles between packages:\n" + "\n".join(detail)
 
 
 def test_modules_are_small() -> None:
