@@ -124,6 +124,8 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
             click.echo(listing.quarantine_line(row))
         if listing.cause_line(row):
             click.echo(listing.cause_line(row))
+        if listing.nccl_line(row):
+            click.echo(listing.nccl_line(row))
 
 
 @click.command(context_settings=CONTEXT)
@@ -140,7 +142,7 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     is stopped on the hosts of its current attempt.
     """
     from clusterrun.logs.settle import settle
-    from clusterrun.runs import attempts, lifecycle
+    from clusterrun.runs import attempts, lifecycle, notify
     from clusterrun.runs import remote as remote_runs
     from clusterrun.runs.journal import Journal
 
@@ -170,7 +172,8 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
         return Result()
     state = settle(run, ssh)
     if not state.final:  # every host answered that it stopped: nothing of it is left
-        state = Journal(run).finished(lifecycle.RunState.STOPPED,
-                                      status=int(ExitStatus.SIGTERM))
+        with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=note) as hooks:
+            state = Journal(run, hooks).finished(lifecycle.RunState.STOPPED,
+                                                 status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")
     return Result()

@@ -27,6 +27,10 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
     # Whichever command looks first at a run nobody watches fetches what its hosts have; a
     # finished one is then verified, summarised and recorded (logs.settle).
     settle(run, ssh, say)
+    # What NCCL chose on each host, kept in the summary, above the lines (the launch said it
+    # as the ranks initialised: a detached run's or an earlier terminal's nobody saw).
+    for line in ps.nccl_lines(ps.nccl_summary(run, attempt)):
+        say(line)
     lock = None
     if lifecycle.live(run) and not lifecycle.watched(run):
         # One lock in the run folder guards the mirrors of all its attempts.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from clusterrun.inventory.ranges import fold
 from clusterrun.runs import attempts, lifecycle, store
 
 
@@ -26,8 +27,48 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
             if started else None, "exit_status": state.get("exit_status"),
             "detached": bool(state.get("detached")), "attempt": attempts.count(run),
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
-            "quarantined": attempts.quarantined(run), "root_cause": root_cause(run)})
+            "quarantined": attempts.quarantined(run), "root_cause": root_cause(run),
+            "nccl": nccl_summary(run)})
     return rows
+
+
+def nccl_summary(run: store.RunDir, k: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """What NCCL chose on each host of attempt ``k`` (default: the run's last), as its
+    summary.json keeps it (launch/nccl.py: {"hosts": {name: {..., "line"}}, "flags"}); None
+    for a run still going, one that never used NCCL, or one with no summary."""
+    folder = run if k is None else attempts.attempt_dir(run, k)
+    summary = store.read_json(folder.file("summary.json"))
+    found = summary.get("nccl") if isinstance(summary, dict) else None
+    return found if isinstance(found, dict) and isinstance(found.get("hosts"), dict) else None
+
+
+def nccl_lines(found: Optional[dict[str, Any]]) -> list[str]:
+    """Each host's line as the launch said it (``nccl gpu-a: eth1 ..., IB (mlx5_0:1), ...``),
+    then each warning: what `logs` prints above a run's lines."""
+    if not found:
+        return []
+    lines = [str(h.get("line")) for h in found["hosts"].values()
+             if isinstance(h, dict) and h.get("line")]
+    return lines + [f"nccl warning: {flag}" for flag in found.get("flags") or []]
+
+
+def nccl_line(row: dict[str, Any]) -> str:
+    """The line under a run's row: its hosts by the network NCCL used, and how many warnings
+    (``  nccl: IB on gpu[a-b]; Socket on gpu-c; 1 warning (clusterrun logs RUN)``); '' for
+    a run without NCCL."""
+    found = row.get("nccl")
+    if not found:
+        return ""
+    by_network: dict[str, list[str]] = {}
+    for name, host in found["hosts"].items():
+        networks = host.get("networks") if isinstance(host, dict) else None
+        by_network.setdefault("/".join(networks or ()) or "network not reported",
+                              []).append(name)
+    text = "; ".join(f"{net} on {fold(names)}" for net, names in by_network.items())
+    flags = len(found.get("flags") or [])
+    if flags:
+        text += f"; {flags} warning{'s' if flags > 1 else ''} (clusterrun logs {row['id']})"
+    return f"  nccl: {text}"
 
 
 def root_cause(run: store.RunDir) -> Optional[dict[str, Any]]:
