@@ -27,10 +27,10 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def cluster(n: int) -> Iterator[sandbox.Sandbox]:
+def cluster(n: int, rc_file: Optional[Path] = None) -> Iterator[sandbox.Sandbox]:
     with tempfile.TemporaryDirectory(prefix="clusterrun-bench-") as tmp:
         root = Path(tmp) / "sandbox"
-        sb = sandbox.up(n, root, decoy=True)
+        sb = sandbox.up(n, root, decoy=True, rc_file=rc_file)
         try:
             yield sb
         finally:

@@ -65,7 +65,7 @@ def payloads() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _home(folder: Path) -> dict[str, str]:
+def home_env(folder: Path) -> dict[str, str]:
     """A CLUSTERRUN_HOME of its own (runs, mirrors), removed with the payload folder."""
     home = tempfile.mkdtemp(prefix="home-", dir=folder.parent / "homes")
     return dict(os.environ, CLUSTERRUN_HOME=home)
@@ -77,7 +77,7 @@ def _cli(sb: sandbox.Sandbox, *options: str) -> list[str]:
 
 def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int) -> dict[str, list[Sample]]:
     """Benchmark 3: a 1-process-per-host gloo all-reduce."""
-    n, env = len(sb.hosts), _home(folder)
+    n, env = len(sb.hosts), home_env(folder)
     script = folder / "allreduce.py"
     master = sb.hosts[0].address
 
@@ -108,7 +108,7 @@ def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int) -> dict[str, list
 def start(sb: sandbox.Sandbox, folder: Path, repeat: int) -> list[Sample]:
     """Benchmark 4: time until every rank of a script that does not import torch has started
     (`extra["started"]`, from the command's start), and what the controller used."""
-    env = _home(folder)
+    env = home_env(folder)
     n = len(sb.hosts)
     samples = []
 
@@ -148,7 +148,7 @@ def throughput(sb: sandbox.Sandbox, folder: Path, repeat: int, megabytes: float,
 def _spam_once(sb: sandbox.Sandbox, folder: Path, nproc: int, lines: int,
                width: int) -> Sample:
     ranks = len(sb.hosts) * nproc
-    env = _home(folder)
+    env = home_env(folder)
     console = Path(env["CLUSTERRUN_HOME"]) / "console.txt"
     try:
         sample = measure([*_cli(sb, "--no-torchrun", "--nproc-per-node", str(nproc),

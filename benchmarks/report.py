@@ -65,6 +65,25 @@ def throughput_table(samples: list[Sample]) -> str:
                            "lines lost"], rows)
 
 
+def logins_table(by_size: dict[int, dict[str, list[Sample]]]) -> str:
+    """Each command with the heavy rc file, against the tool a user would pick instead: clush
+    for exec and check, the hand-typed floor for launch."""
+    from logins import CLUSH as RC_CLUSH
+    from logins import FLOOR, LAUNCH
+
+    rows = []
+    for n, results in sorted(by_size.items()):
+        for name, samples in results.items():
+            against = FLOOR if name == LAUNCH else RC_CLUSH
+            base = median(results[against]) if against in results else float("nan")
+            ratio = "-" if name in (FLOOR, RC_CLUSH) or math.isnan(base) else (
+                f"{median(samples) / base:.2f}x {'floor' if against == FLOOR else 'clush'}")
+            rows.append([n, name, median(samples), ratio, int(median(samples, "logins")),
+                         median(samples, "cpu"), median(samples, "remote_cpu")])
+    return markdown_table(["hosts", "command (heavy ~/.bashrc)", "median s", "vs",
+                           "logins per host", "CPU here s", "CPU on hosts s"], rows)
+
+
 def plot(by_size: dict[int, dict[str, list[Sample]]], path: Path) -> Optional[str]:
     """Median time against host count, one line per command; None when matplotlib is missing
     (`pip install 'clusterrun[bench]'`)."""

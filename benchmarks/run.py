@@ -6,7 +6,9 @@
 Benchmarks (--only): fanout (exec, clush, pdsh: `hostname` on every host), check (a full
 `clusterrun check`, in the same rounds as fanout), launch (4-host gloo all-reduce against
 parallel ssh + torchrun), start (a script without torch on --start-hosts hosts, and on 4),
-logs (4 hosts x 2 ranks printing --log-mb MB as fast as they can, every line counted).
+logs (4 hosts x 2 ranks printing --log-mb MB as fast as they can, every line counted), rc
+(exec, check and launch on --rc-hosts hosts whose ~/.bashrc starts a Python on every login, as
+a `conda init` block does, next to clush and the hand-typed floor, with each host's logins).
 
 Candidates run in alternating rounds (A B C A B C ...) and the tables give medians: compare the
 ratios, not absolute seconds, which depend on the machine and on what else runs on it.
@@ -25,9 +27,10 @@ from pathlib import Path
 import common
 import fanout
 import launch
+import logins
 import report
 
-BENCHMARKS = ("fanout", "check", "launch", "start", "logs")
+BENCHMARKS = ("fanout", "check", "launch", "start", "logs", "rc")
 Sections = list[tuple[str, str]]
 
 
@@ -83,6 +86,8 @@ def main() -> int:
                         help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     parser.add_argument("--start-hosts", type=int, default=64,
                         help="hosts for the start benchmark (default: 64; 4 is measured too)")
+    parser.add_argument("--rc-hosts", default="8,32",
+                        help="host counts for the rc benchmark (default: 8,32)")
     parser.add_argument("--log-mb", type=float, default=100.0,
                         help="megabytes the logs benchmark prints in all (default: 100)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.md",
@@ -106,6 +111,11 @@ def main() -> int:
         notes.append(_fanout(sizes, chosen, args, sections, raw))
     if {"launch", "logs", "start"} & set(chosen):
         _launch(chosen, args, sections, raw)
+    if "rc" in chosen:
+        rc_sizes = sorted({int(s) for s in args.rc_hosts.split(",") if s.strip()})
+        raw["rc"] = by_size = logins.run(rc_sizes, args.repeat, launch.home_env)
+        sections.append(("With a heavy ~/.bashrc on every host (one Python per login)",
+                         report.logins_table(by_size)))
     notes.append(f"{args.repeat} alternating rounds, {time.monotonic() - began:.0f} s in all")
     args.out.write_text(report.document(command, sections, notes))
     common.write_json(args.out.with_suffix(".json"), raw)

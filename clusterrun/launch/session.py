@@ -30,8 +30,8 @@ from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failure
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
-from clusterrun.transport import Process, Transport, parallel, shell
-from clusterrun.transport.programs import call, drain, send
+from clusterrun.transport import Process, Transport, parallel
+from clusterrun.transport.programs import call, start
 
 HEARTBEAT = 2.0
 LOST_CLEANUP = 10.0  # seconds to end what a lost node left, on a host that still answers
@@ -146,15 +146,15 @@ class Session:
 
     def _start_one(self, spec: HostSpec, gang: Optional[dict[str, Any]] = None) -> None:
         node = self.nodes[spec.name].plan
-        # The supervisor needs only the standard library: -S spares every host the scan of
-        # site-packages (ranks and torchrun are interpreters of their own, with their site).
-        proc = self.transports[spec.name].run(shell.remote_python(spec, site=False))
-        self.stderr[spec.name] = drain(proc)[1]
+        # -S: the supervisor needs only the standard library (ranks have their own site).
+        # Where the probe ran, when it waits on this connection (programs.start): no new login.
+        started = start(self.transports[spec.name], spec, "run.py",
+                        request(self.plan, node, gang), site=False)
+        proc, self.stderr[spec.name] = started.proc, started.stderr
         self.procs[spec.name] = proc
         self.last_frame[spec.name] = time.monotonic()
         threading.Thread(target=self._read, args=(spec.name, proc), daemon=True,
                          name=f"clusterrun-read-{spec.name}").start()
-        send(proc, "run.py", request(self.plan, node, gang))
 
     def _start_all(self, names: list[str], gang: Optional[dict[str, Any]] = None) -> None:
         """Start these hosts' supervisors at once; a host that cannot start counts as lost."""

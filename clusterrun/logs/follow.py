@@ -14,8 +14,8 @@ from clusterrun.logs.view import LogView
 from clusterrun.runs import attempts
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
-from clusterrun.transport import SshOptions, Transport, shell
-from clusterrun.transport.programs import drain, send
+from clusterrun.transport import SshOptions, Transport
+from clusterrun.transport.programs import start
 
 
 def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
@@ -26,11 +26,10 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     ends: dict[str, dict[str, Any]] = {}
 
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
-        proc = transport.run(shell.remote_python(spec))
-        drain(proc)
-        send(proc, "tail.py", {
+        # In the interpreter the command's status or stop left there, when there is one.
+        proc = start(transport, spec, "tail.py", {
             "rundir": node["rundir"], "follow": keep_following,
-            "offsets": mirror.offsets(spec.name)})
+            "offsets": mirror.offsets(spec.name)}).proc
 
         def on_event(raw: dict[str, Any]) -> None:
             event = wire.parse(raw)

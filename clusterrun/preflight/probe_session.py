@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,9 +14,10 @@ from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
-from clusterrun.transport.programs import ProgramError, drain, send
+from clusterrun.transport.programs import ProgramError, park, start
 
 _EOF = object()
+_NEXT = object()  # the probe has ended and its interpreter waits for the next program
 
 
 class ProbeSession:
@@ -23,11 +26,14 @@ class ProbeSession:
     def __init__(self, transport: Transport, spec: HostSpec, timeout: float) -> None:
         self.spec = spec
         self.timeout = timeout
-        self._proc = transport.run(shell.remote_python(spec))
-        self._stderr_thread, self._stderr = drain(self._proc)
+        self._transport = transport
+        # Chained: once it has answered, the same interpreter can run the command's next
+        # program on this host (a manifest read, the copy, the supervisor) with no new login.
+        self._interp = start(transport, spec, "probe.py", {"workdir": spec.workdir},
+                             chain=True)
+        self._proc, self._stderr = self._interp.proc, self._interp.stderr
         self._lines: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
-        send(self._proc, "probe.py", {"workdir": spec.workdir})
         self.facts: dict[str, Any] = self._answer("facts")
 
     def _read(self) -> None:
@@ -43,6 +49,9 @@ class ProbeSession:
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for line in lines:
+                if line == shell.NEXT:  # the last line of its output: stop reading there
+                    self._lines.put(_NEXT)
+                    return
                 self._lines.put(line)
 
     def _answer(self, key: str) -> Any:
@@ -52,7 +61,7 @@ class ProbeSession:
             raise ProgramError(Outcome.PROBE_TIMEOUT,
                 f"{self.spec.name}: the probe gave no answer within "
                              f"{self.timeout:g} s.") from None
-        if line is _EOF:
+        if line is _EOF or line is _NEXT:
             raise self._died()
         try:
             return json.loads(line)[key]
@@ -63,7 +72,7 @@ class ProbeSession:
 
     def _died(self) -> ProgramError:
         code = self._proc.wait(5)
-        self._stderr_thread.join(2)
+        self._interp.stderr_read.join(2)
         err = self._stderr.decode("utf-8", "replace").strip()
         last = err.splitlines()[-5:] if err else []
         detail = ("\n    " + "\n    ".join(last)) if last else ""
@@ -104,10 +113,22 @@ class ProbeSession:
         return [self._answer(op) for op, _fields in requests]
 
     def close(self) -> None:
-        try:
+        """End the probe. Its interpreter is parked on the connection for the command's next
+        program there (``programs.park``); connections closing end it."""
+        with contextlib.suppress(OSError):
             self._proc.write(b'{"op": "exit"}\n')
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is _NEXT:
+                park(self._transport, self._interp)
+                return
+            if line is _EOF:
+                break
+        with contextlib.suppress(OSError):
             self._proc.close_stdin()
-        except OSError:
-            pass
         self._proc.wait(2)
         self._proc.close()

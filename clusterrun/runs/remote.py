@@ -6,12 +6,15 @@ those of ``attempts.current(run)``."""
 
 from __future__ import annotations
 
+import atexit
+import threading
 from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
 from clusterrun.runs.store import RunDir
-from clusterrun.transport import SshOptions, Transport, connect, parallel
+from clusterrun.transport import SshOptions, Transport, parallel
+from clusterrun.transport.pool import Connections
 from clusterrun.transport.programs import call
 
 T = TypeVar("T")
@@ -29,19 +32,37 @@ def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
     return out
 
 
+# One connection per host for the whole command, whatever it asks in turn (`stop`: stop.py,
+# then status.py, then the logs): each program runs in the interpreter the one before left
+# there (transport.programs), so the host pays its login shell once. Closed when it exits.
+_pools: dict[SshOptions, Connections] = {}
+_pools_lock = threading.Lock()
+
+
+def _connections(ssh: SshOptions) -> Connections:
+    with _pools_lock:
+        if ssh not in _pools:
+            _pools[ssh] = Connections(ssh)
+            atexit.register(_pools[ssh].close)
+        return _pools[ssh]
+
+
 def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
                deadline: Optional[float]) -> parallel.GroupResult[HostSpec, T]:
-    """``fn(transport, spec, plan entry)`` on every node of a run at once, over a connection
-    made for it and closed after."""
+    """``fn(transport, spec, plan entry)`` on every node of a run at once, over the command's
+    connection to it."""
     pairs = host_specs(run)
     nodes = {spec.name: node for spec, node in pairs}
 
+    pool = _connections(ssh)
+
     def one(spec: HostSpec) -> T:
-        transport = connect(spec, ssh)
+        transport = pool.get(spec)
         try:
             return fn(transport, spec, nodes[spec.name])
-        finally:
-            transport.close()
+        except BaseException:
+            pool.discard(spec.name)  # the next step of this command connects afresh
+            raise
 
     return parallel.run(one, [spec for spec, _ in pairs], deadline)
 

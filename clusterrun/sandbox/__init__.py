@@ -12,7 +12,6 @@ from clusterrun.sandbox.cluster import (
     exec_in,
     heal,
     load,
-    logins,
     partition,
     pids,
     regenerate_host_key,
@@ -20,6 +19,7 @@ from clusterrun.sandbox.cluster import (
     restore_host_key,
     up,
 )
+from clusterrun.sandbox.logins import logins
 
 __all__ = ["PARTITION_TABLE", "Sandbox", "SandboxHost", "SandboxNetwork", "SandboxNic",
            "add_network", "down", "exec_in", "heal", "load", "logins", "partition", "pids",

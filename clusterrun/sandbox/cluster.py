@@ -69,8 +69,6 @@ class Sandbox:
     known_hosts: Path
     decoy: bool
     networks: tuple[SandboxNetwork, ...] = ()
-    rc_file: str | None = None  # what each host's ~/.bashrc runs after counting the login
-
 
     def host(self, name: str) -> SandboxHost:
         for host in self.hosts:
@@ -108,22 +106,16 @@ def require_support() -> None:
 
 def up(n: int, root: Path, *, decoy: bool = False, python: str = sys.executable,
        rc_file: Path | None = None) -> Sandbox:
-    """Build an n-host sandbox under root (new or empty; made 0700) and return it.
-
-    Every host gets its own ~/.bashrc (for root, whom its sessions log in as), which counts
-    the host's logins (``logins``) and then runs ``rc_file``'s text when one is given (a heavy
-    one, such as a `conda init` block, to measure what each SSH channel costs); else nothing.
-    """
+    """Build an n-host sandbox under root (new or empty; made 0700) and return it; ``rc_file``:
+    see sshd.bashrc."""
     require_support()
     if not 1 <= n <= net.MAX_HOSTS:
         raise SandboxError(f"a sandbox has 1 to {net.MAX_HOSTS} hosts, not {n}")
-    rc_text = _rc_text(rc_file)
-    root = Path(root).resolve()
+    rc_text, root = sshd.rc_text(rc_file), Path(root).resolve()
     state: dict[str, Any] = {
         "version": 1, "status": "building", "created_root": _prepare_root(root),
         "decoy": decoy, "python": python, "hosts": [], "networks": [],
-        "rc_file": str(Path(rc_file).resolve()) if rc_file is not None else None,
-        "rc_text": rc_text,
+        "rc_file": str(rc_file) if rc_file else None, "rc_text": rc_text,
     }
     try:
         _build(root, state, n)
@@ -133,31 +125,6 @@ def up(n: int, root: Path, *, decoy: bool = False, python: str = sys.executable,
             raise
         raise SandboxError(f"sandbox up failed: {exc.message}{leftovers}") from exc
     return _from_state(root, state)
-
-
-def _rc_text(rc_file: Path | None) -> str:
-    """The text of ``rc_file``, checked before anything is built."""
-    if rc_file is None:
-        return ""
-    if sshd.bind_target(sshd.root_bashrc()) is None:
-        raise SandboxError(
-            f"--rc-file needs a {sshd.root_bashrc()} on this machine to cover in each host "
-            "(a file can only be mounted over a file): create an empty one "
-            f"(`touch {sshd.root_bashrc()}`) and try again.")
-    try:
-        return Path(rc_file).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SandboxError(f"cannot read the rc file {rc_file}: {exc}") from None
-
-
-def logins(sb: Sandbox, host_name: str) -> int:
-    """How many login shells (SSH channels that ran a command) the host has had so far: its
-    ~/.bashrc counts them. Compare two readings around a command."""
-    if sshd.bind_target(sshd.root_bashrc()) is None:
-        raise SandboxError(f"logins are counted by each host's ~/.bashrc, mounted over "
-                           f"{sshd.root_bashrc()}, which this machine lacks: create an empty "
-                           "one and rebuild the sandbox.")
-    return sshd.logins(sb.root / sb.host(host_name).name)
 
 
 def down(root: Path) -> None:
@@ -440,5 +407,4 @@ def _from_state(root: Path, state: dict[str, Any]) -> Sandbox:
         root=root, prefix=state["prefix"], bridge=state["bridge"], subnet=state["subnet"],
         controller_address=state["controller_address"], hosts=hosts,
         inventory=root / "inventory.yaml", identity_file=root / "id_ed25519",
-        known_hosts=root / "known_hosts", decoy=state["decoy"], networks=networks,
-        rc_file=state.get("rc_file"))
+        known_hosts=root / "known_hosts", decoy=state["decoy"], networks=networks)

@@ -70,8 +70,27 @@ def bashrc(logins: str, rc_text: str = "") -> str:
     return head + "# --- the rc file given to `clusterrun sandbox up --rc-file` ---\n" + rc_text
 
 
+def rc_text(rc_file: Path | None) -> str:
+    """The text of ``rc_file``, checked before anything is built."""
+    if rc_file is None:
+        return ""
+    if bind_target(root_bashrc()) is None:
+        raise SandboxError(
+            f"--rc-file needs a {root_bashrc()} on this machine to cover in each host "
+            "(a file can only be mounted over a file): create an empty one "
+            f"(`touch {root_bashrc()}`) and try again.")
+    try:
+        return Path(rc_file).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SandboxError(f"cannot read the rc file {rc_file}: {exc}") from None
+
+
 def logins(home: Path) -> int:
     """How many logins (SSH channels that ran a command) the host has had (see bashrc)."""
+    if bind_target(root_bashrc()) is None:
+        raise SandboxError(f"logins are counted by each host's ~/.bashrc, mounted over "
+                           f"{root_bashrc()}, which this machine lacks: create an empty one "
+                           "and rebuild the sandbox.")
     try:
         with open(home / LOGINS, "rb") as handle:
             return sum(block.count(b"\n") for block in iter(lambda: handle.read(65536), b""))

@@ -268,9 +268,10 @@ class FakeProcess:
         """The bootstrap's input: a length line, then that many bytes of a known program."""
         with self._cond:
             head, sep, rest = bytes(self._stdin).partition(b"\n")
-            if not sep or len(rest) < int(head):
+            size = int(head.split()[0]) if sep else 0  # the flags after it are ignored:
+            if not sep or len(rest) < size:  # a fake program never waits for a next one
                 return False
-            source, self._stdin[:] = rest[:int(head)], rest[int(head):]
+            source, self._stdin[:] = rest[:size], rest[size:]
         self.program = _program_sources().get(source, "<unknown program>")
         return True
 

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 from clusterrun.inventory import HostSpec
 from clusterrun.transport import connect as connect_host
+from clusterrun.transport import programs
 from clusterrun.transport.base import SshOptions, Transport
 
 Connector = Callable[[HostSpec, SshOptions], Transport]
@@ -50,6 +51,7 @@ class Connections:
         with self._lock:
             transport = self._open.pop(name, None)
         if transport is not None:
+            programs.release(transport)
             transport.close()
 
     def connected(self, name: str) -> bool:
@@ -64,6 +66,7 @@ class Connections:
     def close(self) -> None:
         with self._lock:
             open_now, self._open = list(self._open.values()), {}
+        programs.release(*open_now)  # what waits for a next program ends before its connection
         for transport in open_now:
             transport.close()
 

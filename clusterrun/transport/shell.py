@@ -39,10 +39,27 @@ PICK_ENGINE = (
 
 # Reads a length-prefixed Python program from stdin and runs it: the same short command line on
 # every host, nothing secret in `ps`, and stdin stays open afterwards as the control channel.
-BOOTSTRAP = (
-    "import sys;n=int(sys.stdin.buffer.readline());"
-    "exec(compile(sys.stdin.buffer.read(n),'<clusterrun>','exec'))"
-)
+# The length line may carry flags: "c" (chain) says that when the program returns, the
+# interpreter prints NEXT and waits for another program's length line instead of exiting, and
+# then becomes a fresh interpreter (the same one, -S when that line says "S") that reads it.
+# Every SSH channel runs the user's login shell (~/.bashrc: a `conda init` block starts a
+# Python on every login), so the programs of one command share channels: the probe's becomes
+# the supervisor. EOF in place of the next length line ends it.
+NEXT = b"clusterrun-next"
+_BOOT_BODY = r"""import os,sys
+a=sys.argv[1:]
+h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
+exec(compile(sys.stdin.buffer.read(int(h[0])),'<clusterrun>','exec'),{'__name__':'__main__'})
+if b'c' in h[1:]:
+ sys.stdout.flush();sys.stderr.flush();os.write(1,b'NEXT\n');h=b''
+ while h[-1:]!=b'\n':
+  c=os.read(0,1)
+  if not c:os._exit(0)
+  h+=c
+ x=sys.executable;s=['-S']*(b'S' in h.split()[1:])
+ os.execv(x,[x]+s+['-u','-c','B=%r;exec(B)'%B,h.strip().decode()])
+""".replace("NEXT", NEXT.decode())
+BOOTSTRAP = f"B={_BOOT_BODY!r};exec(B)"
 
 
 def join(argv: Sequence[str]) -> str:
@@ -227,7 +244,11 @@ def _build(name: str) -> bytes:
     return b"".join(parts)
 
 
-def program_input(name: str, request: dict[str, Any]) -> bytes:
-    """What to write to the stdin of ``remote_python``: the program, then its request."""
+def program_input(name: str, request: dict[str, Any], *, chain: bool = False,
+                  site: Optional[bool] = None) -> bytes:
+    """What to write to the stdin of ``remote_python``: the program, then its request.
+    ``chain``: the interpreter waits for another program afterwards (see BOOTSTRAP). ``site``:
+    for an interpreter that already ran one (it restarts with -S when False)."""
     source = program_source(name)
-    return b"%d\n" % len(source) + source + json.dumps(request).encode() + b"\n"
+    flags = (b" c" if chain else b"") + (b" S" if site is False else b"")
+    return b"%d%s\n" % (len(source), flags) + source + json.dumps(request).encode() + b"\n"
