@@ -69,6 +69,10 @@ from clusterrun.errors import Result, UsageError
 @click.option("--min-nodes", type=click.IntRange(min=1), default=None, metavar="M",
               help="With --max-restarts: when no spare is left, restart on fewer hosts, down to "
                    "M (node ranks renumbered, the world shrinks; default: the full count).")
+@click.option("--notify", default=None, metavar="CMD",
+              help="Run CMD on this machine for each event of the run (started, each rank's "
+                   "first line, stalled, a failed rank, a lost host, a restart, finished), the "
+                   "event's JSON on its stdin, secrets masked (docs/observability.md).")
 @click.option("--name", default=None, help="A name for the run (default: the script's name).")
 @click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL when a run is stopped.")
@@ -127,7 +131,7 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         sync=not opt["no_sync"], dry_run=opt["dry_run"], detach=opt["detach"],
         name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
         allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
-        min_nodes=opt["min_nodes"])
+        min_nodes=opt["min_nodes"], notify=opt["notify"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
     return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
 

@@ -30,6 +30,7 @@ from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
+from clusterrun.runs import notify, store
 from clusterrun.runs.journal import Journal, Listener, RunRecord
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
@@ -82,18 +83,25 @@ class AttemptLoop:
 
     def run(self, plan: LaunchPlan, report: CheckReport, home: Path) -> Result:
         """Run ``plan`` (attempt 1, checked as ``report``) and the attempts that follow it."""
-        journal = Journal.start(home, RunRecord(
-            id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
-            inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
-            max_restarts=self.opts.max_restarts, notify=self.opts.notify),
-            self._public(plan), self.listeners)
-        lock = journal.run.lock_fd("mirror.lock")  # held while this process writes the mirrors
-        try:
-            with Interrupts(self.say) as interrupts:
-                return self._attempts(journal, plan, report, interrupts)
-        finally:
-            if lock is not None:
-                os.close(lock)
+        folder = store.runs_root(home) / plan.run_id
+        secrets = notify.secret_values(kv for n in plan.nodes for kv in n.env)
+        with notify.hooks(self.opts.notify, folder / "notify.log", secrets=secrets,
+                          say=self.say) as hooks:
+            journal = Journal.start(home, RunRecord(
+                id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
+                inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
+                max_restarts=self.opts.max_restarts, notify=self.opts.notify),
+                self._public(plan), (*self.listeners, *hooks))
+            lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
+            try:
+                with Interrupts(self.say) as interrupts:
+                    result = self._attempts(journal, plan, report, interrupts)
+            finally:
+                if lock is not None:
+                    os.close(lock)
+        if plan.detach and self.opts.notify and lock is not None and result == Result():
+            notify.watch(journal.run, self.say)
+        return result
 
     def _attempts(self, journal: Journal, plan: LaunchPlan, report: CheckReport,
                   interrupts: Interrupts) -> Result:
@@ -130,7 +138,7 @@ class AttemptLoop:
             journal.finished(RunState.FAILED, status=exc.exit_status, reason=reason)
             raise
         mirror = Mirror(folder)
-        view = LogView(Printer(self.out))
+        view = LogView(Printer(self.out), first_line=journal.first_line_of(plan.attempt))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
                           notify=self.say)
         session.start()

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
-from clusterrun.runs import attempts, lifecycle, remote
+from clusterrun.runs import attempts, lifecycle, notify, remote
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
@@ -56,15 +56,16 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     status = exit_status(state, root)
     ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
-    journal = Journal(run)
-    journal.attempt_ended(attempt.attempt, status=status,
-                          root=root.public() if root else None,
-                          summary=summary if attempt != run else None, seen=state,
-                          ended_at=ended)
-    if attempts.entries(run) or attempts.quarantined(run):
-        summary = dict(summary, attempts=attempts.entries(run),
-                       quarantined=attempts.quarantined(run))
-    return journal.finished(state, status=status, summary=summary, ended_at=ended)
+    with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=say) as hooks:
+        journal = Journal(run, hooks)
+        journal.attempt_ended(attempt.attempt, status=status,
+                              root=root.public() if root else None,
+                              summary=summary if attempt != run else None, seen=state,
+                              ended_at=ended)
+        if attempts.entries(run) or attempts.quarantined(run):
+            summary = dict(summary, attempts=attempts.entries(run),
+                           quarantined=attempts.quarantined(run))
+        return journal.finished(state, status=status, summary=summary, ended_at=ended)
 
 
 def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:

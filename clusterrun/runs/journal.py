@@ -15,6 +15,7 @@ runs.attempts; nothing else writes these files.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -132,6 +133,15 @@ class Journal:
                     change.root_event(k, root)
                     change.event("attempt_ended", attempt=k, exit_status=status)
                     break
+
+    def first_line_of(self, k: int) -> Callable[[str, int, str], None]:
+        """What attempt k's log view calls with each rank's first line (node, rank, line)."""
+        return functools.partial(self.first_line, k)
+
+    def first_line(self, k: int, node: str, rank: int, line: str) -> None:
+        """A rank of attempt k printed its first line: it is up (an event, no state)."""
+        with self._changing() as change:
+            change.event("first_line", attempt=k, node=node, rank=rank, line=line)
 
     def detached(self) -> None:
         """Every node started and the launching process leaves: nobody watches the run now."""

@@ -1,0 +1,145 @@
+"""The run journal (clusterrun/runs/journal.py) is the one writer of a run's state.json,
+summary.json and events.jsonl: each change writes the state and its event together, an event is
+never written twice, and `--notify` hooks hear every event in order, with secrets masked, without
+a failing or slow hook changing anything."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterrun.inventory.slots import Quarantine
+from clusterrun.runs import notify, store
+from clusterrun.runs.journal import Journal, RunRecord, events
+from clusterrun.runs.state import RunState
+from tests.conftest import REPO, run_cli
+
+RUN_ID = "20260101-000000-train-0001"
+
+
+def started(tmp_path: Path, heard: list[dict[str, object]] | None = None) -> Journal:
+    listeners = (heard.append,) if heard is not None else ()
+    return Journal.start(tmp_path, RunRecord(RUN_ID, "train", ("a", "b"), "inv.yaml"),
+                         {"run_id": RUN_ID, "name": "train"}, listeners)
+
+
+def kinds(journal: Journal) -> list[str]:
+    return [str(e["event"]) for e in events(journal.run)]
+
+
+def test_a_run_ends_once_and_every_change_is_one_event(tmp_path: Path) -> None:
+    heard: list[dict[str, object]] = []
+    journal = started(tmp_path, heard)
+    journal.attempt_begun(1, ["a", "b"], {})
+    journal.first_line(1, "a", 0, "hello")
+    journal.attempt_ended(1, status=3, root={"node": "b", "rank": 1, "code": 3, "detail": "x",
+                                             "lost": False})
+    journal.attempt_ended(1, status=143, root=None)  # a second end of the attempt: kept as is
+    assert journal.finished(RunState.FAILED, status=3, summary={"exit_status": 3}) \
+        is RunState.FAILED
+    # `stop` (or a later `ps`) after the end changes nothing and says nothing.
+    assert journal.finished(RunState.STOPPED, status=143) is RunState.FAILED
+    assert kinds(journal) == ["started", "attempt_begun", "first_line", "rank_failed",
+                              "attempt_ended", "finished"]
+    written = events(journal.run)
+    assert [e["seq"] for e in written] == [1, 2, 3, 4, 5, 6]
+    assert heard == written  # the listeners heard exactly what was written, in order
+    state = journal.run.state
+    assert (state["state"], state["exit_status"], state["events"]) == ("failed", 3, 6)
+    assert state["attempts"][0]["exit_status"] == 3
+    assert state["attempts"][0]["root_cause"] == "x"
+    assert json.loads(journal.run.file("summary.json").read_text()) == {"exit_status": 3}
+
+
+def test_a_restart_quarantine_and_a_stall_are_recorded(tmp_path: Path) -> None:
+    journal = started(tmp_path)
+    journal.attempt_begun(1, ["a", "b"], {})
+    journal.attempt_ended(1, status=5, root={"node": "b", "detail": "b was lost", "lost": True})
+    journal.host_quarantined(Quarantine("b", "lost", time.time(), 1))
+    second = journal.attempt_begun(2, ["a", "c"], {"run_id": RUN_ID, "name": "train"})
+    assert second.path == journal.run.path / "attempt-2"
+    assert second.state["state"] == "running" and second.plan["name"] == "train"
+    assert journal.stalled(2, {"odd": [3]})
+    assert not journal.stalled(2, {"odd": [3]})  # one report per stall
+    assert journal.run.state["state"] == "stalled"
+    assert journal.resumed(2) and not journal.resumed(2)
+    journal.attempt_ended(2, status=0, root=None, summary={"attempt": 2},
+                          seen=RunState.SUCCEEDED)
+    journal.finished(RunState.SUCCEEDED, status=0)
+    assert kinds(journal) == ["started", "attempt_begun", "host_lost", "attempt_ended",
+                              "host_quarantined", "restarted", "stalled", "resumed",
+                              "attempt_ended", "finished"]
+    assert second.state["state"] == "succeeded"
+    assert json.loads(second.file("summary.json").read_text()) == {"attempt": 2}
+    assert [q["host"] for q in journal.quarantined()] == ["b"]
+    assert journal.run.state["stall"] == {"odd": [3]}
+
+
+def test_only_the_journal_writes_a_runs_state_and_summary() -> None:
+    """No other module of the controller writes state.json or summary.json (the hosts' own
+    state files, written by the shipped programs in remote/, are theirs)."""
+    writers = []
+    for path in sorted((REPO / "clusterrun").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("clusterrun/remote/") or rel == "clusterrun/runs/journal.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+                    ("write_json", "open_private", "write_text", "open")) and any(
+                    name in ast.unparse(node) for name in
+                    ('"state.json"', '"summary.json"', "EVENTS", '"events.jsonl"')):
+                writers.append(f"{rel}:{node.lineno}")
+    assert writers == []
+
+
+def test_secrets_are_masked_in_what_a_hook_hears() -> None:
+    event = {"event": "first_line", "line": "HF_TOKEN=hf_abc123 lr=0.1 using s3cr3tvalue",
+             "nested": [{"detail": "WANDB_API_KEY: k-999"}]}
+    assert notify.masked(event, ("s3cr3tvalue",)) == {
+        "event": "first_line", "line": "HF_TOKEN=****** lr=0.1 using ******",
+        "nested": [{"detail": "WANDB_API_KEY: ******"}]}
+
+
+def test_a_failing_or_slow_hook_is_said_once_and_harms_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notify, "TIMEOUT", 1.0)
+    said: list[str] = []
+    out = tmp_path / "heard"
+    hook = notify.Notifier(f"cat >> {out}; sleep 5", tmp_path / "notify.log", say=said.append)
+    began = time.monotonic()
+    for seq in (1, 2):
+        hook({"event": "e", "seq": seq})
+    assert time.monotonic() - began < 0.5  # handing an event over never waits for the hook
+    hook.close()
+    assert [json.loads(line)["seq"] for line in out.read_text().splitlines()] == [1, 2]
+    assert len(said) == 1 and "ran longer than 1 s and was killed" in said[0], said
+
+
+def test_launch_notify_hears_the_runs_events_and_a_failing_hook_changes_nothing(
+        home: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job" / "job.py"
+    job.parent.mkdir()
+    job.write_text("import os\nprint('hello from', os.environ['RANK'], 'API_TOKEN=tok-777',"
+                   " flush=True)\n")
+    heard = tmp_path / "heard.jsonl"
+    cp = run_cli("launch", "--no-torchrun", "--notify", f"cat >> {heard}; exit 9",
+                 "inventories/localhost.yaml", str(job), "--env", "API_TOKEN=tok-777",
+                 timeout=120, cwd=REPO)
+    assert cp.returncode == 0, cp.stderr  # the hook's own failure is not the run's
+    assert len(re.findall("--notify hook exited with 9", cp.stderr)) == 1, cp.stderr
+    got = [json.loads(line) for line in heard.read_text().splitlines()]
+    run_dir = store.all_runs(home)[0]
+    # Every event, once, in the order written (the hook's copy masked).
+    assert [(e["seq"], e["event"]) for e in got] == [(e["seq"], e["event"])
+                                                     for e in events(run_dir)]
+    assert [e["event"] for e in got if e["event"] != "first_line"] == [
+        "started", "attempt_begun", "attempt_ended", "finished"]
+    firsts = sorted((e["node"], e["rank"]) for e in got if e["event"] == "first_line")
+    assert firsts == [("node0", 0), ("node1", 1)]
+    assert "tok-777" not in heard.read_text() and "API_TOKEN=******" in heard.read_text()
+    assert got[-1]["state"] == "succeeded" and got[-1]["exit_status"] == 0
