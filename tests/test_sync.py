@@ -156,7 +156,8 @@ def test_a_host_that_cannot_write_the_copy_is_a_sync_error(
     with pytest.raises(ClusterrunError) as caught:
         run()
     assert caught.value.exit_status == ExitStatus.SYNC
-    assert f"gpu2: cannot prepare or read {dest}" in caught.value.message
+    assert (f"gpu2: cannot copy the code to {dest}: {dest} is a file, not a directory. Move "
+            f"{dest} out of the way, or: set `workdir:` in the inventory") in caught.value.message
     assert "Traceback" not in caught.value.message
 
 

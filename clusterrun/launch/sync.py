@@ -31,6 +31,7 @@ from typing import Any, Optional
 from clusterrun.errors import PreflightError, SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
+from clusterrun.preflight import hostpaths
 from clusterrun.transport import SshTransport, Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
 
@@ -156,10 +157,15 @@ def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str], *
     try:
         reply = call(transport, spec, "files.py", request, timeout=SYNC_SECONDS,
                      payload=payload(), site=False)
-    except ProgramError as exc:  # e.g. the workdir's disk is full or read-only
+    except ProgramError as exc:  # the copy ended without an answer (a lost connection)
         into = f" in container {spec.container!r}" if spec.container else ""
         what = "copy files into" if entries else "prepare or read"
         raise SyncError(f"{spec.name}: cannot {what} {dest}{into}: {exc.message}") from None
+    found = reply.get("error")
+    if isinstance(found, dict):  # a path there it cannot create or write
+        into = f" in container {spec.container!r}" if spec.container else ""
+        raise SyncError(f"{spec.name}: cannot copy the code to {dest}{into}: "
+                        f"{hostpaths.cause(found)}. {hostpaths.fix(found, local=spec.local)}")
     return {k: (v[0], v[1]) for k, v in reply["manifest"].items()}
 
 

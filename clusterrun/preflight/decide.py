@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.preflight import hostpaths
 from clusterrun.preflight.report import Check, HostReport
 from clusterrun.remote import disk
 
@@ -66,9 +67,8 @@ def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
     if workdir.get("ok"):
         checks.append(_workdir_space(name, workdir))
     else:
-        checks.append(Check("workdir", False, f"cannot use workdir {workdir.get('path')} on "
-                            f"{name}: {workdir.get('error')}. Set `workdir:` to a directory that "
-                            "user can create and write (the default is ~/clusterrun)."))
+        checks.append(Check("workdir", False, hostpaths.explain(name, workdir,
+                                                               local=spec.local)))
     dns = facts.get("dns") or {}
     seconds = dns.get("seconds")
     if dns.get("error") or seconds is None or seconds > SLOW_DNS_SECONDS:

@@ -8,10 +8,13 @@ reader never sees half a file); the manifest is then read back from the disk, as
 check would read it. One program run both copies and verifies a small change.
 """
 
+import errno
 import hashlib
 import json
 import os
 import sys
+
+from clusterrun.remote import pathcheck
 
 
 def _target(root, rel):
@@ -58,6 +61,14 @@ def main():
         try:
             os.makedirs(root, exist_ok=True)
             _write(stdin, root, entries)
+        except OSError as exc:
+            # Said as facts, not a traceback: the controller names what is in the way and the
+            # fix (clusterrun/preflight/hostpaths.py).
+            # A directory where a file goes: os.replace names the temporary file first.
+            at = exc.filename2 if exc.errno == errno.EISDIR else exc.filename
+            at = at if isinstance(at, str) else root
+            _reply({"root": root, "error": pathcheck.failure(at, exc)})
+            sys.exit(1)
         finally:
             os.umask(old)
     manifest = {}
@@ -66,7 +77,11 @@ def main():
         if not os.path.isfile(path) or os.path.islink(path):
             continue
         manifest[rel] = [os.path.getsize(path), _digest(path)]
-    sys.stdout.write(json.dumps({"root": root, "manifest": manifest}) + "\n")
+    _reply({"root": root, "manifest": manifest})
+
+
+def _reply(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from clusterrun.remote import disk, gpus, mesh, sysinfo, throughput
+from clusterrun.remote import disk, gpus, mesh, pathcheck, sysinfo, throughput
 
 TYPE_CHECKING = False  # mypy takes it as true; hosts skip importing typing (~4 ms)
 if TYPE_CHECKING:
@@ -170,7 +170,8 @@ def check_workdir(path):
             os.close(fd)
             os.unlink(name)
     except OSError as exc:
-        return {"path": path, "ok": False, "error": exc.strerror or str(exc)}
+        # What is in the way, and whose home: the controller words the fix (hostpaths.py).
+        return pathcheck.failure(path, exc)
     finally:
         os.umask(old)
     # Runs go to <workdir>/runs, which may be a mount of its own.

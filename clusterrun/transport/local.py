@@ -61,10 +61,13 @@ class LocalTransport:
         return None
 
     def run(self, command: str) -> Process:
+        # sshd starts in / when the user's home directory is missing: so does this, and the
+        # probe then names the missing home and the fix (preflight/hostpaths.py).
+        home = os.path.expanduser("~")
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True,
-            restore_signals=True,
+            stderr=subprocess.PIPE, cwd=home if os.path.isdir(home) else "/",
+            start_new_session=True, restore_signals=True,
         )
         return LocalProcess(proc)
 
