@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Mapping
 from typing import Optional
 
@@ -59,6 +60,62 @@ def step_argv(spec: HostSpec, command: str, cpus: Optional[int] = None) -> list[
             "--job-name=clusterrun", "/bin/sh", "-c", command]
 
 
+# What srun prints when it cannot start the step at all (the job has ended, the node is not in
+# it or not answering, the step is refused): nothing ran on the node, so the node is unreachable
+# (exit 4), not a failed probe or program (3). A task that ran and failed says other words
+# ("task 0: Exited with exit code 1").
+STEP_NOT_STARTED = re.compile(
+    rb"srun: error: (Unable to create step|Unable to confirm allocation|Unable to allocate"
+    rb"|Task launch for .* failed|Application launch failed|Invalid job id|Invalid node name"
+    rb"|.*Job/step already completing or completed|.*Requested node configuration)")
+STDERR_KEPT = 8192
+STDERR_SECONDS = 2.0
+
+
+class SrunProcess(LocalProcess):
+    """A job step's srun: as LocalProcess, and an exit that says srun never started the step
+    raises ConnectError (unreachable) with srun's own words, for every caller alike."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], spec: HostSpec) -> None:
+        super().__init__(proc)
+        self._spec = spec
+        self._answered = False
+        self._stderr = bytearray()
+        self._stderr_done = threading.Event()
+
+    def recv(self, size: int) -> bytes:
+        data = super().recv(size)
+        self._answered = self._answered or bool(data)
+        return data
+
+    def recv_stderr(self, size: int) -> bytes:
+        try:
+            data = super().recv_stderr(size)
+        except OSError:
+            self._stderr_done.set()
+            raise
+        if not data:
+            self._stderr_done.set()
+        if len(self._stderr) < STDERR_KEPT:
+            self._stderr.extend(data[:STDERR_KEPT - len(self._stderr)])
+        return data
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        code = super().wait(timeout)
+        if code and not self._answered:
+            # The caller's stderr reader may still be on its way to srun's last words.
+            self._stderr_done.wait(STDERR_SECONDS)
+            err = bytes(self._stderr)
+            match = STEP_NOT_STARTED.search(err)
+            if match is not None:
+                line = err[match.start():].split(b"\n", 1)[0].decode("utf-8", "replace")
+                raise ConnectError(Outcome.UNREACHABLE, (
+                    f"{self._spec.name}: Slurm did not start a job step on {self._spec.host} "
+                    f"(job {self._spec.slurm_job}): {line.strip()}. Is the node in this "
+                    f"allocation, and the job still running (squeue -j {self._spec.slurm_job})?"))
+        return code
+
+
 class SrunTransport:
     """One node of a Slurm job; every command a new job step on it."""
 
@@ -83,7 +140,7 @@ class SrunTransport:
         except OSError as exc:
             raise ConnectError(Outcome.UNREACHABLE,
                                f"{self.spec.name}: cannot start srun: {exc.strerror}.") from None
-        return LocalProcess(proc)
+        return SrunProcess(proc, self.spec)
 
     def close(self) -> None:
         return None
