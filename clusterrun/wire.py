@@ -114,6 +114,14 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The stall watchdog: seconds since any rank of the node last made progress."""
+
+    elapsed: float
+    quiet: float
+
+
+@dataclass(frozen=True)
 class End:
     """A program's final event. Runs: state is succeeded/failed/stopped/lost (or missing,
     unknown for `logs -f` of a run that is not there); exec: exited/timeout/stopped/lost."""
@@ -144,7 +152,7 @@ class StopResult:
 
 
 Event = Union[Started, RankExit, NodeFailure, TorchrunExit, NcclReport, Heartbeat, End, Status,
-              StopResult]
+              StopResult, Progress]
 
 
 def root_cause(raw: Any) -> Optional[RootCause]:
@@ -207,6 +215,8 @@ def parse(ev: dict[str, Any]) -> Event:
                        root_cause=root_cause(ev.get("root_cause")))
         if kind == protocol.STATUS:
             return Status(ev.get("state"))
+        if kind == protocol.PROGRESS:
+            return Progress(_float(ev), float(ev["quiet"]))
         if kind == protocol.STOPPED:
             return StopResult(bool(ev.get("found")), ev.get("was"), ev.get("state"))
     except (KeyError, TypeError, ValueError) as exc:

@@ -16,6 +16,8 @@ MAX_LINES = 400
 LONG_MODULES = {
     # One namespace cluster: veths, nftables, sshd per host; a single place is easier to audit.
     "clusterrun/sandbox/cluster.py": (410, "the sandbox cluster builder"),
+    # The supervisor's loop: every watch it ticks (ranks, disk, NCCL, gang, stalls) in one place.
+    "clusterrun/remote/run.py": (410, "the node supervisor"),
 }
 
 

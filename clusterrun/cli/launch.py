@@ -73,6 +73,13 @@ from clusterrun.errors import Result, UsageError
               help="Run CMD on this machine for each event of the run (started, each rank's "
                    "first line, stalled, a failed rank, a lost host, a restart, finished), the "
                    "event's JSON on its stdin, secrets masked (docs/observability.md).")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              metavar="SECONDS",
+              help="Call the run stalled when no rank has made progress (a new line, or CPU "
+                   "outside a collective) for this long, and report every rank's stack; 0: off.")
+@click.option("--on-stall", type=click.Choice(["report", "stop"]), default="report",
+              show_default=True,
+              help="After the stall report: let the run wait, or end it everywhere (exit 7).")
 @click.option("--name", default=None, help="A name for the run (default: the script's name).")
 @click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL when a run is stopped.")
@@ -131,7 +138,8 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         sync=not opt["no_sync"], dry_run=opt["dry_run"], detach=opt["detach"],
         name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
         allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
-        min_nodes=opt["min_nodes"], notify=opt["notify"])
+        min_nodes=opt["min_nodes"], notify=opt["notify"],
+        stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
     return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
 

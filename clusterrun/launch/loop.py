@@ -34,6 +34,7 @@ from clusterrun.runs import notify, store
 from clusterrun.runs.journal import Journal, Listener, RunRecord
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
+from clusterrun.stacks import watchdog as stall_watchdog
 from clusterrun.transport.pool import Connections
 
 Say = Callable[[str], None]
@@ -77,7 +78,8 @@ class AttemptLoop:
                               name=self.opts.name, nproc_override=self.opts.nproc_per_node,
                               env=self.sources, sync=self.opts.sync, grace=self.opts.grace,
                               lease=self.opts.lease, detach=self.opts.detach, run_id=run_id,
-                              attempt=attempt, max_restarts=self.opts.max_restarts)
+                              attempt=attempt, max_restarts=self.opts.max_restarts,
+                              stall=(self.opts.stall_timeout, self.opts.on_stall))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -141,6 +143,8 @@ class AttemptLoop:
         view = LogView(Printer(self.out), first_line=journal.first_line_of(plan.attempt))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
                           notify=self.say)
+        session.stall = stall_watchdog.for_session(plan, folder, journal, session,
+                                                   self.pool.options, say=self.say)
         session.start()
         if plan.detach:
             return self._detached(journal, plan, session)

@@ -66,7 +66,7 @@ def request(plan: LaunchPlan, node: NodePlan,
     req = {"node": node.name, "rundir": node.rundir, "cwd": node.cwd,
            "argv": list(node.argv), "env": dict(node.env), "public": public,
            "detach": plan.detach, "grace": plan.grace, "lease": plan.lease,
-           "heartbeat": HEARTBEAT,
+           "heartbeat": HEARTBEAT, "stall_timeout": plan.stall_timeout, "on_stall": plan.on_stall,
            # A Slurm step ends, with every process in it, when its first process exits.
            "hold_step": dict(node.connection).get("transport") == "srun"}
     if node.processes:  # --no-torchrun: the supervisor starts each process itself
@@ -141,6 +141,7 @@ class Session:
         self.silent: set[str] = set()  # nodes lost to silence: their hosts may not answer
         self.pauses = pause.Pauses()
         self.abandoned = False  # this controller fell silent past the lease: the nodes left
+        self.stall: Optional[Any] = None  # the stall watchdog (stacks/watchdog.py), if on
 
     # -- starting ------------------------------------------------------------------------
 
@@ -278,6 +279,8 @@ class Session:
         elif isinstance(ev, wire.NcclReport):
             node.nccl = ev
             self.nccl.update(name, ev, arrived)
+        elif isinstance(ev, wire.Progress) and self.stall is not None:
+            self.stall.update(name, ev.quiet, arrived)
         elif isinstance(ev, wire.End):
             node.end = ev
         elif isinstance(ev, _Broken):
@@ -333,6 +336,8 @@ class Session:
                     self.stop_all(reason=f"stopped after {found[0].detail}")
             self.check_timers(self.plan.lease)
             self.nccl.tick(time.monotonic())
+            if self.stall is not None and self.stopping_since is None:
+                self.stall.tick(time.monotonic())
             self.view.tick()
         while True:  # what is already queued (e.g. each node's end-of-stream)
             try:

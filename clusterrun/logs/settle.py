@@ -42,6 +42,7 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
     state = combine(states, unreachable=unreachable)
     if not state.final:
+        _stall(run, attempt, per_node)
         return lifecycle.recorded(run) or state
     root = _root_cause(per_node)
     if root is not None:
@@ -66,6 +67,16 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
             summary = dict(summary, attempts=attempts.entries(run),
                            quarantined=attempts.quarantined(run))
         return journal.finished(state, status=status, summary=summary, ended_at=ended)
+
+
+def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:
+    """A detached run's hub keeps its stall report in its state (remote/watchdog.py): the run
+    is recorded stalled while a host says so, and running again once none does."""
+    found = [s.get("stall") or {} for s in per_node.values() if s.get("state") == "stalled"]
+    if found:
+        Journal(run).stalled(attempt.attempt, dict(found[0]))
+    elif lifecycle.recorded(run) is RunState.STALLED:
+        Journal(run).resumed(attempt.attempt)
 
 
 def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:

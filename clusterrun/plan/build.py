@@ -128,7 +128,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
           nproc_override: Optional[int] = None, env: Optional[EnvSources] = None,
           sync: bool = True, grace: float = 15.0, lease: float = 30.0,
           detach: bool = False, run_id: Optional[str] = None, attempt: int = 1,
-          max_restarts: int = 0) -> LaunchPlan:
+          max_restarts: int = 0, stall: tuple[float, str] = (0.0, "report")) -> LaunchPlan:
     """Everything a launch will do, decided before anything starts. A restart (``attempt`` 2
     and on) keeps the run's id; its files on each host go to a folder of their own."""
     if report.master_addr is None or report.master_port is None:
@@ -200,7 +200,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
                       master_addr=report.master_addr, master_port=report.master_port,
                       lifeline_port=report.lifeline_port, module=job.module, code=job.code,
                       nodes=tuple(nodes), sync=sync, grace=grace, lease=lease, detach=detach,
-                      attempt=attempt)
+                      attempt=attempt, stall_timeout=stall[0], on_stall=stall[1])
 
 
 def _process(command: list[str], job: Job, values: dict[str, object], *, node_rank: int,

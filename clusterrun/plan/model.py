@@ -109,6 +109,8 @@ class LaunchPlan:
     module: Optional[str] = None  # -m MODULE instead of a script
     code: Optional[Path] = None  # the directory copied to every host (default: the script's)
     attempt: int = 1  # 2 and on: a restart of the run (`launch --max-restarts`)
+    stall_timeout: float = 0.0  # the stall watchdog (docs/troubleshooting.md); 0: off
+    on_stall: str = "report"  # or "stop" (exit status 7)
 
     @property
     def code_dir(self) -> Path:
@@ -126,4 +128,5 @@ class LaunchPlan:
                 "lease": self.lease, "detach": self.detach, "created": self.created,
                 "module": self.module,
                 "lifeline_port": self.lifeline_port, "attempt": self.attempt,
+                "stall_timeout": self.stall_timeout, "on_stall": self.on_stall,
                 "nodes": [n.public() for n in self.nodes]}

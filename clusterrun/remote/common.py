@@ -49,6 +49,7 @@ class Cause(enum.Enum):
     PEER_LOST = "peer_lost"  # detached: the hub, or a worker the hub needs, was lost
     PEER_STOPPED = "peer_stopped"  # detached: the hub was stopped
     DISK_FULL = "disk_full"  # the disk under the run directory filled up (remote/disk.py)
+    STALLED = "stalled"  # no rank made progress for --stall-timeout (--on-stall stop)
 
 
 # Causes that mean the controller is gone: the node's outcome is then "lost".

@@ -154,6 +154,8 @@ class Hub:
             conn.close()
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
+        elif op in ("progress", "stacks"):  # the stall watchdog (remote/watchdog.py)
+            self.sup.watch.on_gang(conn.peer, msg)
 
     def _auth(self, conn, msg):
         who = msg.get("node")
@@ -268,6 +270,8 @@ class Peer:
             self.pending = []
         elif op == "stop" and self.ready:
             self.sup.gang_stop(msg.get("root_cause"), msg.get("stopped"))
+        elif op == "stacks" and self.ready:  # the hub's stall watchdog asks for our stacks
+            self.sup.watch.on_gang(None, msg)
 
     def _closed(self, _conn):
         self.conn = None

@@ -37,6 +37,7 @@ NCCL = "nccl"
 END = "end"  # a program's final event
 STATUS = "status"  # status.py's one answer (`ps`)
 STOPPED = "stopped"  # stop.py's one answer
+PROGRESS = "progress"  # the stall watchdog: how long no rank of the node has made progress
 
 # Per kind, the fields its events may carry besides KIND, ELAPSED and WALL.
 FIELDS = {
@@ -52,6 +53,7 @@ FIELDS = {
           "root_cause", "torchrun_exit_code", "ended_at", "peers"),
     STATUS: ("state",),
     STOPPED: ("found", "was", "state"),
+    PROGRESS: ("quiet",),
 }
 
 # The fields of a detached run's root cause (an END's root_cause), as its hub recorded it.

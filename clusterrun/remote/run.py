@@ -23,6 +23,8 @@ from clusterrun.remote import cgroup, common, disk, gang, launcher, mainloop, nc
 Cause = common.Cause
 Phase = common.Phase
 
+from clusterrun.remote import watchdog
+
 # After a rank of this node failed, torchrun stops the others itself; if it has not exited by
 # then, the supervisor does it.
 FAILURE_TEARDOWN = 5.0
@@ -82,6 +84,7 @@ class Supervisor:
         self.report_by = None
         # What NCCL chose here, from the files NCCL_DEBUG_FILE names (none on a gloo run).
         self.nccl = nccl.Watcher(self.rundir, req.get("public", {}).get("world_size"))
+        self.watch = watchdog.Watch(self, req)  # --stall-timeout
 
     # -- state ---------------------------------------------------------------------------
 
@@ -141,6 +144,8 @@ class Supervisor:
         if op in ("stop", "kill"):
             why = msg.get("reason") or "stopped by the controller"
             self.stop(Cause.CONTROLLER, why, force=op == "kill")
+        elif op in ("stall", "resumed"):
+            self.watch.on_op(msg)
 
     def on_eof(self):
         if not self.detached:
@@ -258,6 +263,7 @@ class Supervisor:
             self.cleaning = True  # torchrun has gone, a daemon a rank forked has not
             self.tree.terminate(self.grace)
         self.tree.tick()
+        self.watch.tick(now)
         for link in (self.hub, self.peer):
             if link is not None:
                 link.tick()

@@ -1,0 +1,146 @@
+"""The stall watchdog's part on a host (stdlib only, Python 3.6+): is this node making progress,
+and, on the master of a detached run (the gang's hub), is the whole run stalled.
+
+The rule (docs/troubleshooting.md, "My job hangs"): a rank makes progress when it writes a new
+line, or when its process's CPU time grows while its stack is not inside a torch.distributed
+collective, barrier or wait (NCCL's waiting ranks may spin a core). A run is stalled when no rank
+on any node has made progress for the timeout. A silent busy job is never stalled. Without
+py-spy on the host, growing CPU time always counts as progress (never a false stall; a run of
+spinning NCCL waiters is then not found).
+
+Each supervisor measures its own node (``Progress``) and reports how long it has been quiet:
+to the controller (a "progress" event) or, detached, to the hub over the gang connection. The
+one decision is ``stalled``, used by the controller (clusterrun/stacks/watchdog.py) and by the
+hub here (``Watch``), which then gathers every rank's stack from the peers.
+"""
+
+import os
+import threading
+import time
+
+from clusterrun.remote import pystack
+
+LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
+REPORT = 2.0  # seconds between reports of this node's quiet time
+BUSY = 0.05  # a rank using more than this share of a core is busy
+STACK_AGE = 5.0  # how long a look at a busy rank's stack (in a collective or not) holds
+STACKS_WAIT = 20.0  # the hub waits this long for the peers' stacks
+STATUS = 7  # the exit status of a stall ended by --on-stall stop (docs/exit-status.md)
+MAX_FRAMES = 24  # per thread over the gang: a line stays far below its 64 KiB limit
+
+
+def stalled(quiet, timeout):
+    """THE rule: a watchdog that is on, every node heard from, and none of them has had a rank
+    make progress for ``timeout`` seconds. ``quiet``: node -> seconds (None: not heard yet)."""
+    return (timeout > 0 and bool(quiet)
+            and all(q is not None and q >= timeout for q in quiet.values()))
+
+
+class Progress:
+    """One node's ranks: when did any of them last make progress."""
+
+    def __init__(self, rundir, roots, pyspy=None):
+        self.rundir = rundir
+        self.roots = roots  # () -> pids under which the ranks are (the launcher, the cgroup)
+        self.pyspy = pyspy
+        self.last = time.monotonic()
+        self.sizes = {}
+        self.cpu = {}  # pid -> (ticks, when)
+        self.ranks = {}
+        self.looked = 0.0
+        self.found_at = 0.0
+        self.waiting = {}  # pid -> (when, in a collective)
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def quiet(self, now):
+        return max(0.0, now - self.last)
+
+    def look(self, now):
+        if now - self.looked < LOOK:
+            return
+        self.looked = now
+        moved = self._output()
+        if now - self.found_at > 5 or any(pystack.proc_state(p) is None
+                                          for p in self.ranks.values()):
+            self.ranks = pystack.find_ranks(self.rundir, self.roots())
+            self.found_at = now
+        if not self.ranks:
+            moved = True  # starting (torchrun importing torch) or ending: nothing to judge
+        for pid in self.ranks.values():
+            if self._busy(pid, now) and not self._in_collective(pid, now):
+                moved = True
+        if moved:
+            self.last = now
+
+    def _output(self):
+        moved = False
+        try:
+            names = [n for n in os.listdir(self.rundir)
+                     if n.startswith("rank-") and n.endswith(".log")]
+        except OSError:
+            return False
+        for name in names:
+            try:
+                size = os.path.getsize(os.path.join(self.rundir, name))
+            except OSError:
+                continue
+            if size > self.sizes.get(name, 0):
+                moved = True
+            self.sizes[name] = size
+        return moved
+
+    def _busy(self, pid, now):
+        ticks = pystack.cpu_ticks(pid)
+        before = self.cpu.get(pid)
+        if ticks is None:
+            return False
+        self.cpu[pid] = (ticks, now)
+        if before is None or now <= before[1]:
+            return False
+        return (ticks - before[0]) / float(self.hz) / (now - before[1]) > BUSY
+
+    def _in_collective(self, pid, now):
+        if self.pyspy is None:
+            return False
+        seen = self.waiting.get(pid)
+        if seen is None or now - seen[0] > STACK_AGE:
+            threads, _error = pystack.dump(self.pyspy, pid, tries=1)
+            seen = (now, pystack.waiting_in(threads) is not None)
+            self.waiting[pid] = seen
+        return seen[1]
+
+
+def compact(ranks):
+    """Stacks small enough for one gang line: each thread's innermost frames."""
+    out = []
+    for entry in ranks:
+        threads = [dict(t, frames=t["frames"][-MAX_FRAMES:]) for t in entry.get("threads") or []]
+        out.append(dict(entry, threads=threads))
+    return out
+
+
+class Dumper:
+    """Every rank of this node's stacks, taken on a thread of its own (py-spy takes a moment per
+    rank: the supervisor's loop never waits for it); ``take`` returns them once ready."""
+
+    def __init__(self):
+        self.result = None
+        self.thread = None
+
+    def start(self, progress):
+        if self.thread is not None:
+            return
+
+        def run():
+            ranks = pystack.find_ranks(progress.rundir, progress.roots())
+            found = pystack.dump_all(progress.pyspy, ranks, progress.rundir)
+            self.result = compact(found)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def take(self):
+        if self.result is None:
+            return None
+        result, self.result, self.thread = self.result, None, None
+        return result

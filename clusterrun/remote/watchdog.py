@@ -1,0 +1,188 @@
+"""The stall watchdog inside a node's supervisor (stdlib only, Python 3.6+); the rule and the
+measuring are in stall.py.
+
+Every supervisor measures its node and reports its quiet time every 2 s: attached, to the
+controller (a "progress" event; the controller decides and sends back "stall"/"resumed");
+detached, to the hub over the gang. The hub decides with the same ``stall.stalled``, gathers
+every node's stacks over the gang, and writes the report: into its node.log (so `logs` shows
+it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). With
+``--on-stall stop`` the stall becomes the node's own failure with exit status 7, so the gang's
+usual teardown ends the run everywhere and a restart (`--max-restarts`) counts it as a failure.
+"""
+
+import os
+import time
+
+from clusterrun.remote import cgroup, common, protocol, pystack, stall
+
+PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
+
+
+def spans(numbers):
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out = []
+    for n in sorted(numbers):
+        if out and out[-1][1] == n - 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in out)
+
+
+def _lines(ranks_by_node, timeout):
+    """The report: odd ranks out first (node, rank, frame, last line), then the waiting group."""
+    ranks = [dict(r, node=n) for n, found in ranks_by_node.items() for r in found]
+    groups = {}
+    for rank in ranks:
+        main = [t for t in rank.get("threads") or [] if t.get("name") == "MainThread"]
+        frames = (main or rank.get("threads") or [{}])[0].get("frames") or []
+        key = (rank.get("error"), rank.get("state") == "T",
+               tuple((f["function"], f["file"], f["line"]) for f in frames))
+        groups.setdefault(key, []).append((rank, frames))
+    ordered = sorted(groups.values(), key=lambda g: (len(g), g[0][0]["rank"]))
+    out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
+           % (timeout, len(ranks), len(ordered))]
+    for index, members in enumerate(ordered):
+        rank, frames = members[0]
+        wait = pystack.waiting_in([{"name": "MainThread", "frames": frames}])
+        where = rank.get("error") or ("%s (%s:%d)" % (frames[-1]["function"], frames[-1]["file"],
+                                                       frames[-1]["line"]) if frames else "?")
+        numbers = sorted(r["rank"] for r, _ in members)
+        nodes = sorted({r["node"] for r, _ in members})
+        if index < len(ordered) - 1 or (len(ordered) == 1 and len(members) == 1):
+            for member, _ in sorted(members, key=lambda m: m[0]["rank"]):
+                stopped = " STOPPED (SIGSTOP)" if member.get("state") == "T" else ""
+                out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
+                           % (member["rank"], member["node"], member["pid"], stopped,
+                              "the collective " + wait if wait else where,
+                              member.get("last_line", "")))
+        else:
+            out.append("stall: ranks %s (%s) wait in %s" % (
+                spans(numbers), ",".join(nodes), wait or where))
+    return out
+
+
+class Watch:
+    def __init__(self, sup, req):
+        self.sup = sup
+        self.timeout = float(req.get("stall_timeout") or 0)
+        self.stop_run = req.get("on_stall") == "stop"
+        pyspy = pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
+        tools = req.get("stall_tools")
+        if pyspy is None and tools and os.path.isfile(tools):
+            pyspy = tools
+        self.progress = stall.Progress(sup.rundir, self._roots, pyspy)
+        self.reported = 0.0
+        self.quiet = {}  # hub: node -> (seconds quiet, when heard)
+        self.fired = False
+        self.gathering = None  # hub: (deadline, {node: ranks})
+        self.dumper = stall.Dumper()
+
+    def _roots(self):
+        roots = [self.sup.tree.pid] if self.sup.tree.pid else []
+        if self.sup.group:
+            roots.extend(cgroup.members(self.sup.group))
+        return roots
+
+    def tick(self, now):
+        if self.timeout <= 0 or self.sup.phase.value != "running":
+            return
+        self.progress.look(now)
+        if now - self.reported >= stall.REPORT:
+            self.reported = now
+            quiet = round(self.progress.quiet(now), 1)
+            if self.sup.peer is not None:
+                self.sup.peer.send({"op": PROGRESS, "quiet": quiet})
+            elif self.sup.hub is None:
+                self.sup.writer.event(PROGRESS, quiet=quiet)
+        if self.sup.hub is not None:
+            self._hub(now)
+        ready = self.dumper.take()
+        if ready is not None and self.sup.peer is not None:
+            self.sup.peer.send({"op": "stacks", "ranks": ready})
+        elif ready is not None and self.gathering is not None:
+            self.gathering[1][self.sup.name] = ready
+
+    def _hub(self, now):
+        quiet = {self.sup.name: self.progress.quiet(now)}
+        for peer, status in self.sup.hub.peers.items():
+            heard = self.quiet.get(peer)
+            if status == "ended":
+                quiet[peer] = float("inf")  # its ranks have all finished: no progress there
+            else:
+                quiet[peer] = heard[0] + (now - heard[1]) if heard else None
+        stalled_now = stall.stalled(quiet, self.timeout)
+        if stalled_now:
+            if not self.fired:
+                self.fired = True
+                self.gathering = (now + stall.STACKS_WAIT, {})
+                self.sup.hub.broadcast({"op": "stacks"})
+                self.dumper.start(self.progress)
+        elif self.fired and self.gathering is None:
+            self.resumed()
+        if self.gathering is not None:
+            deadline, got = self.gathering
+            want = {p for p, s in self.sup.hub.peers.items() if s == "connected"}
+            want.add(self.sup.name)
+            if want <= set(got) or now > deadline:
+                self.gathering = None
+                self.stalled(_lines(got, self.timeout), {"nodes": got}, stalled_now)
+
+    def on_gang(self, peer, msg):
+        """A gang message: a peer's quiet time or its stacks (hub), a request for ours (peer)."""
+        op = msg.get("op")
+        if op == PROGRESS and peer is not None:
+            self.quiet[peer] = (float(msg.get("quiet") or 0), time.monotonic())
+        elif op == "stacks" and peer is not None and self.gathering is not None:
+            self.gathering[1][peer] = msg.get("ranks") or []
+        elif op == "stacks" and peer is None:
+            self.dumper.start(self.progress)
+
+    def on_op(self, msg):
+        """The controller decided (attached): the report to keep here, or the run moves again."""
+        if msg.get("op") == "stall":
+            self.stall_here(list(msg.get("lines") or []), msg.get("report") or {})
+        else:
+            self.resumed()
+
+    def stalled(self, lines, report, still=True):
+        self.stall_here(lines, report)
+        if not still:
+            self.resumed()
+
+    def stall_here(self, lines, report):
+        self.fired = True
+        self._note(lines)
+        self.sup.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
+        if self.stop_run:
+            odd = [x for x in lines if "odd one out" in x]
+            self.stop("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
+                      .replace("stall: ", "", 1))
+
+    def resumed(self):
+        if self.fired:
+            self.fired = False
+            self._note(["the run moves again: running"])
+            self.sup.state(state="running")
+
+    def stop(self, detail):
+        """--on-stall stop: this node fails with status 7; the gang ends the run everywhere."""
+        sup = self.sup
+        detail = "%s: %s" % (sup.name, detail)
+        elapsed = sup.clock.elapsed()
+        sup.writer.event(protocol.FAILURE, code=stall.STATUS, detail=detail, elapsed=elapsed)
+        sup._failed(None, stall.STATUS, elapsed, detail)  # as a full disk is: its own failure
+        sup.stop(common.Cause.STALLED, detail)
+
+    def _note(self, lines):
+        """Into node.log, so `logs` shows the report with the run's other lines."""
+        text = "".join("clusterrun: %s\n" % line for line in lines)
+        try:
+            fd = os.open(os.path.join(self.sup.rundir, "node.log"),
+                         os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            try:
+                os.write(fd, text.encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
