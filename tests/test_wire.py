@@ -129,7 +129,8 @@ def test_stray_text_is_a_protocol_error_naming_the_output() -> None:
 TYPED = {protocol.HEARTBEAT: wire.Heartbeat, protocol.STARTED: wire.Started,
          protocol.RANK_EXIT: wire.RankExit, protocol.FAILURE: wire.NodeFailure,
          protocol.TORCHRUN_EXIT: wire.TorchrunExit, protocol.NCCL: wire.NcclReport,
-         protocol.END: wire.End, protocol.STATUS: wire.Status, protocol.STOPPED: wire.StopResult}
+         protocol.END: wire.End, protocol.STATUS: wire.Status, protocol.STOPPED: wire.StopResult,
+         protocol.PROGRESS: wire.Progress}
 
 
 def test_the_hosts_encoders_write_the_frames_the_controller_reads() -> None:
@@ -142,7 +143,7 @@ def test_the_hosts_encoders_write_the_frames_the_controller_reads() -> None:
 
 def test_every_kind_has_a_typed_event_made_of_its_fields() -> None:
     assert set(TYPED) == set(protocol.FIELDS)
-    given = {"rank": 3, "code": 1, "stopping": False, "detail": "disk full"}
+    given = {"rank": 3, "code": 1, "stopping": False, "detail": "disk full", "quiet": 12.5}
     for kind, cls in TYPED.items():
         names = {f.name for f in dataclasses.fields(cls)} - {"elapsed"}
         assert names <= set(protocol.FIELDS[kind]), (kind, names - set(protocol.FIELDS[kind]))
