@@ -15,6 +15,8 @@ from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
 from clusterrun.runs import names
 
 if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` starts fast
+    from clusterrun.observe.frame import Frame
+    from clusterrun.observe.profiling import Profiler
     from clusterrun.observe.watch import Watch
 
 
@@ -54,9 +56,12 @@ def quit_key() -> Iterator[threading.Event]:
 @click.option("--once", is_flag=True, help="One sample, printed, then exit.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON: one object per refresh (one line each), or just one with --once.")
+@click.option("--profile", type=click.FloatRange(min=1, max=600), default=None,
+              metavar="SECONDS", help="Also sample every rank's stack in windows of SECONDS, "
+              "as `stacks --profile` does: each rank's wait share, and the straggler.")
 @ssh_options
 def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
-        connect_timeout: float, accept_new_host_keys: bool) -> None:
+        profile: Optional[float], connect_timeout: float, accept_new_host_keys: bool) -> None:
     """A live view of a running run (the newest by default), attached or detached.
 
     Per host: CPU %, memory, load, network MB/s on the run's interface, free disk under the
@@ -64,6 +69,7 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
     silent; slow and silent ranks flagged. One connection per host, kept; a host that stops
     answering shows as lost within two intervals. q or Ctrl-C quits.
     """
+    from clusterrun.observe.profiling import Profiler
     from clusterrun.observe.watch import Watch
     from clusterrun.runs import lifecycle
 
@@ -73,29 +79,52 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
         raise UsageError(f"run {run.id} has ended ({state.value if state else 'unknown'}); "
                          "`top` watches running runs. See how it went with `clusterrun logs "
                          f"{run.id}` or `clusterrun ps`.")
-    watch = Watch(run, make_options(connect_timeout, accept_new_host_keys), interval)
+    ssh = make_options(connect_timeout, accept_new_host_keys)
+    watch = Watch(run, ssh, interval)
+    profiler = Profiler(run, ssh, profile) if profile else None
     watch.start()
     try:
         if once:
-            _once(watch, as_json)
-        elif as_json:
-            _json_lines(watch)
+            _once(watch, profiler, as_json)
         else:
-            _live(watch)
+            if profiler is not None:
+                profiler.start()
+            if as_json:
+                _json_lines(watch, profiler)
+            else:
+                _live(watch, profiler)
     finally:
         watch.close()
+        if profiler is not None:
+            profiler.close()
 
 
-def _once(watch: Watch, as_json: bool) -> None:
+def _take(watch: Watch, profiler: Optional[Profiler], wait: Optional[float] = None) -> Frame:
+    frame = watch.refresh(wait)
+    return profiler.apply(frame) if profiler is not None else frame
+
+
+def _json(frame: Frame, profiler: Optional[Profiler]) -> dict[str, object]:
+    from clusterrun.observe.profiling import to_json
+
+    return to_json(frame) if profiler is not None else frame.to_json()
+
+
+def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
     import json
     import time
 
     watch.wait_connected(watch.ssh.connect_timeout + 5)
     # The sampler measured its baseline when it started: rates need some time after it.
-    time.sleep(min(watch.interval, 1.0))
-    frame = watch.refresh(wait=watch.ssh.connect_timeout)
+    if profiler is not None:
+        profiler.once()  # one window; the sample after it
+        if profiler.error:
+            note(f"no profile: {profiler.error}")
+    else:
+        time.sleep(min(watch.interval, 1.0))
+    frame = _take(watch, profiler, wait=watch.ssh.connect_timeout)
     if as_json:
-        click.echo(json.dumps(frame.to_json(), indent=2))
+        click.echo(json.dumps(_json(frame, profiler), indent=2))
     else:
         from rich.console import Console
 
@@ -110,17 +139,17 @@ def _once(watch: Watch, as_json: bool) -> None:
         raise SystemExit(int(ExitStatus.UNREACHABLE))
 
 
-def _json_lines(watch: Watch) -> None:
+def _json_lines(watch: Watch, profiler: Optional[Profiler]) -> None:
     import json
 
     while True:
-        frame = watch.refresh()
-        click.echo(json.dumps(frame.to_json()))
+        frame = _take(watch, profiler)
+        click.echo(json.dumps(_json(frame, profiler)))
         if frame.ended:
             return
 
 
-def _live(watch: Watch) -> None:
+def _live(watch: Watch, profiler: Optional[Profiler]) -> None:
     import time
 
     from rich.console import Console
@@ -136,7 +165,7 @@ def _live(watch: Watch) -> None:
     with quit_key() as quit_, Live(console=console, screen=True, auto_refresh=False) as live:
         while not quit_.is_set():
             began = time.monotonic()
-            frame = watch.refresh()
+            frame = _take(watch, profiler)
             live.update(render(frame), refresh=True)
             if frame.ended:
                 break

@@ -36,9 +36,13 @@ def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
 @click.option("--json", "as_json", is_flag=True,
               help='{"run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
                    '"frames": [{"function", "file", "line"}]}]}]}, frames outermost first.')
+@click.option("--profile", type=click.FloatRange(min=1, max=600), default=None,
+              metavar="SECONDS", help="Sample every rank for SECONDS first: each rank's share "
+              "of time waiting in collectives, and the straggler the others wait for.")
 @ssh_options
 def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ...],
-           as_json: bool, connect_timeout: float, accept_new_host_keys: bool) -> None:
+           as_json: bool, profile: Optional[float], connect_timeout: float,
+           accept_new_host_keys: bool) -> None:
     """The Python stack of every thread of every rank of a live run (the latest by default).
 
     Taken from outside with py-spy, no change to the script, never pausing a rank. Ranks with
@@ -59,12 +63,18 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
         raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
                          f"ranks 0-{world - 1}.")
     found = collect.collect(run, make_options(connect_timeout, accept_new_host_keys),
-                            nodes=nodes, ranks=set(ranks_) if ranks_ else None)
+                            nodes=nodes, ranks=set(ranks_) if ranks_ else None,
+                            profile=profile)
     if as_json:
         click.echo(json.dumps(found.to_json(), indent=2))
         for name, why in sorted(found.problems.items()):
             note(f"no stacks from {name}: {why}")
     else:
+        if profile:
+            from clusterrun.stacks.profile import lines
+
+            for line in [*lines(found, profile), ""]:
+                click.echo(line)
         for line in view.render(found):
             click.echo(line)
     if not found.ranks:

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote import cgroup, common, procs, pystack
+from clusterrun.remote import cgroup, common, procs, profile, pystack
 
 
 def cached(req):
@@ -75,7 +75,12 @@ def main(stdin):
             answer["need_pyspy"] = True
         else:
             answer["pyspy"] = pyspy
+            # --profile: the window first, so the stacks shown are the latest.
+            shares = profile.record_all(pyspy, ranks, float(req["profile"])) \
+                if req.get("profile") else {}
             answer["ranks"] = pystack.dump_all(pyspy, ranks, rundir)
+            for entry in answer["ranks"]:
+                entry["profile"] = shares.get(entry["rank"])
     common.reply(answer)
 
 

@@ -10,6 +10,7 @@ from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import pyspy
 from clusterrun.stacks.model import Collected, from_reply
+from clusterrun.stacks.profile import stragglers
 from clusterrun.transport import SshOptions, Transport
 from clusterrun.transport.programs import call
 
@@ -25,11 +26,15 @@ def _request(node: dict[str, Any], ranks: Optional[list[int]],
 
 
 def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
-        ranks: Optional[list[int]] = None) -> dict[str, Any]:
-    """One node's answer (remote/stacks.py), shipping py-spy if the host has none."""
+        ranks: Optional[list[int]] = None, profile: Optional[float] = None) -> dict[str, Any]:
+    """One node's answer (remote/stacks.py), shipping py-spy if the host has none. With
+    ``profile`` (seconds) every rank is sampled through that window first (--profile)."""
     binary = pyspy.local()
     request = _request(node, ranks, binary)
-    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT, site=False)
+    if profile:
+        request["profile"] = profile
+    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + (profile or 0),
+                 site=False)
     if not reply.get("need_pyspy"):
         return reply
     if binary is None:
@@ -43,7 +48,8 @@ def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
                             "environment (pip install py-spy)")
         return reply
     request["send"] = True
-    return call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60, site=False,
+    return call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),
+                site=False,
                 payload=pyspy.chunks(binary))
 
 
@@ -63,7 +69,7 @@ def _nodes_for(run: RunDir, nodes: Optional[set[str]],
 
 
 def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
-            ranks: Optional[set[int]] = None) -> Collected:
+            ranks: Optional[set[int]] = None, profile: Optional[float] = None) -> Collected:
     """Every rank's stacks on the current attempt's hosts (or those of ``nodes``/``ranks``).
     A host that gave none is in ``problems`` with the reason; ranks are sorted by number."""
     attempt = attempts.current(run)
@@ -73,9 +79,10 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
         if wanted is not None and spec.name not in wanted:
             return {"skipped": True}
-        return ask(transport, spec, node, rank_list)
+        return ask(transport, spec, node, rank_list, profile)
 
-    results = remote_runs.each_node(attempt, ssh, one, ssh.connect_timeout + TIMEOUT + 90)
+    results = remote_runs.each_node(attempt, ssh, one,
+                                    ssh.connect_timeout + TIMEOUT + 90 + 2 * (profile or 0))
     out = Collected(run=run.id)
     for result in results:
         name = result.spec.name
@@ -94,4 +101,6 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
         for entry in reply.get("ranks") or []:
             out.ranks.append(from_reply(name, entry))
     out.ranks.sort(key=lambda r: r.rank)
+    if profile:
+        out.stragglers = stragglers(out.ranks)
     return out

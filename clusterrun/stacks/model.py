@@ -32,6 +32,7 @@ class RankStack:
     state: Optional[str] = None  # /proc state: "T" is a stopped process (SIGSTOP)
     error: Optional[str] = None  # why no stack could be taken
     last_line: str = ""
+    wait_share: Optional[float] = None  # --profile: share of samples waiting in collectives
 
     @property
     def main(self) -> Optional[Thread]:
@@ -50,10 +51,14 @@ class RankStack:
         return ("stopped" if self.state == "T" else "", frames)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "pid": self.pid,
-                "threads": [{"name": t.name, "frames": [
-                    {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
-                    for t in self.threads]}
+        threads = [{"name": t.name, "frames": [
+            {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
+            for t in self.threads]
+        out: dict[str, Any] = {"rank": self.rank, "node": self.node, "pid": self.pid,
+                               "threads": threads}
+        if self.wait_share is not None:
+            out["wait_share"] = self.wait_share
+        return out
 
 
 @dataclass
@@ -61,9 +66,13 @@ class Collected:
     run: str
     ranks: list[RankStack] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)  # node -> why it gave no stacks
+    stragglers: Optional[list[int]] = None  # --profile: stacks/profile.py
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "ranks": [r.to_json() for r in self.ranks]}
+        out: dict[str, Any] = {"run": self.run, "ranks": [r.to_json() for r in self.ranks]}
+        if self.stragglers is not None:
+            out["stragglers"] = self.stragglers
+        return out
 
 
 def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
@@ -72,4 +81,12 @@ def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
         for t in entry.get("threads") or [])
     return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
                      state=entry.get("state"), error=entry.get("error"),
-                     last_line=str(entry.get("last_line") or ""))
+                     last_line=str(entry.get("last_line") or ""),
+                     wait_share=_wait_share(entry.get("profile")))
+
+
+def _wait_share(profiled: Optional[dict[str, Any]]) -> Optional[float]:
+    """--profile: the share of a rank's samples spent waiting (remote/profile.py)."""
+    if not profiled or not profiled.get("samples"):
+        return None
+    return round(int(profiled["waiting"]) / int(profiled["samples"]), 3)

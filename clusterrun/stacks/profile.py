@@ -1,0 +1,50 @@
+"""`stacks --profile` and `top --profile`: naming the straggler from every rank's wait share.
+
+In a synchronous job every rank waits in each collective until the slowest has arrived, so the
+slowest rank waits least. A rank is a straggler when its wait share (remote/profile.py) is at
+least GAP below the median of all ranks' shares; GAP was chosen from measurements on the
+namespace cluster (docs/observability.md): ranks of an even run differ by a few points, a rank
+slowed by extra compute or by its host's CPU limit sits tens of points below the rest.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from clusterrun.stacks.model import Collected, RankStack
+
+GAP = 0.25
+MIN_SAMPLES = 20  # fewer samples than this say nothing about a rank
+
+
+def stragglers(ranks: list[RankStack]) -> list[int]:
+    """The ranks that wait least while the others wait for them; empty for an even run."""
+    shares = {r.rank: r.wait_share for r in ranks if r.wait_share is not None}
+    if len(shares) < 2:
+        return []
+    middle = statistics.median(shares.values())
+    return sorted(rank for rank, share in shares.items() if middle - share >= GAP)
+
+
+def lines(collected: Collected, seconds: float) -> list[str]:
+    """The text `stacks --profile` prints above the stacks."""
+    out = [f"wait share over {seconds:g} s (share of samples in torch.distributed "
+           "collectives and barriers):"]
+    named = set(collected.stragglers or ())
+    for rank in collected.ranks:
+        share = "-" if rank.wait_share is None else f"{100 * rank.wait_share:5.1f}%"
+        mark = "  <- straggler: the others wait for it" if rank.rank in named else ""
+        out.append(f"  rank {rank.rank:<4} {rank.node:<16} {share:>7}{mark}")
+    if collected.stragglers:
+        out.append("straggler: rank " + ", ".join(map(str, collected.stragglers)))
+    else:
+        out.append("no straggler: the ranks wait about equally")
+    return out
+
+
+def share_of(collected: Optional[Collected]) -> dict[int, float]:
+    """{rank: wait share} for top's view."""
+    if collected is None:
+        return {}
+    return {r.rank: r.wait_share for r in collected.ranks if r.wait_share is not None}
