@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from clusterrun.remote import gpus, procs, rankprocs
+from clusterrun.remote import cgroup, common, gpus, procs, pystack
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -183,6 +183,18 @@ class GpuPoll:
                                                     ""))}
 
 
+def rank_roots(state):
+    """Where the ranks are below (as `stacks` finds them): the launcher the supervisor
+    recorded, if it is still that process, and whatever is in the job's cgroup."""
+    roots = []
+    launcher = state.get("torchrun_pid")
+    if launcher and procs.start_time(launcher) == state.get("torchrun_start"):
+        roots.append(launcher)
+    if state.get("cgroup"):
+        roots.extend(cgroup.members(state["cgroup"]))
+    return roots
+
+
 class Sampler:
     def __init__(self, req):
         self.rundir = req["rundir"]
@@ -203,13 +215,13 @@ class Sampler:
             del self.pids[rank]
         if len(self.pids) < len(self.ranks) and now - self.scanned >= RESCAN:
             self.scanned = now
-            for rank, pid in rankprocs.find(state).items():
+            for rank, pid in pystack.find_ranks(self.rundir, rank_roots(state)).items():
                 if rank in self.logs:
                     self.pids[rank] = (pid, procs.start_time(pid))
 
     def sample(self):
         now = time.monotonic()
-        state = procs.observed(rankprocs.state(self.rundir))
+        state = procs.observed(common.read_json(os.path.join(self.rundir, "state.json")))
         if state is not None and not state.get("ended_at"):
             self.find_ranks(state, now)
         else:
