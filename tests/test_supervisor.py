@@ -17,6 +17,11 @@ from clusterrun.transport import shell
 from tests.conftest import Remote, state_of, wait_gone
 
 
+# The stand-in torchrun below never stops a failed rank's peers itself, as torchrun does: the
+# supervisor does it after this long (5 s on a real run), which these tests would wait out.
+FAILURE_TEARDOWN = 0.5
+
+
 def run_request(tmp_path: Path, mark: str, ranks: dict[int, str], *, launcher: str = "",
                 detach: bool = False, grace: float = 2, lease: float = 10,
                 gang: Optional[dict[str, Any]] = None, node: str = "n0") -> dict[str, Any]:
@@ -29,7 +34,7 @@ def run_request(tmp_path: Path, mark: str, ranks: dict[int, str], *, launcher: s
     req = {"node": node, "rundir": str(rundir), "cwd": str(tmp_path),
            "argv": ["/bin/sh", "-c", script], "env": {"CLUSTERRUN_TEST_MARK": mark},
            "public": {"name": node}, "detach": detach, "grace": grace, "lease": lease,
-           "heartbeat": 0.5}
+           "heartbeat": 0.5, "failure_teardown": FAILURE_TEARDOWN}
     if gang is not None:
         req["gang"] = gang
     return req
@@ -71,7 +76,8 @@ def test_peers_the_launcher_ended_are_recorded_but_never_the_cause(
               "wait $r1; kill -TERM -- -$r0; wait $r0; exit 1")
     req = {"node": "n0", "rundir": str(rundir), "cwd": str(tmp_path),
            "argv": ["/bin/sh", "-c", script], "env": {"CLUSTERRUN_TEST_MARK": mark},
-           "public": {"name": "n0"}, "detach": False, "grace": 2, "lease": 10, "heartbeat": 0.5}
+           "public": {"name": "n0"}, "detach": False, "grace": 2, "lease": 10, "heartbeat": 0.5,
+           "failure_teardown": FAILURE_TEARDOWN}
     remote = Remote("run.py", req)
     end = remote.end(timeout=30)
     assert (end.state, end.exit_code, end.reason) == ("failed", 5, "n0 rank 1 exited with code 5")

@@ -61,6 +61,8 @@ class Supervisor:
         self.writer = writer
         self.clock = clock
         self.grace = float(req.get("grace", 15))
+        # Tests shorten it: their stand-in torchrun never stops the other ranks itself.
+        self.failure_teardown = float(req.get("failure_teardown", FAILURE_TEARDOWN))
         self.lease = float(req.get("lease", 30))
         self.detached = bool(req.get("detach"))
         self.phase = Phase.STARTING
@@ -257,7 +259,7 @@ class Supervisor:
             self._torchrun_exited()
         now = time.monotonic()
         if (self.own is not None and self.failed_at is not None and self.tree.code is None
-                and now - self.failed_at > FAILURE_TEARDOWN):
+                and now - self.failed_at > self.failure_teardown):
             self.stop(Cause.RANK_FAILED, self.own["detail"])
         if self.tree.code is not None and not self.cleaning and self.tree.left():
             self.cleaning = True  # torchrun has gone, a daemon a rank forked has not
