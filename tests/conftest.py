@@ -161,6 +161,20 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` (real torch or training on this machine, seconds of CPU each) are
+    left out by any -m expression that does not name them, so the README's fast tier,
+    `-m "not cluster"`, keeps its time on two cores; the root run, `-m "cluster or slow"`,
+    runs them (pyproject.toml's markers). Without -m (a file or a test named alone) they run."""
+    expr = config.getoption("markexpr") or ""
+    if not expr or re.search(r"\bslow\b", expr):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster") / "sandbox"

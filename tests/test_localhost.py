@@ -25,6 +25,7 @@ from tests.conftest import REPO, run_cli, start_cli, write_inventory
 LOCALHOST = "inventories/localhost.yaml"
 
 
+@pytest.mark.slow  # two ranks that import torch and train: seconds of CPU each
 def test_localhost_inventory_needs_no_sshd(home: Path, tmp_path: Path) -> None:
     """The README's first command: two local nodes, no SSH, no root. (The checkpoint goes to
     a private directory: a normal user may not write to the checkout.)"""

@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+# Three torchruns of two ranks each: about half a minute of CPU on two cores.
+pytestmark = pytest.mark.slow
 
 EPOCHS = 3
 # Inherited values would change what the runs do: the tests set them where they mean to.
