@@ -115,13 +115,14 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
     import time
 
     watch.wait_connected(watch.ssh.connect_timeout + 5)
-    # The sampler measured its baseline when it started: rates need some time after it.
+    # The sampler measured its baseline when it started: rates (CPU, network, lines per
+    # minute) are over the interval after it.
     if profiler is not None:
         profiler.once()  # one window; the sample after it
         if profiler.error:
             note(f"no profile: {profiler.error}")
     else:
-        time.sleep(min(watch.interval, 1.0))
+        time.sleep(watch.interval)
     frame = _take(watch, profiler, wait=watch.ssh.connect_timeout)
     if as_json:
         click.echo(json.dumps(_json(frame, profiler), indent=2))
@@ -141,7 +142,11 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
 
 def _json_lines(watch: Watch, profiler: Optional[Profiler]) -> None:
     import json
+    import time
 
+    # No line of nulls for hosts still connecting: the first line comes once they answer.
+    watch.wait_connected(watch.ssh.connect_timeout + 5)
+    time.sleep(watch.interval)
     while True:
         frame = _take(watch, profiler)
         click.echo(json.dumps(_json(frame, profiler)))
