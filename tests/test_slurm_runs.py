@@ -121,3 +121,64 @@ def test_a_detached_run_is_listed_and_stopped_through_job_steps(
     steps = (tmp_path / "steps.txt").read_text().split("\n")
     assert sorted(line.split()[2] for line in steps if " clusterrun " in line) == NODES
     assert cluster.wait_run_gone(NODES, listed["id"], 20) == {}
+
+
+def test_a_node_srun_cannot_start_a_step_on_is_unreachable(
+        cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path) -> None:
+    """Exit 4, as for a host SSH cannot reach, not 3: nothing ran there. The allocation has
+    two nodes; the node list clusterrun reads names a third, outside the job."""
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    script = 'SLURM_JOB_NODELIST="node[23-25]" exec "$@"'
+    cp = subprocess.run(slurm_nodes.salloc_argv(2, NODES[:2], [
+        "/bin/sh", "-c", script, "sh", *clusterrun_argv("check", str(inv))]),
+        env=slurm_nodes.env(), capture_output=True, text=True, timeout=180, check=False)
+    assert cp.returncode == 4, cp.stdout + cp.stderr
+    assert "node25  rank 2  UNREACHABLE" in cp.stdout, cp.stdout
+    out = " ".join(cp.stdout.split())
+    assert "node25: Slurm did not start a job step on node25 (job " in out, out
+    assert "srun: error:" in out and "squeue -j " in out
+    assert "1 of 3 hosts failed: node25;" in out
+    assert "Traceback" not in cp.stdout + cp.stderr
+
+
+FLAKY = (  # every attempt's ranks say where they ran; rank 1 fails the first attempt only
+    "import json, os, socket, sys, time\n"
+    "count, rank = os.environ['CLUSTERRUN_RESTART_COUNT'], os.environ['RANK']\n"
+    "out = os.environ['TEST_DIR']\n"
+    "os.makedirs(out, exist_ok=True)\n"
+    "with open(f'{out}/attempt-{count}-rank-{rank}.json', 'w') as f:\n"
+    "    json.dump({'hostname': socket.gethostname(), 'job': os.environ.get('SLURM_JOB_ID'),\n"
+    "               'step': os.environ.get('SLURM_STEP_ID')}, f)\n"
+    "print('attempt', count, 'rank', rank, flush=True)\n"
+    "if count == '0' and rank == '1':\n"
+    "    time.sleep(2)  # rank 0 has written its file before the teardown\n"
+    "    sys.exit(3)\n")
+
+
+def test_a_restart_runs_the_second_attempt_as_job_steps_too(
+        cluster: Cluster, slurm_nodes: SlurmCluster, home: Path, tmp_path: Path) -> None:
+    inv = slurm_inventory(cluster, tmp_path / "inv.yaml")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "flaky.py").write_text(FLAKY)
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    nodes = NODES[:2]
+    cp = subprocess.run(slurm_nodes.salloc_argv(2, nodes, clusterrun_argv(
+        "launch", "--max-restarts", "1", "--env", f"TEST_DIR={test_dir}", str(inv),
+        str(job / "flaky.py"))), env=slurm_nodes.env(), capture_output=True, text=True,
+        timeout=240, check=False)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "attempt 2/2: restarting after node24 rank 1 exited with code 3" in cp.stderr
+    assert "after 2 attempts" in cp.stderr
+    jobs = set()
+    for rank, node in enumerate(nodes):
+        for count in ("0", "1"):
+            rec = json.loads(cluster.read(node, f"{test_dir}/attempt-{count}-rank-{rank}.json"))
+            assert rec["hostname"] == node and rec["step"] is not None  # in a job step
+            jobs.add(rec["job"])
+            assert f"[{node} r{rank}] attempt {count} rank {rank}" in cp.stdout
+    assert len(jobs) == 1  # both attempts inside the one allocation
+    run_id = next((home / "runs").iterdir()).name
+    summary = json.loads((home / "runs" / run_id / "summary.json").read_text())
+    assert [a["exit_status"] for a in summary["attempts"]] == [3, 0]
+    assert cluster.wait_run_gone(nodes, run_id, 15) == {}

@@ -16,7 +16,6 @@ from clusterrun import wire
 from clusterrun.transport import shell
 from tests.conftest import Remote, state_of, wait_gone
 
-
 # The stand-in torchrun below never stops a failed rank's peers itself, as torchrun does: the
 # supervisor does it after this long (5 s on a real run), which these tests would wait out.
 FAILURE_TEARDOWN = 0.5
