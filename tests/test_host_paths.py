@@ -195,3 +195,21 @@ def test_the_copy_names_a_directory_in_the_way_of_one_of_its_files(tmp_path: Pat
     message = copy_to(tmp_path, dest)
     assert (f"gpu2: cannot copy the code to {dest}: {dest}/train.py is a directory where a file "
             "should be") in message, message
+
+
+def test_launch_without_a_home_directory_says_where_to_keep_the_runs(shared: Path) -> None:
+    """Before any host: clusterrun's own state ($CLUSTERRUN_HOME, default ~/.clusterrun) has
+    nowhere to go either, and `$HOME/.clusterrun` would be no answer."""
+    home = f"/nonexistent-clusterrun-{uuid.uuid4().hex[:8]}"
+    script = shared / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('never')\n")
+    script.parent.chmod(0o755)
+    script.chmod(0o644)
+    user, cp = as_user("launch", str(REPO / "inventories" / "localhost.yaml"), str(script),
+                       home=home)
+    assert cp.returncode == ExitStatus.USAGE, cp.stdout + cp.stderr
+    message = " ".join(cp.stderr.split())
+    assert f"your home directory {home} does not exist" in message, message
+    assert f"export CLUSTERRUN_HOME=/tmp/clusterrun-{user}" in message
+    assert "Traceback" not in cp.stderr

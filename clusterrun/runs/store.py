@@ -30,11 +30,16 @@ def unusable(home: Path, path: Union[str, Path]) -> LocalFilesError:
         whose = f"it belongs to {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}"
     except OSError:
         whose = "a directory on its path is closed to you"
+    example = "$HOME/.clusterrun"
+    own_home = os.path.expanduser("~")
+    if not os.path.isdir(own_home):  # a user without a home directory here
+        whose = f"your home directory {own_home} does not exist"
+        example = f"/tmp/clusterrun-{user}"  # noqa: S108 - words of the message
     return LocalFilesError(
         f"cannot use {path}: permission denied for user {user}. clusterrun keeps every run's "
         f"plan, state and logs in {home} ($CLUSTERRUN_HOME, default {DEFAULT_HOME}), and {whose}. "
-        "Point CLUSTERRUN_HOME at a directory of your own (e.g. `export "
-        "CLUSTERRUN_HOME=$HOME/.clusterrun`), or make this one yours (`sudo chown -R "
+        f"Point CLUSTERRUN_HOME at a directory of your own (e.g. `export "
+        f"CLUSTERRUN_HOME={example}`), or make this one yours (`sudo chown -R "
         f"{user} {home} && chmod 700 {home}`).")
 
 
