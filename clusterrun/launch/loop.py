@@ -107,8 +107,8 @@ class AttemptLoop:
 
     def _attempts(self, journal: Journal, plan: LaunchPlan, report: CheckReport,
                   interrupts: Interrupts) -> Result:
-        reported = False
         while True:
+            reported = False  # whether this attempt's root cause has been said
             self._record_quarantine(journal)
             folder = journal.attempt_begun(plan.attempt, [n.name for n in plan.nodes],
                                            self._public(plan))
