@@ -184,3 +184,33 @@ def test_the_view_shows_a_stalled_run_and_a_lost_host() -> None:
     assert "clusterrun top r1  STALLED" in text and "1 host lost" in text
     assert re.search(r"gpu-b +LOST +no answer for 5 s", text), text
     assert "epoch 1 loss 0.4" in text and "ens5" in text
+
+
+def test_top_follows_a_restarted_run_to_its_new_hosts(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.observe import watch as watching
+    from clusterrun.runs import attempts, store
+    from clusterrun.transport import SshOptions
+
+    opened: list[str] = []
+    monkeypatch.setattr(watching.Link, "open", lambda link: opened.append(link.name))
+    run = store.create(tmp_path, "20260101-000000-train-abcd")
+
+    def plan(folder: store.RunDir, *hosts: str) -> None:
+        nodes = [{"host": f"10.0.0.{i + 1}", "name": name, "node_rank": i, "ranks": [i, i],
+                  "rundir": f"/tmp/clusterrun/runs/x/{name}", "interface": "eth0"}
+                 for i, name in enumerate(hosts)]
+        store.write_json(folder.file("plan.json"), {"nodes": nodes, "world_size": len(hosts)})
+
+    plan(run, "gpu-a", "gpu-b")
+    watch = watching.Watch(run, SshOptions(), 0.2)
+    watch.start()
+    # Attempt 2 runs on a spare in gpu-b's place.
+    plan(attempts.create_attempt(run, 2), "gpu-a", "gpu-c")
+    store.write_json(run.file("state.json"), {"state": "running", "attempt": 2})
+    frame = watch.refresh(wait=0)
+    assert [h.node for h in frame.hosts] == ["gpu-a", "gpu-c"]
+    deadline = time.monotonic() + 5
+    while len(opened) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(opened) == ["gpu-a", "gpu-a", "gpu-b", "gpu-c"]

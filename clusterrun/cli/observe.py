@@ -131,7 +131,7 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
 
         from clusterrun.observe.view import render
 
-        Console().print(render(frame))
+        Console().print(render(frame, live=False))
     lost = [h for h in frame.hosts if h.status != "ok"]
     if lost:
         for host in lost:

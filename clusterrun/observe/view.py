@@ -23,7 +23,7 @@ def mem(used: Optional[int], total: Optional[int]) -> str:
     return f"{used / 1024:.1f}/{total / 1024:.0f}G"
 
 
-def title(frame: Frame) -> Text:
+def title(frame: Frame, live: bool) -> Text:
     state = frame.run_state
     style = {"running": "green", "stalled": "bold red", "failed": "red", "lost": "red"}.get(
         state, "yellow")
@@ -38,7 +38,8 @@ def title(frame: Frame) -> Text:
                     "bold yellow")
     if frame.stragglers:
         text.append("  straggler: rank " + ", ".join(map(str, frame.stragglers)), "bold red")
-    text.append(f"  every {frame.interval:g}s  {time.strftime('%H:%M:%S')}  q quits", "dim")
+    text.append(f"  every {frame.interval:g}s" if live else "", "dim")
+    text.append(f"  {time.strftime('%H:%M:%S')}" + ("  q quits" if live else ""), "dim")
     return text
 
 
@@ -102,7 +103,8 @@ def rank_table(ranks: list[RankSample], profiled: bool) -> Table:
     return table
 
 
-def render(frame: Frame) -> Group:
+def render(frame: Frame, *, live: bool = True) -> Group:
+    """The whole frame; ``live`` for the full-screen view (the refresh interval, how to quit)."""
     profiled = frame.stragglers is not None
-    return Group(title(frame), Text(""), host_table(frame.hosts), Text(""),
+    return Group(title(frame, live), Text(""), host_table(frame.hosts), Text(""),
                  rank_table(frame.ranks, profiled))

@@ -132,6 +132,16 @@ class Watch:
         self.links = [Link(spec, node, ssh) for spec, node in remote_runs.host_specs(self.current)]
         self.seq = 0
 
+    def follow_restart(self) -> None:
+        """A restarted run's new attempt runs on its own hosts and folders: watch those."""
+        current = attempts.current(self.run)
+        if current.path == self.current.path:
+            return
+        self.close()
+        self.current = current
+        self.links = [Link(spec, node, self.ssh) for spec, node in remote_runs.host_specs(current)]
+        self.start()
+
     def start(self) -> None:
         for link in self.links:
             threading.Thread(target=link.open, daemon=True, name=f"top-open-{link.name}").start()
@@ -145,6 +155,7 @@ class Watch:
     def refresh(self, wait: Optional[float] = None) -> Frame:
         """Ask every connected host for a sample; wait for the answers at most ``wait``
         seconds (default: one interval); the frame holds what each host said last."""
+        self.follow_restart()
         self.seq += 1
         for link in self.links:
             if link.proc is None and not link.busy and link.down is not None \
