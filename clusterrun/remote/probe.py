@@ -217,6 +217,7 @@ def system_facts(request, torch, ifaces):
         "infiniband": sysinfo.infiniband(),
         "env": sysinfo.environment(),
         "machine": sysinfo.machine(),
+        "ptrace": sysinfo.ptrace(),
     }
 
 
@@ -380,6 +381,23 @@ def serve():
             replies.answer(reply, handler, state, op)
     for reply in running:
         reply["done"].wait()
+    # The interpreter may be parked for the command's next program (the supervisor, whose
+    # torchrun must bind master_port): the listeners this probe opened go now, not with it.
+    release_ports()
+
+
+def release_ports():
+    """Close every socket the probe opened: `state` keeps only the last `listen` (the
+    lifeline's port replaces master_port's there), and shutdown() comes first because it wakes
+    the thread blocked in accept(), which a close alone does not: the port would stay open."""
+    import contextlib
+    import gc  # only here, as traceback above
+
+    for obj in gc.get_objects():
+        if isinstance(obj, socket.socket) and obj.fileno() != -1:
+            with contextlib.suppress(OSError):  # one that never listened nor connected
+                obj.shutdown(socket.SHUT_RDWR)
+            obj.close()
 
 
 serve()
