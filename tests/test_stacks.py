@@ -102,3 +102,61 @@ def test_stacks_of_a_no_torchrun_run_one_rank(cluster: Cluster, home: Path, tmp_
     assert bad.returncode == 2 and "has no rank 9" in bad.stderr
     assert run_cli("stop", "--grace", "2", run_id).returncode == 0
     assert cluster.wait_no_processes(HOSTS, 20) == {}
+
+
+def test_stacks_as_a_normal_user_with_py_spy_shipped(cluster: Cluster, home: Path,
+                                                     tmp_path: Path, strays: None) -> None:
+    """A non-root user on the hosts, whose Python has no py-spy: clusterrun ships this
+    machine's (the clusterrun[stacks] extra), keeps it under the workdir, and reads that
+    user's ranks with it."""
+    from clusterrun.sandbox import users
+
+    user = users.add(cluster.sb)
+    try:
+        workdir = f"/tmp/clusterrun-{user}"
+        # The system Python (no py-spy beside it); --no-torchrun: no torch needed.
+        inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2], defaults={
+            "user": user, "python": "/usr/bin/python3", "workdir": workdir})
+        script = tmp_path / "plain" / "sleeper.py"
+        script.parent.mkdir()
+        script.write_text("import os, time\n\n\ndef wait_here():\n    time.sleep(600)\n\n\n"
+                          "print('rank', os.environ['RANK'], 'waiting', flush=True)\n"
+                          "wait_here()\n")
+        cp = run_cli("launch", "--detach", "--no-check", "--no-torchrun", "--nproc-per-node",
+                     "1", "--grace", "2", str(inv), str(script))
+        assert cp.returncode == 0, cp.stderr
+        run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 60
+        while True:
+            found = run_cli("stacks", "--json", run_id)
+            ranks = json.loads(found.stdout)["ranks"] if found.returncode == 0 else []
+            if len(ranks) == 2 and all(_functions(r)[-1] == "wait_here" for r in ranks):
+                break
+            assert time.monotonic() < deadline, found.stdout + found.stderr
+            time.sleep(1)
+        shipped = cluster.run_on("node9", "sh", "-c", f"ls {workdir}/runs/.tools/; stat -c %U "
+                                 f"{workdir}/runs/.tools/py-spy-*").split()
+        assert shipped[0].startswith("py-spy-") and shipped[-1] == user, shipped
+        for name in HOSTS[:2]:  # the ranks run as that user
+            owners = cluster.run_on(name, "ps", "-o", "user=", "-C", "python3").split()
+            assert owners and set(owners) == {user}, owners
+        assert run_cli("stop", "--grace", "2", run_id).returncode == 0
+        assert cluster.wait_no_processes(HOSTS[:2], 20) == {}
+    finally:
+        users.remove(user)
+
+
+def test_stacks_of_a_rank_started_through_the_ptracer_stub(cluster: Cluster, home: Path,
+                                                          tmp_path: Path, strays: None) -> None:
+    """Where ptrace_scope is 1 the ranks start through rank.sh's PR_SET_PTRACER_ANY stub. This
+    kernel has no Yama, so the path is forced here: the job runs as before, stacks still come."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2])
+    script = copy_payload(tmp_path, "hang.py")
+    python = cluster.sb.inventory.read_text().split("python: ", 1)[1].split()[0]
+    run_id = detach(inv, script, "--env", "HANG=sleep", "--env", "HANG_RANK=2", "--env",
+                    f"CLUSTERRUN_PTRACER={python}")
+    found = stacks_json(run_id, ranks=4)
+    odd = {r["rank"]: r for r in found["ranks"]}[2]
+    assert _functions(odd)[-1] == "sleep_outside_collectives"
+    assert run_cli("stop", "--grace", "2", run_id).returncode == 0
+    assert cluster.wait_no_processes(HOSTS[:2], 20) == {}

@@ -155,6 +155,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
             "master_addr": report.master_addr, "master_port": report.master_port}
         node_env = _rank_env(spec, env or EnvSources(), files)
         node_env.update(environment.nccl_debug(node_env, rundir))
+        node_env.update(environment.flight_recorder(node_env, rundir, bool(host.gpus)))
         iface = host.interface or ""
         node_env.update({
             "NCCL_SOCKET_IFNAME": _nccl_ifname(host),

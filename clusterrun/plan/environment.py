@@ -44,6 +44,27 @@ def nccl_debug(env: Mapping[str, str], rundir: str) -> dict[str, str]:
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": f"{folder}/{NCCL_LOG_NAME}"}
 
 
+# torch's Flight Recorder (docs/troubleshooting.md): NCCL process groups keep their last
+# collectives in a ring buffer and write it to the run's folder when a collective times out.
+FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
+                   "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FLIGHT_RECORDS = 2000  # entries per process group: about 2 MB per rank
+
+
+def flight_recorder(env: Mapping[str, str], rundir: str, gpus: bool) -> dict[str, str]:
+    """Armed on GPU hosts only, where NCCL dumps it on a timeout; Gloo records too but never
+    dumps, so there it would cost each collective a record for nothing. The user's own
+    settings win: nothing is added when any of them is set."""
+    if not gpus or any(name in env for name in FLIGHT_RECORDER):
+        return {}
+    prefix = f"{rundir}/flight-rank-"  # torch appends the rank
+    return {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDS),
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDS),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+
+
 def forwarded(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
     """The variables of ``environ`` whose names match the allow-list (or ``extra`` globs)."""
     patterns = (*FORWARDED, *extra)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory, ranks
-from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, twins
+from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, stacks, twins
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.transport import parallel
@@ -91,6 +91,7 @@ def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
             r.checks.append(found)
         r.checks.extend(limits.host_checks(r.spec, r.facts, world=world, gpu_ranks=(
             per_host[r.spec.name] if r.gpus else 0)))
+        r.checks.extend(stacks.host_checks(r.spec, r.facts))
 
 
 def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections) -> None:

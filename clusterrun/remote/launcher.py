@@ -65,6 +65,14 @@ if [ -n "$_cr_ok" ]; then
   # and marks the exit as ended by its launcher, which the supervisor never takes for a cause.
   _cr_by=
   trap '_cr_by=" stopped"' TERM INT HUP
+  if [ -n "${CLUSTERRUN_PTRACER-}" ]; then
+    # Yama's ptrace_scope 1 lets only a process's ancestors trace it: the rank names any
+    # process of this user as its tracer (PR_SET_PTRACER_ANY, kept across exec), so that
+    # `clusterrun stacks` and the stall report can read its stack (docs/troubleshooting.md).
+    set -- "$CLUSTERRUN_PTRACER" -S -c 'import ctypes, os, sys
+ctypes.CDLL(None).prctl(0x59616d61, ctypes.c_ulong(-1), 0, 0, 0)
+os.execvp(sys.argv[1], sys.argv[1:])' "$@"
+  fi
   # The rank's redirection is made in a shell that execs it, not in this one: this shell's
   # stderr stays /dev/null while it waits, which takes only its own "Terminated" notice for a
   # rank a signal ended. All the rank writes (or a failed exec of it) goes to its log.

@@ -105,6 +105,7 @@ class Supervisor:
         env = dict(os.environ)
         env.update(self.req["env"])
         env["CLUSTERRUN_RUNDIR"] = self.rundir
+        env.update(self.watch.rank_env(env))  # ptrace_scope 1: ranks py-spy may read
         ranks = self.req.get("ranks")
         if ranks:  # --no-torchrun: clusterrun's own launcher, in torchrun's place
             pid = self.tree.start_function(

@@ -81,6 +81,7 @@ def main(stdin):
             answer["ranks"] = pystack.dump_all(pyspy, ranks, rundir)
             for entry in answer["ranks"]:
                 entry["profile"] = shares.get(entry["rank"])
+    answer["flight"] = pystack.flight(rundir)  # torch's Flight Recorder, if it dumped
     common.reply(answer)
 
 

@@ -234,6 +234,21 @@ def machine():
             "boot_id": _read("/proc/sys/kernel/random/boot_id"), "netns": netns}
 
 
+def ptrace():
+    """Whether `clusterrun stacks` can read a rank's stack here (preflight/stacks.py judges):
+    Yama's ptrace_scope (None: no Yama), root or CAP_SYS_PTRACE, py-spy next to this Python."""
+    scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+    caps = [x for x in (_read("/proc/self/status") or "").splitlines() if x.startswith("CapEff:")]
+    try:
+        cap = bool(int(caps[0].split()[1], 16) >> 19 & 1) if caps else False
+    except ValueError:
+        cap = False
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return {"scope": int(scope) if scope and scope.strip().isdigit() else None,
+            "root": os.geteuid() == 0, "cap_sys_ptrace": cap,
+            "pyspy": spy if os.access(spy, os.X_OK) else None}
+
+
 def environment():
     """The NCCL/Gloo variables the host's own environment sets (after `setup:`)."""
     return {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))}

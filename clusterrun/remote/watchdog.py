@@ -39,7 +39,10 @@ def _lines(ranks_by_node, timeout):
         key = (rank.get("error"), rank.get("state") == "T",
                tuple((f["function"], f["file"], f["line"]) for f in frames))
         groups.setdefault(key, []).append((rank, frames))
-    ordered = sorted(groups.values(), key=lambda g: (len(g), g[0][0]["rank"]))
+    # Ranks outside any collective first (the likelier cause), then the smallest groups.
+    ordered = sorted(groups.values(), key=lambda g: (
+        pystack.waiting_in([{"name": "MainThread", "frames": g[0][1]}]) is not None, len(g),
+        g[0][0]["rank"]))
     out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
            % (timeout, len(ranks), len(ordered))]
     for index, members in enumerate(ordered):
@@ -77,6 +80,15 @@ class Watch:
         self.fired = False
         self.gathering = None  # hub: (deadline, {node: ranks})
         self.dumper = stall.Dumper()
+
+    def rank_env(self, env):
+        """Where Yama's ptrace_scope is 1 and we are not root, the ranks opt in to be read by
+        this user's py-spy (rank.sh: PR_SET_PTRACER_ANY); scope 2 and 3 need CAP_SYS_PTRACE,
+        which `check` names. A value the user set is kept (a test can force the path)."""
+        if env.get("CLUSTERRUN_PTRACER") or pystack.ptrace_scope() != 1 or os.geteuid() == 0:
+            return {}
+        python = self.sup.req.get("python") or (self.sup.req.get("argv") or ["python3"])[0]
+        return {"CLUSTERRUN_PTRACER": python}
 
     def _roots(self):
         roots = [self.sup.tree.pid] if self.sup.tree.pid else []

@@ -167,7 +167,8 @@ def start(root: Path, view: str, host: dict[str, Any],
     options = {
         "UsePAM": "no", "StrictModes": "no", "PidFile": f"{home}/sshd.pid",
         "HostKey": f"{home}/{KEY}", "ListenAddress": host["address"], "Port": "22",
-        "AuthorizedKeysFile": f"{view}/authorized_keys",
+        # The sandbox's key for root; a user of sandbox/users.py has it in its own home.
+        "AuthorizedKeysFile": f"{view}/authorized_keys .ssh/authorized_keys",
         "PermitRootLogin": "prohibit-password", "PasswordAuthentication": "no",
         "KbdInteractiveAuthentication": "no", "MaxStartups": "200", "MaxSessions": "200",
         "Subsystem": "sftp internal-sftp",  # -f /dev/null also drops the packaged sftp line

@@ -100,6 +100,7 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
             out.problems[name] = f"{name}: the run is {reply.get('state')} there"
         for entry in reply.get("ranks") or []:
             out.ranks.append(from_reply(name, entry))
+        out.flight.extend(dict(f, node=name) for f in reply.get("flight") or [])
     out.ranks.sort(key=lambda r: r.rank)
     if profile:
         out.stragglers = stragglers(out.ranks)

@@ -66,6 +66,7 @@ class Collected:
     run: str
     ranks: list[RankStack] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)  # node -> why it gave no stacks
+    flight: list[dict[str, Any]] = field(default_factory=list)  # torch's Flight Recorder
     stragglers: Optional[list[int]] = None  # --profile: stacks/profile.py
 
     def to_json(self) -> dict[str, Any]:

@@ -42,13 +42,14 @@ class Group:
 
 
 def groups(collected: Collected) -> list[Group]:
-    """Ranks with the same stack together; the smallest groups (the odd ones out) first, the
-    biggest (usually the ranks waiting for them) last."""
+    """Ranks with the same stack together; the odd ones out first (ranks outside any collective,
+    then the smallest groups), the biggest group waiting in a collective last."""
     by_sig: dict[tuple[object, ...], list[RankStack]] = {}
     for rank in collected.ranks:
         by_sig.setdefault(rank.signature(), []).append(rank)
     found = [Group(tuple(members)) for members in by_sig.values()]
-    found.sort(key=lambda g: (len(g.ranks), g.first.rank))
+    # Ranks not waiting in a collective are the likelier cause: they come before those that do.
+    found.sort(key=lambda g: (waiting_in(g.first) is not None, len(g.ranks), g.first.rank))
     return found
 
 
@@ -95,6 +96,13 @@ def _rank_head(rank: RankStack) -> str:
     return f"rank {rank.rank} ({rank.node}, pid {rank.pid}{extra})"
 
 
+def flight_lines(collected: Collected) -> list[str]:
+    """torch's Flight Recorder, where a collective timed out: the last collective each rank
+    entered (a rank behind the others entered an earlier one, or none)."""
+    return [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
+            f"#{f['seq']} ({f['state']})" for f in collected.flight]
+
+
 def render(collected: Collected, *, frames: bool = True) -> list[str]:
     """`clusterrun stacks`: odd ranks out first, each with node, pid and last line; then the
     biggest group."""
@@ -105,6 +113,7 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
                  f"{len(found)} different stack{'s' if len(found) != 1 else ''}")
     for name, why in sorted(collected.problems.items()):
         lines.append(f"  no stacks from {name}: {why}")
+    lines.extend(flight_lines(collected))
     for index, group in enumerate(found):
         odd = len(found) > 1 and index < len(found) - 1
         lines.append("")

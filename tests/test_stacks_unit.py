@@ -1,0 +1,99 @@
+"""The pure parts of `stacks` and the stall watchdog: grouping, the stall rule, the report's
+words, and what `check` says about a host where stacks cannot be taken."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from clusterrun.preflight.stacks import host_checks
+from clusterrun.remote import stall
+from clusterrun.stacks import view
+from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
+from clusterrun.stacks.watchdog import report
+from tests.conftest import host_spec
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def rank(number: int, node: str, *frames: tuple[str, str, int], state: str = "S") -> RankStack:
+    main = Thread("MainThread", tuple(Frame(f, p, n) for f, p, n in frames))
+    return RankStack(number, node, 1000 + number, (main,), state=state,
+                     last_line=f"rank {number} step 2")
+
+
+def waiting(number: int, node: str) -> RankStack:
+    return rank(number, node, ("<module>", "/job/train.py", 49), ("all_reduce", TORCH, 3252))
+
+
+def test_the_odd_rank_out_comes_first_and_the_waiting_group_last() -> None:
+    ranks = [waiting(r, f"node{r // 2 + 1}") for r in (0, 1, 2, 3, 4, 6, 7)]
+    ranks.append(rank(5, "node3", ("<module>", "/job/train.py", 44),
+                      ("load_batch", "/job/data.py", 30)))
+    found = Collected("run-1", sorted(ranks, key=lambda r: r.rank))
+    groups = view.groups(found)
+    assert [g.label for g in groups] == ["rank 5 (node3)", "ranks 0-4,6-7 (node[1-4])"]
+    text = view.render(found)
+    assert text[2] == "odd one out: rank 5 (node3): load_batch (data.py:30)"
+    assert text[3] == "  rank 5 (node3, pid 1005) last line: 'rank 5 step 2'"
+    assert "ranks 0-4,6-7 (node[1-4]): waiting in all_reduce" in text
+    lines, record = report(found, 10)
+    assert lines[1].startswith("stall: odd one out: rank 5 on node3 (pid 1005) in load_batch")
+    assert lines[2] == "stall: ranks 0-4,6-7 (node[1-4]) wait in all_reduce"
+    assert record["odd"][0]["rank"] == 5 and record["waiting"]["in"] == "all_reduce"
+
+
+def test_a_stopped_rank_is_marked() -> None:
+    found = Collected("r", [waiting(0, "a"), rank(1, "b", ("<module>", "/job/t.py", 3),
+                                                  state="T")])
+    assert "STOPPED" in "\n".join(view.render(found))
+    assert "STOPPED (SIGSTOP)" in report(found, 5)[0][1]
+
+
+def test_the_stall_rule() -> None:
+    assert stall.stalled({"a": 11.0, "b": 10.0}, 10)
+    assert not stall.stalled({"a": 11.0, "b": 9.9}, 10)  # one node still moves
+    assert not stall.stalled({"a": 11.0, "b": None}, 10)  # not heard from yet
+    assert not stall.stalled({"a": 99.0}, 0)  # the watchdog is off
+    assert not stall.stalled({}, 10)
+
+
+def test_check_warns_where_stacks_cannot_be_taken() -> None:
+    spec = host_spec("10.0.0.5", "gpu-a")
+    normal = {"root": False, "cap_sys_ptrace": False, "pyspy": None}
+    assert host_checks(spec, {"ptrace": dict(normal, scope=1)}) == []  # rank.sh's opt-in
+    assert host_checks(spec, {"ptrace": dict(normal, scope=None)}) == []  # no Yama
+    assert host_checks(spec, {"ptrace": dict(normal, scope=2, root=True)}) == []
+    [found] = host_checks(spec, {"ptrace": dict(normal, scope=2)})
+    assert found.warning and "kernel.yama.ptrace_scope is 2" in found.detail
+    assert "sysctl kernel.yama.ptrace_scope=1" in found.detail
+    [found] = host_checks(spec, {"ptrace": dict(normal, scope=3)})
+    assert "reboot" in found.detail
+    boxed = host_spec("10.0.0.6", "gpu-b")
+    boxed = type(boxed)(**{**boxed.__dict__, "container": "trainer"})
+    [found] = host_checks(boxed, {"ptrace": dict(normal, scope=0, root=True)})
+    assert "--cap-add SYS_PTRACE" in found.detail
+
+
+def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: Path) -> None:
+    from clusterrun.plan.environment import flight_recorder
+    from clusterrun.remote import pystack
+
+    armed = flight_recorder({}, "/w/runs/r1/gpu-a", gpus=True)
+    assert armed["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert armed["TORCH_FR_DUMP_TEMP_FILE"] == "/w/runs/r1/gpu-a/flight-rank-"
+    assert flight_recorder({}, "/w/runs/r1/cpu", gpus=False) == {}  # Gloo never dumps it
+    assert flight_recorder({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "/w", gpus=True) == {}
+    # A dump as torch writes it (pickled; the shape of torch's own dump of a Gloo group here).
+    entries = [{"profiling_name": "nccl:all_reduce", "collective_seq_id": n, "state": "completed"}
+               for n in (1, 2)] + [{"profiling_name": "nccl:broadcast", "collective_seq_id": 3,
+                                    "state": "started"}]
+    (tmp_path / "flight-rank-3").write_bytes(pickle.dumps({"entries": entries}))
+    (tmp_path / "flight-rank-4").write_bytes(b"half a dump")
+    assert pystack.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
+        {"rank": "3", "file": "flight-rank-3", "collective": "nccl:broadcast", "seq": 3,
+         "state": "started", "entries": 3}]
+    found = Collected("r", [], flight=[dict(pystack.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
+                                            node="gpu-a")])
+    assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \
+        view.render(found)

@@ -1,0 +1,112 @@
+"""The stall watchdog (issue 21) on real torchrun + Gloo: each kind of hung rank is named as the
+odd one out within the stall timeout + 30 s; --on-stall stop ends the run everywhere with exit
+status 7; a silent busy job is never called stalled; a detached run's hub does it all with no
+controller."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cluster, copy_payload, run_cli
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = ["node13", "node14", "node15"]
+TIMEOUT = 10
+
+
+@pytest.fixture
+def strays(cluster: Cluster) -> Iterator[None]:
+    yield
+    cluster.kill_all(HOSTS)
+
+
+def _odd_line(text: str) -> str:
+    found = [x for x in text.splitlines() if "stall: odd one out:" in x]
+    assert found, text
+    return found[0]
+
+
+@pytest.mark.parametrize(("mode", "frame"), [
+    ("sleep", "sleep_outside_collectives"), ("skip", "barrier"), ("stop", "STOPPED")])
+def test_a_stopped_stall_names_the_hung_rank_and_exits_7(cluster: Cluster, home: Path,  # noqa: PLR0917
+                                                         tmp_path: Path, strays: None,
+                                                         mode: str, frame: str) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "hang.py")
+    started = time.monotonic()
+    cp = run_cli("launch", "--nproc-per-node", "2", "--grace", "2", "--stall-timeout",
+                 str(TIMEOUT), "--on-stall", "stop", "--env", f"HANG={mode}", "--env",
+                 "HANG_RANK=4", str(inv), str(script), timeout=240)
+    assert cp.returncode == 7, cp.stderr[-3000:]
+    odd = _odd_line(cp.stderr)
+    assert "rank 4 on node15" in odd and frame in odd, odd
+    assert "'rank 4 step 2'" in odd  # its last line
+    assert re.search(r"stall: ranks 0-3,5 \(node\[13-15\]\) wait in all_reduce", cp.stderr)
+    # Named within the timeout + 30 s of the hang: the start and the steps before it take
+    # under a minute here, so the whole launch stays well inside this.
+    assert time.monotonic() - started < 60 + TIMEOUT + 30
+    assert cluster.wait_no_processes(HOSTS, 20) == {}
+    run_id = re.search(r"run (\S+) failed \(exit 7\)", cp.stderr)
+    assert run_id, cp.stderr[-2000:]
+    logs = run_cli("logs", run_id.group(1))
+    assert "clusterrun: stall: odd one out: rank 4 on node15" in logs.stdout
+    summary = json.loads((home / "runs" / run_id.group(1) / "state.json").read_text())
+    assert summary["state"] == "failed" and summary["exit_status"] == 7
+    events = (home / "runs" / run_id.group(1) / "events.jsonl").read_text()
+    assert '"event": "stalled"' in events
+
+
+def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path: Path,
+                                          strays: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2])
+    script = copy_payload(tmp_path, "hang.py")
+    # Silent computing for 4 stall timeouts: never a stall, the run succeeds.
+    cp = run_cli("launch", "--nproc-per-node", "1", "--stall-timeout", "6", "--on-stall",
+                 "stop", "--env", "HANG=busy", "--env", "BUSY=25", str(inv), str(script),
+                 timeout=240)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "stall" not in cp.stderr
+
+
+def test_the_detached_hub_reports_a_stall_with_no_controller(cluster: Cluster, home: Path,
+                                                             tmp_path: Path,
+                                                             strays: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "hang.py")
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2",
+                 "--stall-timeout", str(TIMEOUT), "--env", "HANG=stop", "--env", "HANG_RANK=3",
+                 str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+    # The launching controller is gone. The hub (node13's supervisor) finds the stall.
+    state_file = f"/tmp/clusterrun/runs/{run_id}/node13/state.json"
+    deadline = time.monotonic() + TIMEOUT + 90
+    while True:
+        state = json.loads(cluster.read("node13", state_file))
+        if state.get("state") == "stalled":
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(1)
+    lines = state["stall"]["lines"]
+    assert any("odd one out: rank 3 on node14" in x and "STOPPED" in x for x in lines), lines
+    rows = {r["id"]: r for r in json.loads(run_cli("ps", "--json").stdout)}
+    assert rows[run_id]["state"] == "stalled"
+    assert "odd one out: rank 3 on node14" in run_cli("logs", run_id).stdout
+    # It moves again: running again, then it ends well.
+    pid = next(r["pid"] for r in state["stall"]["nodes"]["node14"] if r["rank"] == 3)
+    cluster.run_on("node14", "kill", "-CONT", str(pid))
+    deadline = time.monotonic() + 60
+    while json.loads(cluster.read("node13", state_file)).get("state") in ("stalled", "running"):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    final = json.loads(cluster.read("node13", state_file))
+    assert final["state"] == "succeeded", final
+    assert "the run moves again" in run_cli("logs", run_id).stdout
+    assert cluster.wait_no_processes(HOSTS, 20) == {}
