@@ -45,11 +45,14 @@ def load_inventory(path: str, hosts: Optional[str] = None,
     """The inventory narrowed to -w/--hosts less -x/--exclude, and every known_hosts file its
     hosts name readable, before any host is contacted."""
     from clusterrun.inventory.subset import select
-    from clusterrun.transport import hostkeys
 
     inv, notes = select(inventory.load(path), hosts, exclude)
     for text in notes:
         note(text)
+    # Only now: the transport brings paramiko and fabric (~0.1 s), which a mistyped inventory,
+    # refused above, never needs.
+    from clusterrun.transport import hostkeys
+
     hostkeys.check_files(h.known_hosts for h in inv.hosts)
     return inv
 

@@ -44,11 +44,11 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
     Exits 0 only when every host passes; 3 when a check fails; 4 when a host cannot be
     reached, authenticated or trusted.
     """
-    from clusterrun.preflight import checks as preflight
+    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
+    from clusterrun.preflight import checks as preflight  # after: a bad inventory needs none
     from clusterrun.preflight import view as checkview
     from clusterrun.transport.pool import Connections
 
-    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
         report = preflight.run(inv, pool, bandwidth=bandwidth, allow_busy_gpus=allow_busy_gpus)
