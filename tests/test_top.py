@@ -285,3 +285,26 @@ def test_top_on_a_slurm_host(cluster: Cluster, slurm_nodes: SlurmCluster, home: 
     sample = json.loads(out.read_text())
     check_sample(sample, sample["run"], {node: [0, 1]}, cluster.read)
     assert cluster.wait_run_gone([node], sample["run"], 20) == {}
+
+
+def test_top_shows_a_stalled_detached_run(cluster: Cluster, home: Path, tmp_path: Path,
+                                          strays: None) -> None:
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "hang.py")
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "1", "--grace", "2",
+                 "--stall-timeout", "8", "--env", "HANG=sleep", "--env", "HANG_RANK=1",
+                 str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+    # The hub (node9's supervisor) finds the stall and says so in its state there.
+    state_file = f"/tmp/clusterrun/runs/{run_id}/node9/state.json"
+    deadline = time.monotonic() + 120
+    while json.loads(cluster.read("node9", state_file)).get("state") != "stalled":
+        assert time.monotonic() < deadline, "the hub never found the stall"
+        time.sleep(1)
+    shown = run_cli("top", run_id, "--once", "--interval", "1", timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert f"clusterrun top {run_id}  STALLED" in shown.stdout, shown.stdout
+    assert re.search(r"node9 +stalled", shown.stdout), shown.stdout
+    assert run_cli("stop", run_id).returncode == 0
+    assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}

@@ -10,6 +10,8 @@ from typing import Any, Optional
 # A host is "ok" while it answers, "connecting" before its first answer, "lost" once it has
 # missed answers for two refresh intervals (or its connection closed).
 OK, CONNECTING, LOST = "ok", "connecting", "lost"
+# A node's supervisor state once its part of the run is over (else: running, stalled ...).
+ENDED = ("succeeded", "failed", "stopped", "lost")
 
 # A rank is flagged "slow" when it prints at under this share of the median rate of the ranks
 # that print, and "silent" when it has said nothing for SILENT_FACTOR times as long as the
@@ -116,8 +118,7 @@ class Frame:
     def ended(self) -> bool:
         """Every host answered and every node's supervisor has ended its part."""
         return bool(self.hosts) and all(
-            h.status == OK and h.node_state not in ("running", "starting", "stopping", "")
-            for h in self.hosts)
+            h.status == OK and h.node_state in ENDED for h in self.hosts)
 
     def to_json(self) -> dict[str, Any]:
         """DESIGN.md's shape of `top --once --json`."""

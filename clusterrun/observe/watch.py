@@ -203,6 +203,8 @@ class Watch:
         ranks.sort(key=lambda r: r.rank)
         flag_ranks(ranks)
         state = str(attempts.top(self.run).state.get("state") or "unknown")
+        if state == "running" and any(h.node_state == "stalled" for h in hosts):
+            state = "stalled"  # a detached run's hub found the stall (remote/watchdog.py)
         return Frame(run=self.run.id, run_state=state, interval=self.interval, hosts=hosts,
                      ranks=ranks)
 
