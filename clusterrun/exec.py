@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from clusterrun import wire
 from clusterrun.console import Printer
-from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, UsageError
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, UsageError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
@@ -237,10 +237,10 @@ def _text(result: ExecResult) -> str:
     return f"exit {result.code}" if result.code >= 0 else "exit status unknown"
 
 
-def summarize(run: ExecRun) -> tuple[list[str], int]:
-    """Per-outcome summary lines (hosts folded) and the exit status: the largest remote exit
-    status, as `pdsh -S` and `clush -S` report it (124 for a host that timed out), 4 when a
-    host could not be reached, 128+N when interrupted by signal N."""
+def summarize(run: ExecRun) -> tuple[list[str], Result]:
+    """Per-outcome summary lines (hosts folded) and what the command came to: the largest
+    remote exit status, as `pdsh -S` and `clush -S` report it (124 for a host that timed out,
+    a host's own failure's status), a host that could not be reached, the user's signal."""
     by_outcome = run.results.failure_groups()
     worst = 0
     unreachable = False
@@ -254,8 +254,4 @@ def summarize(run: ExecRun) -> tuple[list[str], int]:
         code = r.value.code
         worst = max(worst, code if code > 0 else (255 if code < 0 else 0))
     lines = [f"{fold(names)}: {text}" for text, names in sorted(by_outcome.items())]
-    if unreachable:
-        return lines, int(ExitStatus.UNREACHABLE)
-    if run.interrupted is not None:
-        return lines, 128 + run.interrupted
-    return lines, worst
+    return lines, Result(interrupted=run.interrupted, unreachable=unreachable, code=worst)
