@@ -18,6 +18,8 @@ LONG_MODULES = {
     "clusterrun/sandbox/cluster.py": (410, "the sandbox cluster builder"),
     # The supervisor's loop: every watch it ticks (ranks, disk, NCCL, gang, stalls) in one place.
     "clusterrun/remote/run.py": (410, "the node supervisor"),
+    # The controller's side of a run: start, streams, heartbeats, teardown, stall reports.
+    "clusterrun/launch/session.py": (410, "the supervisors of one run"),
 }
 
 

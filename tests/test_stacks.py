@@ -137,9 +137,9 @@ def test_stacks_as_a_normal_user_with_py_spy_shipped(cluster: Cluster, home: Pat
         shipped = cluster.run_on("node9", "sh", "-c", f"ls {workdir}/runs/.tools/; stat -c %U "
                                  f"{workdir}/runs/.tools/py-spy-*").split()
         assert shipped[0].startswith("py-spy-") and shipped[-1] == user, shipped
-        for name in HOSTS[:2]:  # the ranks run as that user
-            owners = cluster.run_on(name, "ps", "-o", "user=", "-C", "python3").split()
-            assert owners and set(owners) == {user}, owners
+        for rank in ranks:  # the ranks read run as that user
+            owner = cluster.run_on(rank["node"], "stat", "-c", "%U", f"/proc/{rank['pid']}")
+            assert owner.strip() == user, (rank, owner)
         assert run_cli("stop", "--grace", "2", run_id).returncode == 0
         assert cluster.wait_no_processes(HOSTS[:2], 20) == {}
     finally:

@@ -101,7 +101,8 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
     Every output line shows as [node rRANK] line; logs are kept under
     $CLUSTERRUN_HOME/runs/<run-id>/. When any rank fails or a host is lost, every host is
     stopped. Exit status: 0 success; the root-cause rank's exit code; 2 usage; 3 preflight
-    failed; 4 host unreachable; 5 node lost; 6 copying the code failed; 130 Ctrl-C; 143 SIGTERM.
+    failed; 4 host unreachable; 5 node lost; 6 copying the code failed; 7 stalled and ended by
+    --on-stall stop; 130 Ctrl-C; 143 SIGTERM.
     """
     from clusterrun.launch import launcher as launching
     from clusterrun.plan.build import parse_env

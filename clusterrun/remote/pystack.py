@@ -166,7 +166,10 @@ def _dump_once(pyspy, pid, timeout):
         traces = json.loads(out.decode("utf-8", "replace"))
     except ValueError:
         return [], "py-spy answered no JSON"
-    threads = [{"name": t.get("thread_name") or "thread %s" % t.get("os_thread_id"),
+    # Without the interpreter's symbols py-spy cannot name threads: the process's own
+    # thread (its id is the pid) is the main one.
+    threads = [{"name": t.get("thread_name") or ("MainThread" if t.get("os_thread_id") == pid
+                                                 else "thread %s" % t.get("os_thread_id")),
                 "frames": _frames(t.get("frames"))} for t in traces if isinstance(t, dict)]
     return threads, None
 

@@ -65,15 +65,26 @@ def _lines(ranks_by_node, timeout):
     return out
 
 
+def shipped(rundir):
+    """A py-spy `clusterrun stacks` shipped to this host before (<workdir>/runs/.tools)."""
+    parts = rundir.rstrip("/").split("/")[:-1]
+    if parts and parts[-1].startswith("attempt-"):
+        parts.pop()
+    tools = "/".join([*parts[:-1], ".tools"])
+    try:
+        found = sorted(n for n in os.listdir(tools) if n.startswith("py-spy-") and "." not in n)
+    except OSError:
+        return None
+    return os.path.join(tools, found[-1]) if found else None
+
+
 class Watch:
     def __init__(self, sup, req):
         self.sup = sup
         self.timeout = float(req.get("stall_timeout") or 0)
         self.stop_run = req.get("on_stall") == "stop"
-        pyspy = pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
-        tools = req.get("stall_tools")
-        if pyspy is None and tools and os.path.isfile(tools):
-            pyspy = tools
+        pyspy = (pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
+                 or shipped(sup.rundir))
         self.progress = stall.Progress(sup.rundir, self._roots, pyspy)
         self.reported = 0.0
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)

@@ -176,6 +176,8 @@ class Journal:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it
         ended with: the one recorded first, when someone saw the end before."""
         if summary is not None:
+            stall = self.run.state.get("stall")  # the last stall report (#21), if there was one
+            summary = dict(summary, stall=stall) if stall and "stall" not in summary else summary
             store.write_json(self.run.file("summary.json"), summary)
         return self._record(self.run, seen,
                             {"exit_status": status, "ended_at": ended_at or store.now(),

@@ -17,10 +17,19 @@ from clusterrun.transport.programs import call
 TIMEOUT = 30.0  # per host: py-spy itself answers in well under a second per rank
 
 
+def tools_dir(rundir: str) -> str:
+    """``<workdir>/runs/.tools`` from a node's rundir (``<workdir>/runs/<run>/[attempt-K/]
+    <node>``): where a shipped py-spy is kept, for every run of that workdir."""
+    parts = rundir.rstrip("/").split("/")[:-1]  # the node's own folder
+    if parts and parts[-1].startswith("attempt-"):
+        parts.pop()
+    return "/".join([*parts[:-1], ".tools"])  # beside the run's folder
+
+
 def _request(node: dict[str, Any], ranks: Optional[list[int]],
              binary: Optional[pyspy.Binary]) -> dict[str, Any]:
     return {"rundir": node["rundir"], "python": node.get("python"),
-            "tools": f"{node['workdir']}/runs/.tools" if node.get("workdir") else None,
+            "tools": tools_dir(node["rundir"]),
             "ranks": ranks,
             "pyspy": {"sha": binary.sha, "size": binary.size} if binary else None}
 
@@ -48,9 +57,13 @@ def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
                             "environment (pip install py-spy)")
         return reply
     request["send"] = True
-    return call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),
-                site=False,
-                payload=pyspy.chunks(binary))
+    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),
+                 site=False, payload=pyspy.chunks(binary))
+    if reply.get("need_pyspy"):  # sent, and still it cannot run there (a noexec filesystem)
+        reply["problem"] = (f"{spec.name}: the py-spy sent to {request['tools']} cannot run "
+                            "there; install py-spy in the host's Python environment (pip "
+                            "install py-spy)")
+    return reply
 
 
 def _nodes_for(run: RunDir, nodes: Optional[set[str]],
