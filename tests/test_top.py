@@ -1,13 +1,14 @@
 """`clusterrun top` against the namespace cluster: real sshd, real torchrun and gloo. What it
 reports is checked against the hosts themselves (their processes, their log files), also for a
-detached run whose controller is gone, a crashed host, a real terminal, a container host and
-a Slurm host."""
+detached run whose controller is gone, an attached run (drawn in a real terminal), a crashed
+host, a stalled run, a container host and a Slurm host."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,15 @@ from clusterrun.runs import names
 from clusterrun.sandbox import faults
 from clusterrun.sandbox.slurm import SlurmCluster
 from clusterrun.transport import SshOptions
-from tests.conftest import Cluster, Containers, clusterrun_argv, copy_payload, run_cli
+from tests.conftest import (
+    Cluster,
+    Containers,
+    Reader,
+    clusterrun_argv,
+    copy_payload,
+    run_cli,
+    start_cli,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -183,7 +192,13 @@ def test_top_draws_in_a_real_terminal(cluster: Cluster, home: Path, tmp_path: Pa
                                       ticker: Path, strays: None) -> None:
     assert shutil.which("tmux"), "tmux is needed for this test"
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
-    run_id = detach(inv, ticker, "STEP_SLEEP=0.3")
+    # An attached run this time: its controller streams the logs while top watches too.
+    launch = start_cli("launch", "--nproc-per-node", "2", "--grace", "3", "--env",
+                       "STEP_SLEEP=0.3", str(inv), str(ticker))
+    assert launch.stderr is not None
+    said = Reader(launch.stderr)
+    said.wait_for(r"run \S+: 2 nodes")
+    run_id = re.search(r"run (\S+): 2 nodes", said.text).group(1)  # type: ignore[union-attr]
     wait_lines(cluster, run_id, {"node9": [0, 1], "node10": [2, 3]})
     session = f"top-{run_id[-8:]}"
     command = " ".join([*clusterrun_argv("top", run_id, "--interval", "1")])
@@ -220,7 +235,9 @@ def test_top_draws_in_a_real_terminal(cluster: Cluster, home: Path, tmp_path: Pa
     # Quitting top leaves the run going, and no sampler behind on the hosts.
     time.sleep(1)
     assert {h: samplers(cluster, h) for h in HOSTS} == {h: [] for h in HOSTS}
-    assert run_cli("stop", run_id).returncode == 0
+    assert launch.poll() is None, said.text
+    launch.send_signal(signal.SIGINT)  # the run's own Ctrl-C ends it everywhere
+    assert launch.wait(60) == 130
     assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
 
 
