@@ -22,7 +22,6 @@ from clusterrun.plan.build import EnvSources
 from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
-from clusterrun.runs.journal import Listener
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
 
@@ -71,8 +70,7 @@ def _judge(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport
 
 
 def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
-        out: Optional[TextIO] = None, err: Optional[TextIO] = None,
-        listeners: tuple[Listener, ...] = ()) -> Result:
+        out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> Result:
     """Check the hosts, plan, and run the attempts (or, with --dry-run, print the plan)."""
     err = err or sys.stderr
     sources = EnvSources(extra=dict(opts.env), forward=opts.forward_env,
@@ -89,7 +87,7 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         head = None if opts.dry_run or not opts.sync else HeadStart(
             job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
         loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out or sys.stdout,
-                           err, head, listeners)
+                           err, head)
         report = _judge(loop.check(1, on_facts=head.read if head else None), opts, err)
         plan = loop.plan(1, report, None)
         if opts.dry_run:

@@ -31,7 +31,7 @@ from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.runs import notify, store
-from clusterrun.runs.journal import Journal, Listener, RunRecord
+from clusterrun.runs.journal import Journal, RunRecord
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
@@ -62,7 +62,6 @@ class AttemptLoop:
     out: TextIO
     err: TextIO
     head: Optional[HeadStart] = None  # the first attempt's manifests, read during its preflight
-    listeners: tuple[Listener, ...] = ()  # hear the run's events (`--notify`)
 
     # -- before an attempt -----------------------------------------------------------------
 
@@ -93,7 +92,7 @@ class AttemptLoop:
                 id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
                 inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
                 max_restarts=self.opts.max_restarts, notify=self.opts.notify),
-                self._public(plan), (*self.listeners, *hooks))
+                self._public(plan), hooks)
             lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
             try:
                 with Interrupts(self.say) as interrupts:
@@ -101,7 +100,7 @@ class AttemptLoop:
             finally:
                 if lock is not None:
                     os.close(lock)
-        if plan.detach and self.opts.notify and lock is not None and result == Result():
+        if plan.detach and self.opts.notify and result == Result():  # started everywhere
             notify.watch(journal.run, self.say)
         return result
 
