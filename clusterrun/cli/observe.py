@@ -121,6 +121,8 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
         profiler.once()  # one window; the sample after it
         if profiler.error:
             note(f"no profile: {profiler.error}")
+        for why in sorted((profiler.latest.problems if profiler.latest else {}).values()):
+            note(f"no profile from {why}")
     else:
         time.sleep(watch.interval)
     frame = _take(watch, profiler, wait=watch.ssh.connect_timeout)
