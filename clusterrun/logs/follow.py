@@ -15,7 +15,11 @@ from clusterrun.runs import attempts
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
 from clusterrun.transport import SshOptions, Transport
-from clusterrun.transport.programs import start
+from clusterrun.transport.programs import park, start
+
+
+class _Chained(Exception):
+    """The end of a chained program's stream (shell.NEXT): not a failure."""
 
 
 def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
@@ -26,18 +30,26 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     ends: dict[str, dict[str, Any]] = {}
 
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
-        # In the interpreter the command's status or stop left there, when there is one.
-        proc = start(transport, spec, "tail.py", {
+        # In the interpreter the command's status or stop left there, when there is one, and
+        # left for the next program after it (programs.start): one login for the command.
+        started = start(transport, spec, "tail.py", {
             "rundir": node["rundir"], "follow": keep_following,
-            "offsets": mirror.offsets(spec.name)}).proc
+            "offsets": mirror.offsets(spec.name)}, chain=True)
 
         def on_event(raw: dict[str, Any]) -> None:
+            if raw.get("ev") == "next":  # tail.py has ended; its interpreter waits
+                raise _Chained
             event = wire.parse(raw)
             if isinstance(event, wire.End):
                 ends[spec.name] = _as_state(event)
 
-        receive(spec.name, proc, mirror, on_event, view.feed if view is not None else None)
-        proc.close()
+        try:
+            receive(spec.name, started.proc, mirror, on_event,
+                    view.feed if view is not None else None)
+        except _Chained:
+            park(transport, started)
+            return
+        started.proc.close()
 
     if view is None:
         results = each_node(run, ssh, one, None)

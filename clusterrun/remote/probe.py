@@ -381,17 +381,14 @@ def serve():
             replies.answer(reply, handler, state, op)
     for reply in running:
         reply["done"].wait()
-    # The interpreter may be parked for the command's next program (the supervisor, whose
-    # torchrun must bind master_port): the listeners this probe opened go now, not with it.
     release_ports()
 
 
 def release_ports():
-    """Close every socket the probe opened: `state` keeps only the last `listen` (the
-    lifeline's port replaces master_port's there), and shutdown() comes first because it wakes
-    the thread blocked in accept(), which a close alone does not: the port would stay open."""
-    import contextlib
-    import gc  # only here, as traceback above
+    """Close every socket the probe opened, for the supervisor its interpreter may run next (its
+    torchrun binds master_port). shutdown() wakes the accept() thread, which close() does not."""
+    import contextlib  # only here, as traceback above
+    import gc
 
     for obj in gc.get_objects():
         if isinstance(obj, socket.socket) and obj.fileno() != -1:

@@ -37,8 +37,10 @@ def main(req):
     writer.end(**final)
     while not gone and not writer.finished.is_set():
         loop.once(0.2)
+    return bool(gone)
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.stdin.buffer.readline()))
-    os._exit(0)  # never block on flushing stdout to a follower that is gone
+    if main(json.loads(sys.stdin.buffer.readline())):
+        os._exit(0)  # never block on flushing stdout to a follower that is gone
+    # else return: the follower may run its next program in this interpreter (chained)

@@ -147,6 +147,8 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
             proc.close_stdin()
         code = proc.wait(5 if not reader.is_alive() else 0.1)
         proc.close()
+    if chained:
+        del out[-len(done) + 1:]  # the NEXT line is not the program's reply
     for line in reversed(bytes(out).splitlines()):
         text = line[2:] if line.startswith(b"J ") else line
         try:

@@ -44,14 +44,15 @@ PICK_ENGINE = (
 # then becomes a fresh interpreter (the same one, -S when that line says "S") that reads it.
 # Every SSH channel runs the user's login shell (~/.bashrc: a `conda init` block starts a
 # Python on every login), so the programs of one command share channels: the probe's becomes
-# the supervisor. EOF in place of the next length line ends it.
-NEXT = b"clusterrun-next"
+# the supervisor. EOF in place of the next length line ends it. A program may leave its stdin
+# non-blocking (mainloop does): the wait makes it blocking again.
+NEXT = b'J {"ev": "next"}'  # an event frame, so that a stream of frames can end with it
 _BOOT_BODY = r"""import os,sys
 a=sys.argv[1:]
 h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
 exec(compile(sys.stdin.buffer.read(int(h[0])),'<clusterrun>','exec'),{'__name__':'__main__'})
 if b'c' in h[1:]:
- sys.stdout.flush();sys.stderr.flush();os.write(1,b'NEXT\n');h=b''
+ sys.stdout.flush();sys.stderr.flush();os.write(1,b'NEXT\n');h=b'';os.set_blocking(0,True)
  while h[-1:]!=b'\n':
   c=os.read(0,1)
   if not c:os._exit(0)
