@@ -47,6 +47,8 @@ EXERCISED_BY: dict[str, list[str]] = {
           "test_host_paths.py::test_the_copy_names_a_file_in_the_way_of_one_of_its_directories",
           "reliability/test_disk_full.py::"
           "test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line"],
+    "7": ["test_localhost.py::test_a_stall_ended_by_on_stall_stop_is_7",
+          "test_stall.py::test_a_stopped_stall_names_the_hung_rank_and_exits_7"],
     JOB: ["test_localhost.py::test_a_failed_job_exits_with_the_root_cause_ranks_own_status",
           "reliability/test_rank_faults.py::test_a_dying_rank_ends_the_run_on_every_host"],
     "124": ["test_localhost.py::test_exec_timeout_is_124_not_unreachable",

@@ -56,6 +56,20 @@ def test_a_failed_job_exits_with_the_root_cause_ranks_own_status(home: Path,
     assert "Traceback" not in cp.stderr
 
 
+def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None:
+    """Ranks that print once and then sleep make no progress: with --on-stall stop the
+    watchdog ends the run, names where they wait, and the run exits 7."""
+    job = script(tmp_path, "import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)"
+                 "\ntime.sleep(600)\n")
+    cp = run_cli("launch", "--no-torchrun", "--grace", "2", "--stall-timeout", "3",
+                 "--on-stall", "stop", LOCALHOST, str(job), timeout=120)
+    assert cp.returncode == ExitStatus.STALLED == 7, cp.stderr
+    assert "stall: no rank made progress for 3 s" in cp.stderr
+    assert re.search(r"stall: ranks 0-1 \(node\[0-1\]\) wait in <module> \(job\.py:3\)",
+                     cp.stderr), cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
 def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:
     assert proc.stdout is not None
     seen = ""
