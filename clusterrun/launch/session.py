@@ -31,7 +31,7 @@ from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.transport import Process, Transport, parallel
-from clusterrun.transport.programs import call, start
+from clusterrun.transport.programs import call, release, start
 
 HEARTBEAT = 2.0
 LOST_CLEANUP = 10.0  # seconds to end what a lost node left, on a host that still answers
@@ -147,8 +147,7 @@ class Session:
 
     def _start_one(self, spec: HostSpec, gang: Optional[dict[str, Any]] = None) -> None:
         node = self.nodes[spec.name].plan
-        # -S: the supervisor needs only the standard library (ranks have their own site).
-        # Where the probe ran, when it waits on this connection (programs.start): no new login.
+        # -S: stdlib only. Where the probe ran, when it waits here (programs.start): no login.
         started = start(self.transports[spec.name], spec, "run.py",
                         request(self.plan, node, gang), site=False)
         proc, self.stderr[spec.name] = started.proc, started.stderr
@@ -164,6 +163,7 @@ class Session:
                                    START_SECONDS):
             if result.failure is not None:
                 self._lose(result.spec.name, result.failure.message)
+        release(*(self.transports[spec.name] for spec in specs))  # the idle ones left there
 
     def start(self) -> None:
         names = [n.name for n in self.plan.nodes]
