@@ -138,8 +138,8 @@ class AttemptLoop:
             reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
             journal.finished(RunState.FAILED, status=exc.exit_status, reason=reason)
             raise
-        mirror = Mirror(folder)
-        view = LogView(Printer(self.out), first_line=journal.first_line_of(plan.attempt))
+        mirror = Mirror(folder, first_line=journal.first_line_of(plan.attempt))
+        view = LogView(Printer(self.out))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
                           notify=self.say)
         session.stall = stall_watchdog.for_session(plan, folder, journal, session,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from clusterrun.logs.view import rank_of
 from clusterrun.remote import protocol
 from clusterrun.runs.store import RunDir, make_node_dir, open_private
 from clusterrun.transport import Process
@@ -24,11 +25,16 @@ class Mirror:
     """Local copies of one run's remote files, plus the order chunks arrived in (``arrivals``),
     which `clusterrun logs` replays to show the interleaving the live console showed."""
 
-    def __init__(self, run: RunDir) -> None:
+    def __init__(self, run: RunDir,
+                 first_line: Optional[Callable[[str, int, str], None]] = None) -> None:
         self.run = run
+        self.first_line = first_line  # hears each rank's first line: (node, rank, line)
         self._lock = threading.Lock()
         self._fds: dict[tuple[str, str], int] = {}
         self._sizes: dict[tuple[str, str], int] = {}
+        # A rank file's bytes until its first line is complete (None: told, or not ours to
+        # tell: the file had bytes before this mirror opened it).
+        self._heads: dict[tuple[str, str], Optional[bytes]] = {}
         self._arrivals = open_private(run.file("arrivals"),
                                       os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
@@ -41,6 +47,8 @@ class Mirror:
             fd = open_private(self.run.mirror(node, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             self._fds[key] = fd
             self._sizes[key] = os.fstat(fd).st_size
+            telling = self.first_line is not None and rank_of(name) is not None
+            self._heads[key] = b"" if telling and self._sizes[key] == 0 else None
         return self._fds[key]
 
     def size(self, node: str, name: str) -> int:
@@ -67,7 +75,22 @@ class Mirror:
                 os.write(fd, fresh)
                 self._sizes[(node, name)] = have + len(fresh)
                 os.write(self._arrivals, f"{node}\t{name}\t{have + len(fresh)}\n".encode())
+                self._first(node, name, fresh)
             return fresh
+
+    def _first(self, node: str, name: str, fresh: bytes) -> None:
+        head = self._heads.get((node, name))
+        if head is None or self.first_line is None:
+            return
+        head += fresh
+        if b"\n" not in head and len(head) < 4096:  # a long first line is told in part
+            self._heads[(node, name)] = head
+            return
+        self._heads[(node, name)] = None
+        rank = rank_of(name)
+        line = head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
+        if rank is not None:
+            self.first_line(node, rank, line)
 
     def close(self) -> None:
         with self._lock:

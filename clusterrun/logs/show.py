@@ -13,10 +13,12 @@ from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.settle import settle
 from clusterrun.logs.view import Filter, LogView
-from clusterrun.runs import attempts, lifecycle, ps
+from clusterrun.runs import attempts, lifecycle, notify, ps
+from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
 
+FirstLine = Callable[[str, int, str], None]  # (node, rank, line)
 Position = tuple[LogView, dict[tuple[str, str], int], int]  # the view, per-file bytes, index
 
 
@@ -35,9 +37,14 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
     if lifecycle.live(run) and not lifecycle.watched(run):
         # One lock in the run folder guards the mirrors of all its attempts.
         lock = run.lock_fd("mirror.lock")  # None: another clusterrun is fetching this run
+    k = attempt or attempts.count(run)
     try:
-        _show(run, attempt or attempts.count(run), flt, tail=tail, follow=follow, ssh=ssh,
-              printer=printer, say=say, lock=lock)
+        # The one fetching a run nobody watches records its ranks' first lines (events).
+        with notify.hooks(run.state.get("notify") if lock is not None else None,
+                          run.file("notify.log"), say=say) as hooks:
+            first_line = Journal(run, hooks).first_line_of(k) if lock is not None else None
+            _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
+                  lock=lock, first_line=first_line)
     finally:
         if lock is not None:
             os.close(lock)
@@ -60,7 +67,7 @@ def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
           ssh: SshOptions, printer: Printer, say: Callable[[str], None],
-          lock: Optional[int]) -> None:
+          lock: Optional[int], first_line: Optional[FirstLine] = None) -> None:
     shown = attempts.attempt_dir(run, k)
 
     def going() -> bool:  # an earlier attempt has ended, whatever the run does now
@@ -69,7 +76,7 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
     if lock is not None and going():
         # Nobody else mirrors this live run: first fetch what its hosts have now, so what is
         # shown (the tail above all) is the run's present, not where its mirrors stopped.
-        mirror = Mirror(shown)
+        mirror = Mirror(shown, first_line)
         following.follow(shown, ssh, mirror, None, say, keep_following=False)
         mirror.close()
     if tail is not None:
@@ -93,7 +100,7 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
     if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
         _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say)
         return
-    mirror = Mirror(shown)
+    mirror = Mirror(shown, first_line)
     following.follow(shown, ssh, mirror, view, say)
     mirror.close()
 

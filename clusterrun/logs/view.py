@@ -48,22 +48,13 @@ class LogView:
     (a prompt, a progress bar) shows after a quiet second."""
 
     def __init__(self, printer: Printer, flt: Optional[Filter] = None,
-                 label: Callable[[str, str], str] = prefix,
-                 first_line: Optional[Callable[[str, int, str], None]] = None) -> None:
+                 label: Callable[[str, str], str] = prefix) -> None:
         self.printer = printer
         self.filter = flt or Filter()
         self.label = label  # (node, file) -> the line prefix
-        self.first_line = first_line  # hears each rank's first line: (node, rank, line)
         self._framers: dict[tuple[str, str], LineFramer] = {}
         self._touched: dict[tuple[str, str], float] = {}
-        self._first: dict[tuple[str, str], bool] = {}  # a first line still to tell of
         self._lock = threading.Lock()
-
-    def _said_first(self, node: str, name: str, text: str) -> None:
-        rank = rank_of(name)
-        self._first[(node, name)] = False
-        if rank is not None and self.first_line is not None:
-            self.first_line(node, rank, text.split("\n", 1)[0])
 
     def _emit(self, node: str, name: str, text: str) -> None:
         """``text``: one line, or several joined by ``\\n`` (LineFramer.blocks)."""
@@ -78,15 +69,10 @@ class LogView:
         if not self.filter.wants_file(node, name):
             return
         with self._lock:
-            framer = self._framers.get((node, name))
-            if framer is None:
-                framer = self._framers[(node, name)] = LineFramer()
-                self._first[(node, name)] = self.first_line is not None
+            framer = self._framers.setdefault((node, name), LineFramer())
             self._touched[(node, name)] = time.monotonic()
             for text in framer.blocks(data):
                 self._emit(node, name, text)
-                if self._first[(node, name)]:
-                    self._said_first(node, name, text)
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from clusterrun.inventory.slots import Quarantine
-from clusterrun.runs import attempts, store
+from clusterrun.runs import attempts, notify, store
 from clusterrun.runs.state import RunState, merge
 from clusterrun.runs.store import RunDir
 
@@ -245,8 +245,9 @@ class _Change:
         repeated delivery from a new event."""
         seq = int(self.state.get("events") or 0) + 1
         self.state["events"] = seq
+        # Text from the job (a first line, a stall report's last lines) may hold a secret.
         self.events.append({"event": kind, "run": self.run_id, "seq": seq, "at": store.now(),
-                            **fields})
+                            **notify.masked(fields)})
 
     def root_event(self, k: int, root: Optional[dict[str, Any]]) -> None:
         if root:
