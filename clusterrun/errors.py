@@ -175,7 +175,7 @@ COMMANDS: dict[ExitStatus, tuple[str, ...]] = {
     ExitStatus.ERROR: ("all",),
     ExitStatus.USAGE: ("all",),
     ExitStatus.PREFLIGHT: ("check", "launch", "exec"),
-    ExitStatus.UNREACHABLE: ("check", "launch", "exec", "stop"),
+    ExitStatus.UNREACHABLE: ("check", "launch", "exec", "stop", "stacks", "top --once"),
     ExitStatus.NODE_LOST: ("check --smoke", "launch", "exec"),
     ExitStatus.SYNC: ("check --smoke", "launch"),
     ExitStatus.STALLED: ("launch",),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
-from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.errors import Result, UsageError
 from clusterrun.runs import names
 
 if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` starts fast
@@ -61,7 +61,7 @@ def quit_key() -> Iterator[threading.Event]:
               "as `stacks --profile` does: each rank's wait share, and the straggler.")
 @ssh_options
 def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
-        profile: Optional[float], connect_timeout: float, accept_new_host_keys: bool) -> None:
+        profile: Optional[float], connect_timeout: float, accept_new_host_keys: bool) -> Result:
     """A live view of a running run (the newest by default), attached or detached.
 
     Per host: CPU %, memory, load, network MB/s on the run's interface, free disk under the
@@ -85,14 +85,14 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
     watch.start()
     try:
         if once:
-            _once(watch, profiler, as_json)
+            return Result(unreachable=not _once(watch, profiler, as_json))
+        if profiler is not None:
+            profiler.start()
+        if as_json:
+            _json_lines(watch, profiler)
         else:
-            if profiler is not None:
-                profiler.start()
-            if as_json:
-                _json_lines(watch, profiler)
-            else:
-                _live(watch, profiler)
+            _live(watch, profiler)
+        return Result()
     finally:
         watch.close()
         if profiler is not None:
@@ -110,7 +110,8 @@ def _json(frame: Frame, profiler: Optional[Profiler]) -> dict[str, object]:
     return to_json(frame) if profiler is not None else frame.to_json()
 
 
-def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
+def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> bool:
+    """One sample, shown; False when a host gave none."""
     import json
     import time
 
@@ -139,7 +140,7 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> None:
         for host in lost:
             note(f"{host.node}: no sample ({host.reason or 'no answer'}); its figures are "
                  "null. Check the host is up and reachable (`clusterrun ps` asks it too).")
-        raise SystemExit(int(ExitStatus.UNREACHABLE))
+    return not lost
 
 
 def _json_lines(watch: Watch, profiler: Optional[Profiler]) -> None:
@@ -164,9 +165,8 @@ def _live(watch: Watch, profiler: Optional[Profiler]) -> None:
 
     from clusterrun.observe.view import render
     if not sys.stdout.isatty():
-        raise ClusterrunError("`clusterrun top` draws a live view and needs a terminal; for "
-                              "output to a file or a pipe use `--once` or `--json`.",
-                              exit_status=ExitStatus.USAGE)
+        raise UsageError("`clusterrun top` draws a live view and needs a terminal; for output "
+                         "to a file or a pipe use `--once` or `--json`.")
     console = Console()
     frame = None
     with quit_key() as quit_, Live(console=console, screen=True, auto_refresh=False) as live:

@@ -11,7 +11,7 @@ from clusterrun.cli.common import (
     CONTEXT,
     home,
 )
-from clusterrun.errors import ClusterrunError, ExitStatus
+from clusterrun.errors import UsageError
 
 
 @click.group(context_settings=CONTEXT)
@@ -38,9 +38,8 @@ def sandbox_up(n: int, decoy: bool, rc_file: Optional[Path]) -> None:
 
     root = home() / "sandbox"
     if (root / "sandbox.json").exists():
-        raise ClusterrunError(
-            f"a sandbox already exists in {root}; remove it first with `clusterrun sandbox down`.",
-            exit_status=ExitStatus.USAGE)
+        raise UsageError(
+            f"a sandbox already exists in {root}; remove it first with `clusterrun sandbox down`.")
     box = sb.up(n, root, decoy=decoy, rc_file=rc_file)
     click.echo(f"{n} hosts up: " + ", ".join(f"{h.name} {h.address} ({h.ifname})"
                                               for h in box.hosts))

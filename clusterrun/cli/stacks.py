@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
-from clusterrun.errors import ClusterrunError, ExitStatus, UsageError
+from clusterrun.errors import UnreachableError, UsageError
 from clusterrun.runs import names
 
 
@@ -78,6 +78,6 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
         for line in view.render(found):
             click.echo(line)
     if not found.ranks:
-        raise ClusterrunError(
+        raise UnreachableError(
             f"run {run.id}: no rank's stack could be taken; is the run still going "
-            "(`clusterrun ps`)?", exit_status=ExitStatus.UNREACHABLE)
+            "(`clusterrun ps`)?")
