@@ -143,3 +143,14 @@ def test_launch_notify_hears_the_runs_events_and_a_failing_hook_changes_nothing(
     assert firsts == [("node0", 0), ("node1", 1)]
     assert "tok-777" not in heard.read_text() and "API_TOKEN=******" in heard.read_text()
     assert got[-1]["state"] == "succeeded" and got[-1]["exit_status"] == 0
+
+
+def test_a_straggler_is_an_event_while_it_is_new(tmp_path: Path) -> None:
+    journal = started(tmp_path)
+    assert not journal.stragglers(1, [], {"0": 0.3, "1": 0.3})  # an even run: nothing to say
+    assert journal.stragglers(1, [2], {"0": 0.7, "1": 0.7, "2": 0.05})
+    assert not journal.stragglers(1, [2], {"0": 0.7, "1": 0.7, "2": 0.04})  # the same one
+    assert journal.stragglers(1, [], {"0": 0.3, "1": 0.3, "2": 0.3})  # even again
+    found = [e for e in events(journal.run) if e["event"] == "straggler"]
+    assert [e["ranks"] for e in found] == [[2], []]
+    assert found[0]["wait_share"]["2"] == 0.05

@@ -171,6 +171,17 @@ class Journal:
             change.event("resumed", attempt=k)
             return True
 
+    def stragglers(self, k: int, ranks: list[int], shares: dict[str, float]) -> bool:
+        """A profile of attempt k (`stacks --profile`, `top --profile`) named these stragglers:
+        an event when they differ from the last ones named (none: an even run again)."""
+        with self._changing() as change:
+            if change.state.get("stragglers", []) == ranks:
+                change.keep = True
+                return False
+            change.state["stragglers"] = ranks
+            change.event("straggler", attempt=k, ranks=ranks, wait_share=shares)
+            return True
+
     def finished(self, seen: RunState, *, status: int, summary: Optional[dict[str, Any]] = None,
                  ended_at: Optional[float] = None, **fields: Any) -> RunState:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it

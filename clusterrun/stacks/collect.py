@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from clusterrun.inventory import HostSpec
-from clusterrun.runs import attempts
+from clusterrun.runs import attempts, notify
 from clusterrun.runs import remote as remote_runs
+from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import pyspy
 from clusterrun.stacks.model import Collected, from_reply
@@ -117,4 +118,14 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
     out.ranks.sort(key=lambda r: r.rank)
     if profile:
         out.stragglers = stragglers(out.ranks)
+        _record(run, attempt.attempt, out)
     return out
+
+
+def _record(run: RunDir, k: int, found: Collected) -> None:
+    """Stragglers named by a whole profile go into the run's events (once while they stay)."""
+    if found.problems or not found.ranks:
+        return
+    shares = {str(r.rank): r.wait_share for r in found.ranks if r.wait_share is not None}
+    with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:
+        Journal(run, hooks).stragglers(k, found.stragglers or [], shares)
