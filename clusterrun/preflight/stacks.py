@@ -9,8 +9,6 @@ from typing import Any, Optional
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight.report import Check, warn
 
-GROUP = "`clusterrun stacks` and the stall report cannot read the ranks' stacks (no ptrace)"
-
 
 def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
     found = _check(spec, facts.get("ptrace"))
@@ -35,5 +33,6 @@ def _check(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:
     else:
         why, fix = (f"kernel.yama.ptrace_scope is {scope}: no process may be traced",
                     "only a reboot lowers scope 3; nothing clusterrun can do there")
-    return warn("stacks", f"{spec.name}: `clusterrun stacks` and the stall report cannot read "
-                f"the ranks' stacks there: {why}. Fix: {fix}.", GROUP)
+    text = (f"`clusterrun stacks` and the stall report cannot read the ranks' stacks there: "
+            f"{why}. Fix: {fix}.")
+    return warn("stacks", f"{spec.name}: {text}", text)  # the same words for every such host

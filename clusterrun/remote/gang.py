@@ -270,7 +270,7 @@ class Peer:
             self.pending = []
         elif op == "stop" and self.ready:
             self.sup.gang_stop(msg.get("root_cause"), msg.get("stopped"))
-        elif op == "stacks" and self.ready:  # the hub's stall watchdog asks for our stacks
+        elif op in ("stacks", "stall_stop") and self.ready:  # the hub's stall watchdog
             self.sup.watch.on_gang(None, msg)
 
     def _closed(self, _conn):

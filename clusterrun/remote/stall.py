@@ -23,7 +23,8 @@ from clusterrun.remote import pystack
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 REPORT = 2.0  # seconds between reports of this node's quiet time
 BUSY = 0.05  # a rank using more than this share of a core is busy
-STACK_AGE = 5.0  # how long a look at a busy rank's stack (in a collective or not) holds
+STACK_AGE = 10.0  # how long a look at a busy rank's stack (in a collective or not) holds
+FIND_EVERY = 30.0  # the ranks are looked for again (a walk of /proc) at least this often
 STACKS_WAIT = 20.0  # the hub waits this long for the peers' stacks
 STATUS = 7  # the exit status of a stall ended by --on-stall stop (docs/exit-status.md)
 MAX_FRAMES = 24  # per thread over the gang: a line stays far below its 64 KiB limit
@@ -39,7 +40,7 @@ def stalled(quiet, timeout):
 class Progress:
     """One node's ranks: when did any of them last make progress."""
 
-    def __init__(self, rundir, roots, pyspy=None):
+    def __init__(self, rundir, roots, pyspy=None, timeout=300.0):
         self.rundir = rundir
         self.roots = roots  # () -> pids under which the ranks are (the launcher, the cgroup)
         self.pyspy = pyspy
@@ -51,6 +52,8 @@ class Progress:
         self.found_at = 0.0
         self.waiting = {}  # pid -> (when, in a collective)
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        # A short timeout needs fresher looks at the stacks; the default one, fewer.
+        self.stack_age = max(1.0, min(STACK_AGE, timeout / 4.0))
 
     def quiet(self, now):
         return max(0.0, now - self.last)
@@ -60,8 +63,10 @@ class Progress:
             return
         self.looked = now
         moved = self._output()
-        if now - self.found_at > 5 or any(pystack.proc_state(p) is None
-                                          for p in self.ranks.values()):
+        # Walking /proc is the costly part: only when a rank is gone, none is known yet, or
+        # now and then (a rank that a launcher restarted keeps no pid).
+        if ((not self.ranks and now - self.found_at > 2) or now - self.found_at > FIND_EVERY
+                or any(pystack.proc_state(p) is None for p in self.ranks.values())):
             self.ranks = pystack.find_ranks(self.rundir, self.roots())
             self.found_at = now
         if not self.ranks:
@@ -103,7 +108,7 @@ class Progress:
         if self.pyspy is None:
             return False
         seen = self.waiting.get(pid)
-        if seen is None or now - seen[0] > STACK_AGE:
+        if seen is None or now - seen[0] > self.stack_age:
             threads, _error = pystack.dump(self.pyspy, pid, tries=1)
             seen = (now, pystack.waiting_in(threads) is not None)
             self.waiting[pid] = seen

@@ -18,6 +18,13 @@ from clusterrun.remote import cgroup, common, protocol, pystack, stall
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
 
 
+def stop_detail(lines):
+    """The failure a stopped stall records: its odd rank out, or the report's first line."""
+    odd = [x for x in lines if "odd one out" in x]
+    return ("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
+            ).replace("stall: ", "", 1)
+
+
 def spans(numbers):
     """[0, 1, 2, 5] -> "0-2,5"."""
     out = []
@@ -45,6 +52,7 @@ def _lines(ranks_by_node, timeout):
         g[0][0]["rank"]))
     out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
            % (timeout, len(ranks), len(ordered))]
+    odd_node = None
     for index, members in enumerate(ordered):
         rank, frames = members[0]
         wait = pystack.waiting_in([{"name": "MainThread", "frames": frames}])
@@ -54,6 +62,7 @@ def _lines(ranks_by_node, timeout):
         nodes = sorted({r["node"] for r, _ in members})
         if index < len(ordered) - 1 or (len(ordered) == 1 and len(members) == 1):
             for member, _ in sorted(members, key=lambda m: m[0]["rank"]):
+                odd_node = odd_node or member["node"]
                 stopped = " STOPPED (SIGSTOP)" if member.get("state") == "T" else ""
                 out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
                            % (member["rank"], member["node"], member["pid"], stopped,
@@ -62,7 +71,7 @@ def _lines(ranks_by_node, timeout):
         else:
             out.append("stall: ranks %s (%s) wait in %s" % (
                 spans(numbers), ",".join(nodes), wait or where))
-    return out
+    return out, odd_node
 
 
 def shipped(rundir):
@@ -85,7 +94,7 @@ class Watch:
         self.stop_run = req.get("on_stall") == "stop"
         pyspy = (pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
                  or shipped(sup.rundir))
-        self.progress = stall.Progress(sup.rundir, self._roots, pyspy)
+        self.progress = stall.Progress(sup.rundir, self._roots, pyspy, self.timeout or 300.0)
         self.reported = 0.0
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)
         self.fired = False
@@ -149,7 +158,8 @@ class Watch:
             want.add(self.sup.name)
             if want <= set(got) or now > deadline:
                 self.gathering = None
-                self.stalled(_lines(got, self.timeout), {"nodes": got}, stalled_now)
+                lines, odd_node = _lines(got, self.timeout)
+                self.stalled(lines, {"nodes": got, "odd_node": odd_node}, stalled_now)
 
     def on_gang(self, peer, msg):
         """A gang message: a peer's quiet time or its stacks (hub), a request for ours (peer)."""
@@ -160,27 +170,36 @@ class Watch:
             self.gathering[1][peer] = msg.get("ranks") or []
         elif op == "stacks" and peer is None:
             self.dumper.start(self.progress)
+        elif op == "stall_stop" and peer is None:  # the hub: our rank is the stall's cause
+            self.stop(str(msg.get("detail") or "stalled"))
 
     def on_op(self, msg):
         """The controller decided (attached): the report to keep here, or the run moves again."""
-        if msg.get("op") == "stall":
-            self.stall_here(list(msg.get("lines") or []), msg.get("report") or {})
-        else:
+        if msg.get("op") != "stall":
             self.resumed()
+        elif msg.get("lines"):  # the master keeps the report
+            self.stall_here(list(msg["lines"]), msg.get("report") or {}, stop=False)
+        if msg.get("op") == "stall" and msg.get("fail") and self.stop_run:  # fails with 7
+            self.stop(str(msg.get("detail") or "stalled"))
 
     def stalled(self, lines, report, still=True):
         self.stall_here(lines, report)
         if not still:
             self.resumed()
 
-    def stall_here(self, lines, report):
+    def stall_here(self, lines, report, stop=True):
         self.fired = True
         self._note(lines)
         self.sup.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
-        if self.stop_run:
-            odd = [x for x in lines if "odd one out" in x]
-            self.stop("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
-                      .replace("stall: ", "", 1))
+        if not (stop and self.stop_run):
+            return
+        detail = stop_detail(lines)
+        target = report.get("odd_node")
+        conn = self.sup.hub.conns.get(target) if self.sup.hub is not None and target else None
+        if conn is not None:  # the hub: the node of the odd rank out fails, as its own failure
+            conn.send({"op": "stall_stop", "detail": detail})
+        else:
+            self.stop(detail)
 
     def resumed(self):
         if self.fired:

@@ -77,7 +77,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
 
 
 def run(sb: cluster.Sandbox, host: str, name: str, *, python: bool = True,
-        network: str = "host") -> None:
+        network: str = "host", options: Sequence[str] = ()) -> None:
     """Start container `name` on the host, idle (sleep infinity) until removed.
 
     python=True mounts the machine's /usr and the sandbox's Python read-only at their own paths
@@ -95,7 +95,7 @@ def run(sb: cluster.Sandbox, host: str, name: str, *, python: bool = True,
         env = []
     volumes = [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")]
     podman(sb, host, "run", "-d", "--name", name, f"--network={network}", *volumes, *env,
-           IMAGE, "sleep", "infinity")
+           *options, IMAGE, "sleep", "infinity")  # options: e.g. --cap-add SYS_PTRACE
 
 
 def podman(sb: cluster.Sandbox, host: str, *args: str,

@@ -15,13 +15,12 @@ import time
 from typing import Any, Callable, Optional
 
 from clusterrun.remote import stall
+from clusterrun.remote.watchdog import stop_detail as stall_detail
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import view
 from clusterrun.stacks.collect import collect
 from clusterrun.stacks.model import Collected
 from clusterrun.transport import SshOptions
-
-Send = Callable[[dict[str, Any]], None]
 
 
 def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
@@ -55,12 +54,14 @@ class Watchdog:
     """``update`` with each node's progress report, ``tick`` from the session's loop."""
 
     def __init__(self, run: RunDir, nodes: list[str], timeout: float, ssh: SshOptions, *,
-                 to_master: Send, say: Callable[[str], None],
+                 to_node: Callable[[Optional[str], dict[str, Any]], None],
+                 say: Callable[[str], None], stop_run: bool = False,
                  record: Callable[[Optional[dict[str, Any]]], None]) -> None:
         self.run = run
         self.timeout = timeout
         self.ssh = ssh
-        self.to_master = to_master
+        self.to_node = to_node  # None: the master
+        self.stop_run = stop_run  # --on-stall stop
         self.say = say
         self.record = record  # the report when it fires, None when the run moves again
         self.quiet: dict[str, Optional[tuple[float, float]]] = dict.fromkeys(nodes)
@@ -89,7 +90,7 @@ class Watchdog:
         elif self.fired:
             self.fired = False
             self.say("stall over: the run moves again")
-            self.to_master({"op": "resumed"})
+            self.to_node(None, {"op": "resumed"})
             self.record(None)
 
     def _fire(self) -> None:
@@ -98,8 +99,14 @@ class Watchdog:
         for line in lines:
             self.say(line)
         self.record(record)
-        self.to_master({"op": "stall", "lines": lines, "report": {
+        self.to_node(None, {"op": "stall", "lines": lines, "report": {
             k: v for k, v in record.items() if k != "stacks"}})
+        # The odd rank's node fails with status 7 (--on-stall stop there): the root cause names
+        # that host, so a restart replaces it if a spare is left. No odd rank: the master.
+        odd = record["odd"][0]["node"] if record["odd"] else None
+        detail = stall_detail(lines)  # type: ignore[no-untyped-call]
+        if self.stop_run:
+            self.to_node(odd, {"op": "stall", "fail": True, "detail": detail})
 
 
 def for_session(plan: Any, folder: RunDir, journal: Any, session: Any, ssh: SshOptions, *,
@@ -118,5 +125,5 @@ def for_session(plan: Any, folder: RunDir, journal: Any, session: Any, ssh: SshO
             journal.stalled(plan.attempt, found)
 
     return Watchdog(run, [n.name for n in plan.nodes], plan.stall_timeout, ssh,
-                    to_master=lambda op: session._send(master, op),
-                    say=say, record=record)
+                    to_node=lambda node, op: session._send(node or master, op),
+                    say=say, record=record, stop_run=plan.on_stall == "stop")

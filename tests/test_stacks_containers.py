@@ -1,0 +1,71 @@
+"""`clusterrun stacks` on `container:` hosts (real podman in the namespace hosts): with
+`--cap-add SYS_PTRACE` the ranks' stacks are read inside the container; without it `check`
+warns, naming the host and the fix."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterrun.sandbox import containers as engine
+from tests.conftest import Cluster, Containers, copy_payload, run_cli
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = ["node30", "node31"]
+TRACING, PLAIN = "tracer", "plain"
+
+
+def _main(rank: dict) -> list[str]:
+    threads = [t for t in rank["threads"] if t["name"] == "MainThread"]
+    return [f["function"] for f in threads[0]["frames"]] if threads else []
+
+
+@pytest.fixture
+def boxes(cluster: Cluster, containers: Containers) -> Iterator[None]:
+    for host in HOSTS:
+        for name in (TRACING, PLAIN):
+            engine.remove(cluster.sb, host, name)
+        engine.run(cluster.sb, host, TRACING, options=["--cap-add", "SYS_PTRACE"])
+        engine.run(cluster.sb, host, PLAIN)
+    yield
+    for host in HOSTS:
+        for name in (TRACING, PLAIN):
+            engine.remove(cluster.sb, host, name)
+
+
+def test_stacks_in_containers_and_checks_warning(cluster: Cluster, boxes: None, home: Path,
+                                                tmp_path: Path) -> None:
+    plain = cluster.inventory(tmp_path / "plain.yaml", HOSTS, defaults={"container": PLAIN})
+    cp = run_cli("check", str(plain))
+    out = " ".join(cp.stdout.split())
+    # Both hosts, folded into one line: node[30-31]: stacks: warning: ... the fix.
+    assert ("node[30-31]: stacks: warning: `clusterrun stacks` and the stall report cannot read "
+            "the ranks' stacks there: the container lacks CAP_SYS_PTRACE") in out, out
+    assert "--cap-add SYS_PTRACE" in out, out
+
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={"container": TRACING})
+    script = copy_payload(tmp_path, "hang.py")
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2", "--env",
+                 "HANG=sleep", "--env", "HANG_RANK=2", str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+    deadline = time.monotonic() + 120
+    while True:
+        found = run_cli("stacks", "--json", run_id)
+        ranks = json.loads(found.stdout)["ranks"] if found.returncode == 0 else []
+        inner = [main[-1] for main in map(_main, ranks) if main]
+        if len(ranks) == 4 and "sleep_outside_collectives" in inner and \
+                inner.count("all_reduce") == 3:
+            break
+        assert time.monotonic() < deadline, found.stdout + found.stderr
+        time.sleep(2)
+    odd = {r["rank"]: r for r in ranks}[2]
+    assert odd["node"] == "node31"
+    assert run_cli("stop", "--grace", "2", run_id).returncode == 0
+    assert cluster.wait_run_gone(HOSTS, run_id, 30) == {}
