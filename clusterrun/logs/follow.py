@@ -23,10 +23,13 @@ class _Chained(Exception):
 
 
 def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView],
-           say: Callable[[str], None], *, keep_following: bool = True) -> dict[str, dict[str, Any]]:
+           say: Callable[[str], None], *, keep_following: bool = True,
+           on_state: Optional[Callable[[str, dict[str, Any]], None]] = None
+           ) -> dict[str, dict[str, Any]]:
     """Fetch every node's files from where the mirror ends: what is there now, or with
     ``keep_following`` until each node's run has ended and everything is here. Returns each
-    node's final event."""
+    node's final event. ``on_state(node, state)`` hears a node's run state as it changes
+    while it is followed (a detached run's hub says when the run stalls)."""
     ends: dict[str, dict[str, Any]] = {}
 
     def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
@@ -42,6 +45,8 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
             event = wire.parse(raw)
             if isinstance(event, wire.End):
                 ends[spec.name] = _as_state(event)
+            elif isinstance(event, wire.Status) and on_state is not None and event.state:
+                on_state(spec.name, event.state)
 
         try:
             receive(spec.name, started.proc, mirror, on_event,

@@ -6,6 +6,8 @@ checksums, and records the summary and how the run ended through the run's journ
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
 from clusterrun.logs import follow as following
@@ -72,11 +74,34 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
 def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:
     """A detached run's hub keeps its stall report in its state (remote/watchdog.py): the run
     is recorded stalled while a host says so, and running again once none does."""
-    found = [s.get("stall") or {} for s in per_node.values() if s.get("state") == "stalled"]
+    with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:
+        record_stall(Journal(run, hooks), attempt.attempt, per_node.values())
+
+
+def record_stall(journal: Journal, k: int, states: Iterable[dict[str, Any]]) -> None:
+    """Attempt k is stalled while a host's state says so (with the hub's report), and running
+    again once none does."""
+    found = [s.get("stall") or {} for s in states if s.get("state") == "stalled"]
     if found:
-        Journal(run).stalled(attempt.attempt, dict(found[0]))
-    elif lifecycle.recorded(run) is RunState.STALLED:
-        Journal(run).resumed(attempt.attempt)
+        journal.stalled(k, dict(found[0]))
+    elif lifecycle.recorded(journal.run) is RunState.STALLED:
+        journal.resumed(k)
+
+
+class Stalls:
+    """The hosts' run states as `logs -f` hears them change (``follow``'s ``on_state``): a
+    detached run's stall is recorded as it comes and goes, with no `ps` needed."""
+
+    def __init__(self, journal: Journal, k: int) -> None:
+        self.journal = journal
+        self.k = k
+        self.states: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # one follower thread per host
+
+    def __call__(self, node: str, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.states[node] = state
+            record_stall(self.journal, self.k, list(self.states.values()))
 
 
 def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:

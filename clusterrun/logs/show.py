@@ -11,14 +11,13 @@ from clusterrun.errors import Result
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
-from clusterrun.logs.settle import settle
+from clusterrun.logs.settle import Stalls, settle
 from clusterrun.logs.view import Filter, LogView
 from clusterrun.runs import attempts, lifecycle, notify, ps
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
 
-FirstLine = Callable[[str, int, str], None]  # (node, rank, line)
 Position = tuple[LogView, dict[tuple[str, str], int], int]  # the view, per-file bytes, index
 
 
@@ -42,9 +41,9 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
         # The one fetching a run nobody watches records its ranks' first lines (events).
         with notify.hooks(run.state.get("notify") if lock is not None else None,
                           run.file("notify.log"), say=say) as hooks:
-            first_line = Journal(run, hooks).first_line_of(k) if lock is not None else None
+            journal = Journal(run, hooks) if lock is not None else None
             _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-                  lock=lock, first_line=first_line)
+                  lock=lock, journal=journal)
     finally:
         if lock is not None:
             os.close(lock)
@@ -67,7 +66,9 @@ def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
           ssh: SshOptions, printer: Printer, say: Callable[[str], None],
-          lock: Optional[int], first_line: Optional[FirstLine] = None) -> None:
+          lock: Optional[int], journal: Optional[Journal] = None) -> None:
+    """``journal``: this process writes the run's mirrors and records what it hears."""
+    first_line = journal.first_line_of(k) if journal is not None else None
     shown = attempts.attempt_dir(run, k)
 
     def going() -> bool:  # an earlier attempt has ended, whatever the run does now
@@ -101,7 +102,8 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
         _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say)
         return
     mirror = Mirror(shown, first_line)
-    following.follow(shown, ssh, mirror, view, say)
+    following.follow(shown, ssh, mirror, view, say,
+                     on_state=Stalls(journal, k) if journal is not None else None)
     mirror.close()
 
 

@@ -25,10 +25,15 @@ def main(req):
     loop = mainloop.Loop()
     gone = []
     mainloop.Lifeline(loop, lambda _msg: None, lambda: gone.append(True))
+    told = None  # the run's state as last told: a detached hub's stall comes and goes
     while req.get("follow") and not writer.broken and not gone:
         state = common.read_json(path) or {}
         if state.get("ended_at") or not procs.alive(state):
             break
+        now = {"state": state.get("state"), "stall": state.get("stall")}
+        if now != told:
+            told = now
+            writer.event(protocol.STATUS, state=now)
         loop.once(0.2)
     state = procs.observed(common.read_json(path)) or {}
     final = {k: state.get(k) for k in FINAL_KEYS}
