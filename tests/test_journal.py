@@ -154,3 +154,27 @@ def test_a_straggler_is_an_event_while_it_is_new(tmp_path: Path) -> None:
     found = [e for e in events(journal.run) if e["event"] == "straggler"]
     assert [e["ranks"] for e in found] == [[2], []]
     assert found[0]["wait_share"]["2"] == 0.05
+
+
+def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
+                                                                      tmp_path: Path) -> None:
+    """`launch --detach --notify`: with no terminal open, the watcher the launch leaves records
+    the run's first lines, its stall and its recovery (the hub's), and its end."""
+    job = tmp_path / "job" / "job.py"
+    job.parent.mkdir()
+    job.write_text("import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\n"
+                   "time.sleep(10)\nprint('moving again', flush=True)\n")
+    heard = tmp_path / "heard.jsonl"
+    cp = run_cli("launch", "--detach", "--no-torchrun", "--stall-timeout", "3", "--notify",
+                 f"cat >> {heard}", "inventories/localhost.yaml", str(job), timeout=120,
+                 cwd=REPO)
+    assert cp.returncode == 0, cp.stderr
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and '"finished"' not in (
+            heard.read_text() if heard.exists() else ""):
+        time.sleep(0.5)
+    kinds = [json.loads(line)["event"] for line in heard.read_text().splitlines()]
+    assert [k for k in kinds if k != "first_line"] == [
+        "started", "attempt_begun", "detached", "stalled", "resumed", "attempt_ended",
+        "finished"], kinds
+    assert kinds.count("first_line") == 2
