@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, Optional
 
+from clusterrun.errors import HostStatus
 from clusterrun.inventory import HostSpec
 
-# Exit status of the remote wrapper when the inventory's `setup:` snippet fails.
-SETUP_FAILED = 97
-# ... and when a host with `container:` has neither docker nor podman.
-ENGINE_MISSING = 96
+# Exit statuses of the remote wrapper (docs/exit-status.md, "On the hosts").
+SETUP_FAILED = int(HostStatus.SETUP_FAILED)  # the inventory's `setup:` snippet failed
+ENGINE_MISSING = int(HostStatus.ENGINE_MISSING)  # `container:` host without docker or podman
 
 # Sets $engine to the engine a host with `container:` and no `container_engine:` uses: docker
 # when its daemon can be there (its socket, or DOCKER_HOST), else podman, else a docker client
