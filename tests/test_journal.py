@@ -156,6 +156,7 @@ def test_a_straggler_is_an_event_while_it_is_new(tmp_path: Path) -> None:
     assert found[0]["wait_share"]["2"] == 0.05
 
 
+@pytest.mark.slow  # waits out a stall and a recovery: 18 s of the fast tier's minute
 def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
                                                                       tmp_path: Path) -> None:
     """`launch --detach --notify`: with no terminal open, the watcher the launch leaves records
@@ -163,9 +164,11 @@ def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
     job = tmp_path / "job" / "job.py"
     job.parent.mkdir()
     job.write_text("import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\n"
-                   "time.sleep(10)\nprint('moving again', flush=True)\n")
+                   "time.sleep(12)\nprint('moving again', flush=True)\ntime.sleep(3.5)\n")
     heard = tmp_path / "heard.jsonl"
-    cp = run_cli("launch", "--detach", "--no-torchrun", "--stall-timeout", "3", "--notify",
+    # Stalled after 5 quiet seconds; moving again is seen within the watchdog's 2 s report,
+    # well before the ranks end 3.5 s later (too soon for a second stall).
+    cp = run_cli("launch", "--detach", "--no-torchrun", "--stall-timeout", "5", "--notify",
                  f"cat >> {heard}", "inventories/localhost.yaml", str(job), timeout=120,
                  cwd=REPO)
     assert cp.returncode == 0, cp.stderr
