@@ -212,6 +212,16 @@ class _NoLogs:
         pass
 
 
+class _NoLogsPool:
+    """The command's connections (runs/remote.py keeps one per host): all without logs."""
+
+    def get(self, _spec: Any) -> _NoLogs:
+        return _NoLogs()
+
+    def discard(self, _name: str) -> None:
+        pass
+
+
 def test_stop_reaches_the_current_attempt(home: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     run = home / "runs" / RUN_ID
@@ -227,7 +237,7 @@ def test_stop_reaches_the_current_attempt(home: Path, monkeypatch: pytest.Monkey
                     "state": {"state": "stopped"}}
         return {"ev": "status", "state": {"state": "stopped", "ended_at": 5.0}}
 
-    monkeypatch.setattr(remote, "connect", lambda _spec, _ssh: _NoLogs())
+    monkeypatch.setattr(remote, "_connections", lambda _ssh: _NoLogsPool())
     monkeypatch.setattr(remote, "call", call)
     code, out, err = run_main(capsys, "stop", RUN_ID)
     assert code == 0, err
