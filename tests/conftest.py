@@ -185,6 +185,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         sandbox.down(root)
 
 
+def slurm_inventory(cluster: Cluster, path: Path) -> Path:
+    """`hosts: slurm`: the nodes of the allocation the command runs in, with the sandbox's
+    Python and a workdir every node has."""
+    base = yaml.safe_load(cluster.sb.inventory.read_text())
+    doc = {"defaults": {"python": base["defaults"]["python"], "workdir": "/tmp/clusterrun"},
+           "hosts": "slurm"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def copy_payload(tmp_path: Path, name: str, folder: str = "job") -> Path:
     """A test payload in a directory of its own: that directory is what gets synced."""
     target = tmp_path / folder / name

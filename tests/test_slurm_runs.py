@@ -10,22 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from clusterrun.sandbox.slurm import SlurmCluster
-from tests.conftest import Cluster, Reader, clusterrun_argv
+from tests.conftest import Cluster, Reader, clusterrun_argv, slurm_inventory
 
 pytestmark = pytest.mark.cluster
 
 NODES = ["node23", "node24", "node25"]
-
-
-def slurm_inventory(cluster: Cluster, path: Path) -> Path:
-    base = yaml.safe_load(cluster.sb.inventory.read_text())
-    doc = {"defaults": {"python": base["defaults"]["python"], "workdir": "/tmp/clusterrun"},
-           "hosts": "slurm"}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def in_allocation(slurm: SlurmCluster, *args: str, **kwargs: Any) -> subprocess.Popen[str]:

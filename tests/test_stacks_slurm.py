@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.sandbox.slurm import SlurmCluster
-from tests.conftest import Cluster, copy_payload
-from tests.test_slurm_runs import slurm_inventory
+from tests.conftest import Cluster, copy_payload, slurm_inventory
 
 pytestmark = pytest.mark.cluster
 

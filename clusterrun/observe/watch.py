@@ -17,6 +17,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory import HostSpec
 from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, RankSample, flag_ranks
+from clusterrun.remote import protocol
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
@@ -87,10 +88,10 @@ class Link:
             self.proc = None
 
     def take(self, line: bytes) -> None:
-        if not line.startswith(b"J "):
+        if not line.startswith(protocol.EVENT):
             return
         with contextlib.suppress(ValueError):
-            reply = json.loads(line[2:])
+            reply = json.loads(line[len(protocol.EVENT):])
             if isinstance(reply, dict) and reply.get("ev") == "sample":
                 with self.answered:
                     self.latest, self.answered_at = reply, time.monotonic()

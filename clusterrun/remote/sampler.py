@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from clusterrun.remote import cgroup, common, gpus, procs, pystack
+from clusterrun.remote import cgroup, common, gpus, procs, protocol, pystack
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -282,7 +282,7 @@ def main(req):
             continue
         reply = sampler.sample()
         reply["seq"] = ask.get("seq")
-        out.write(b"J " + json.dumps(reply).encode() + b"\n")
+        out.write(protocol.event_frame(reply))
         out.flush()
 
 

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.remote import protocol
 from clusterrun.transport import shell
 from clusterrun.transport.base import Process, Transport
 
@@ -150,7 +151,7 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
     if chained:
         del out[-len(done) + 1:]  # the NEXT line is not the program's reply
     for line in reversed(bytes(out).splitlines()):
-        text = line[2:] if line.startswith(b"J ") else line
+        text = line[len(protocol.EVENT):] if line.startswith(protocol.EVENT) else line
         try:
             reply = json.loads(text)
         except ValueError:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import HostStatus
 from clusterrun.inventory import HostSpec
+from clusterrun.remote import protocol
 
 # Exit statuses of the remote wrapper (docs/exit-status.md, "On the hosts").
 SETUP_FAILED = int(HostStatus.SETUP_FAILED)  # the inventory's `setup:` snippet failed
@@ -46,7 +47,8 @@ PICK_ENGINE = (
 # Python on every login), so the programs of one command share channels: the probe's becomes
 # the supervisor. EOF in place of the next length line ends it. A program may leave its stdin
 # non-blocking (mainloop does): the wait makes it blocking again.
-NEXT = b'J {"ev": "next"}'  # an event frame, so that a stream of frames can end with it
+# An event frame, so that a stream of frames can end with it.
+NEXT = protocol.EVENT + json.dumps({protocol.KIND: "next"}).encode()
 _BOOT_BODY = r"""import os,sys
 a=sys.argv[1:]
 h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
