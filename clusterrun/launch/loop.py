@@ -142,7 +142,7 @@ class AttemptLoop:
         view = LogView(Printer(self.out))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
                           notify=self.say)
-        session.stall = stall_watchdog.for_session(plan, folder, journal, session,
+        session.stall = stall_watchdog.for_session(plan, folder, journal, session.send,
                                                    self.pool.options, say=self.say)
         session.start()
         if plan.detach:

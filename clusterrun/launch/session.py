@@ -30,6 +30,7 @@ from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failure
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
+from clusterrun.stacks.watchdog import Watchdog
 from clusterrun.transport import Process, Transport, parallel
 from clusterrun.transport.programs import call, release, start
 
@@ -141,7 +142,7 @@ class Session:
         self.silent: set[str] = set()  # nodes lost to silence: their hosts may not answer
         self.pauses = pause.Pauses()
         self.abandoned = False  # this controller fell silent past the lease: the nodes left
-        self.stall: Optional[Any] = None  # the stall watchdog (stacks/watchdog.py), if on
+        self.stall: Optional[Watchdog] = None  # the stall watchdog, when it is on
 
     # -- starting ------------------------------------------------------------------------
 
@@ -211,10 +212,11 @@ class Session:
             self.pauses.beating()
             for name in list(self.procs):
                 if not self.nodes[name].done:
-                    self._send(name, {"op": "hb"})
+                    self.send(name, {"op": "hb"})
             time.sleep(HEARTBEAT)
 
-    def _send(self, name: str, op: dict[str, Any]) -> None:
+    def send(self, name: str, op: dict[str, Any]) -> None:
+        """An operation for one host's supervisor (a heartbeat, a stop, the watchdog's)."""
         proc = self.procs.get(name)
         if proc is None:
             return
@@ -239,7 +241,7 @@ class Session:
             op: dict[str, Any] = {"op": "kill" if force else "stop"}
             if reason:
                 op["reason"] = reason
-            self._send(name, op)
+            self.send(name, op)
 
     def _lose(self, name: str, why: str) -> None:
         node = self.nodes[name]

@@ -14,8 +14,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from clusterrun.plan.model import LaunchPlan
 from clusterrun.remote import stall
 from clusterrun.remote.watchdog import stop_detail as stall_detail
+from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import view
 from clusterrun.stacks.collect import collect
@@ -109,7 +111,8 @@ class Watchdog:
             self.to_node(odd, {"op": "stall", "fail": True, "detail": detail})
 
 
-def for_session(plan: Any, folder: RunDir, journal: Any, session: Any, ssh: SshOptions, *,
+def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,
+                send: Callable[[str, dict[str, Any]], None], ssh: SshOptions, *,
                 say: Callable[[str], None]) -> Optional[Watchdog]:
     """The watchdog of an attached attempt (None when --stall-timeout is 0 or detached: the
     hub watches those). Records go through the run's journal."""
@@ -125,5 +128,5 @@ def for_session(plan: Any, folder: RunDir, journal: Any, session: Any, ssh: SshO
             journal.stalled(plan.attempt, found)
 
     return Watchdog(run, [n.name for n in plan.nodes], plan.stall_timeout, ssh,
-                    to_node=lambda node, op: session._send(node or master, op),
+                    to_node=lambda node, op: send(node or master, op),
                     say=say, record=record, stop_run=plan.on_stall == "stop")
