@@ -158,11 +158,9 @@ def exit_status(result: Result) -> int:
         return int(ExitStatus.UNREACHABLE)
     if result.failed_check:
         return int(ExitStatus.PREFLIGHT)
-    if result.cause is Outcome.JOB_FAILED:
-        return result.code if 0 < result.code < 256 else int(ExitStatus.ERROR)
-    if result.cause is not None:
+    if result.cause is not None and result.cause is not Outcome.JOB_FAILED:
         return int(result.cause.status)
-    if result.code:
+    if result.cause is Outcome.JOB_FAILED or result.code:  # a job's or the hosts' own status
         return result.code if 0 < result.code < 256 else int(ExitStatus.ERROR)
     return int(ExitStatus.SIGTERM if result.stopped else ExitStatus.SUCCESS)
 

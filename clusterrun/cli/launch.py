@@ -19,6 +19,7 @@ from clusterrun.cli.common import (
     ssh_options,
 )
 from clusterrun.errors import Result, UsageError
+from clusterrun.launch.options import STALL_TIMEOUT
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
@@ -73,7 +74,8 @@ from clusterrun.errors import Result, UsageError
               help="Run CMD on this machine for each event of the run (started, each rank's "
                    "first line, stalled, a failed rank, a lost host, a restart, finished), the "
                    "event's JSON on its stdin, secrets masked (docs/observability.md).")
-@click.option("--stall-timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=STALL_TIMEOUT,
+              show_default=True,
               metavar="SECONDS",
               help="Call the run stalled when no rank has made progress (a new line, or CPU "
                    "outside a collective) for this long, and report every rank's stack; 0: off.")

@@ -135,7 +135,7 @@ class Journal:
                     break
 
     def first_line_of(self, k: int) -> Callable[[str, int, str], None]:
-        """What attempt k's log view calls with each rank's first line (node, rank, line)."""
+        """What attempt k's mirror calls with each rank's first line (node, rank, line)."""
         return functools.partial(self.first_line, k)
 
     def first_line(self, k: int, node: str, rank: int, line: str) -> None:
