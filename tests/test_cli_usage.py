@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clusterrun_argv, run_cli
-
-NOBODY = 65534
+from tests.conftest import run_cli
+from tests.other_user import NOBODY, OtherUser
 
 
 def error_of(cp: subprocess.CompletedProcess[str]) -> str:
@@ -26,20 +22,6 @@ def error_of(cp: subprocess.CompletedProcess[str]) -> str:
     assert cp.stderr.startswith("clusterrun: error: "), cp.stderr
     assert "Traceback" not in cp.stderr and "Usage:" not in cp.stderr, cp.stderr
     return " ".join(cp.stderr.split())
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory any user can enter (pytest's tmp_path is private to its owner)."""
-    path = Path(tempfile.mkdtemp(prefix="clusterrun-usage-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        for sub in path.rglob("*"):
-            if sub.is_dir() and not sub.is_symlink():
-                sub.chmod(0o755)
-        shutil.rmtree(path)
 
 
 @pytest.fixture
@@ -56,14 +38,11 @@ def job(shared: Path) -> tuple[Path, Path]:
     return inv, script
 
 
-def as_other_user(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def as_other_user(other_user: OtherUser, *args: str, home: Path
+                  ) -> subprocess.CompletedProcess[str]:
     """The real CLI as a user who is not this directory's owner (as root: `nobody`)."""
-    prefix = []
-    if os.geteuid() == 0:
-        prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    env = {**os.environ, "CLUSTERRUN_HOME": str(home), "HOME": str(home.parent)}
-    return subprocess.run(prefix + clusterrun_argv(*args), capture_output=True, text=True,
-                          timeout=60, cwd=REPO, env=env, check=False)
+    return other_user.run(*args, home=str(home.parent), env={"CLUSTERRUN_HOME": str(home)},
+                          timeout=60)
 
 
 def _unusable_home(shared: Path, kind: str) -> Path:
@@ -85,7 +64,7 @@ KINDS = ["mode-000", "another-users"] if os.geteuid() == 0 else ["mode-000"]
 
 @pytest.mark.parametrize("command", ["ps", "logs", "stop", "launch", "check-smoke"])
 def test_unusable_home_is_one_paragraph_with_the_fix(
-        command: str, shared: Path, job: tuple[Path, Path]) -> None:
+        command: str, shared: Path, job: tuple[Path, Path], other_user: OtherUser) -> None:
     """`ps`, `logs`, `stop` and `launch` used to end in a PermissionError traceback (and
     `check --smoke` after checking every host)."""
     inv, script = job
@@ -94,19 +73,20 @@ def test_unusable_home_is_one_paragraph_with_the_fix(
             "check-smoke": ["check", "--smoke", str(inv)]}[command]
     for kind in KINDS:
         home = _unusable_home(shared, kind)
-        message = error_of(as_other_user(*args, home=home))
+        message = error_of(as_other_user(other_user, *args, home=home))
         assert str(home) in message, kind
         assert "CLUSTERRUN_HOME" in message and "export CLUSTERRUN_HOME=" in message, kind
 
 
-def test_a_closed_run_directory_inside_a_usable_home(shared: Path) -> None:
+def test_a_closed_run_directory_inside_a_usable_home(shared: Path,
+                                                      other_user: OtherUser) -> None:
     home = shared / "home"
     run = fake_run(home, "20250101-100000-tick-aaaa", "tick", time.time())
     if os.geteuid() == 0:
         for path in (home, home / "runs"):
             os.chown(path, NOBODY, NOBODY)
     run.chmod(0)
-    message = error_of(as_other_user("ps", "--local", home=home))
+    message = error_of(as_other_user(other_user, "ps", "--local", home=home))
     assert str(run) in message and "CLUSTERRUN_HOME" in message
 
 
@@ -142,7 +122,8 @@ def test_unknown_option_of_other_commands(job: tuple[Path, Path]) -> None:
     assert "unknown option --tial" in message and "--tail" in message
 
 
-def test_directories_and_unreadable_files(job: tuple[Path, Path], shared: Path) -> None:
+def test_directories_and_unreadable_files(job: tuple[Path, Path], shared: Path,
+                                          other_user: OtherUser) -> None:
     inv, script = job
     message = error_of(run_cli("launch", str(inv), str(script.parent), timeout=30))
     assert f"{script.parent} is a directory" in message and "script" in message
@@ -153,7 +134,7 @@ def test_directories_and_unreadable_files(job: tuple[Path, Path], shared: Path) 
     inv.chmod(0)
     try:
         if os.geteuid() == 0:
-            cp = as_other_user("check", str(inv), home=shared / "home")
+            cp = as_other_user(other_user, "check", str(inv), home=shared / "home")
         else:
             cp = run_cli("check", str(inv), timeout=30)
         message = error_of(cp)

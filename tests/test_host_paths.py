@@ -9,14 +9,10 @@ words from the host's facts here, and a real read-only home is in test_host_path
 
 from __future__ import annotations
 
-import getpass
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -29,42 +25,18 @@ from clusterrun.launch import sync
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import hostpaths
 from clusterrun.transport.local import LocalTransport
-from tests.conftest import REPO, clusterrun_argv
+from tests.conftest import REPO
+from tests.other_user import OtherUser, readable_copy
 
-NOBODY = 65534
 PROBE = REPO / "clusterrun" / "remote" / "probe.py"
 
 
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory any user can enter (pytest's tmp_path is private to its owner)."""
-    path = Path(tempfile.mkdtemp(prefix="clusterrun-paths-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        for sub in [path, *path.rglob("*")]:
-            if sub.is_dir() and not sub.is_symlink():
-                sub.chmod(0o755)
-        shutil.rmtree(path)
-
-
-def as_user(*args: str, home: str, clusterrun_home: str | None = None
-            ) -> tuple[str, subprocess.CompletedProcess[str]]:
+def as_user(other_user: OtherUser, *args: str, home: str,
+            clusterrun_home: str | None = None) -> tuple[str, subprocess.CompletedProcess[str]]:
     """The real CLI as a user without rights here (as root: `nobody`), with $HOME ``home``;
     returns that user's name and the result."""
-    prefix: list[str] = []
-    user = getpass.getuser()
-    if os.geteuid() == 0:
-        prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-        user = "nobody"
-    env = {k: v for k, v in os.environ.items() if k != "CLUSTERRUN_HOME"}
-    env.update(HOME=home, USER=user, LOGNAME=user)
-    if clusterrun_home is not None:
-        env["CLUSTERRUN_HOME"] = clusterrun_home
-    cp = subprocess.run(prefix + clusterrun_argv(*args), capture_output=True, text=True,
-                        timeout=120, cwd="/", env=env, check=False)
-    return user, cp
+    env = {} if clusterrun_home is None else {"CLUSTERRUN_HOME": clusterrun_home}
+    return other_user.name, other_user.run(*args, home=home, env=env)
 
 
 def local_inventory(path: Path, **defaults: str) -> Path:
@@ -76,10 +48,12 @@ def local_inventory(path: Path, **defaults: str) -> Path:
     return path
 
 
-def test_a_user_without_a_home_directory_is_told_the_path_and_the_fix(shared: Path) -> None:
+def test_a_user_without_a_home_directory_is_told_the_path_and_the_fix(
+        shared: Path, other_user: OtherUser) -> None:
     """The issue's case: `check inventories/localhost.yaml` by a user whose home is missing."""
     home = f"/nonexistent-clusterrun-{uuid.uuid4().hex[:8]}"
-    user, cp = as_user("check", str(REPO / "inventories" / "localhost.yaml"), home=home)
+    localhost = readable_copy(REPO / "inventories" / "localhost.yaml", shared)
+    user, cp = as_user(other_user, "check", str(localhost), home=home)
     assert cp.returncode == ExitStatus.PREFLIGHT, cp.stdout + cp.stderr
     out = " ".join(cp.stdout.split())
     assert (f"node0: workdir: cannot use workdir {home}/.clusterrun/local-nodes on node0: the "
@@ -95,16 +69,17 @@ def test_a_user_without_a_home_directory_is_told_the_path_and_the_fix(shared: Pa
     writable.mkdir(mode=0o777)
     writable.chmod(0o777)
     inv = local_inventory(shared / "inv.yaml", workdir=str(writable / "w"))
-    _user, cp = as_user("check", str(inv), home=home)
+    _user, cp = as_user(other_user, "check", str(inv), home=home)
     assert cp.returncode == ExitStatus.SUCCESS, cp.stdout + cp.stderr
 
 
-def test_a_workdir_the_user_may_not_write_names_the_directory(shared: Path) -> None:
+def test_a_workdir_the_user_may_not_write_names_the_directory(
+        shared: Path, other_user: OtherUser) -> None:
     closed = shared / "closed"
     closed.mkdir()
     closed.chmod(0o555)
     inv = local_inventory(shared / "inv.yaml", workdir=str(closed / "runs-here"))
-    user, cp = as_user("check", str(inv), home=str(shared))
+    user, cp = as_user(other_user, "check", str(inv), home=str(shared))
     assert cp.returncode == ExitStatus.PREFLIGHT, cp.stdout + cp.stderr
     out = " ".join(cp.stdout.split())
     assert (f"lo2: workdir: cannot use workdir {closed}/runs-here on lo2: {user} may not write "
@@ -197,7 +172,8 @@ def test_the_copy_names_a_directory_in_the_way_of_one_of_its_files(tmp_path: Pat
             "should be") in message, message
 
 
-def test_launch_without_a_home_directory_says_where_to_keep_the_runs(shared: Path) -> None:
+def test_launch_without_a_home_directory_says_where_to_keep_the_runs(
+        shared: Path, other_user: OtherUser) -> None:
     """Before any host: clusterrun's own state ($CLUSTERRUN_HOME, default ~/.clusterrun) has
     nowhere to go either, and `$HOME/.clusterrun` would be no answer."""
     home = f"/nonexistent-clusterrun-{uuid.uuid4().hex[:8]}"
@@ -206,7 +182,8 @@ def test_launch_without_a_home_directory_says_where_to_keep_the_runs(shared: Pat
     script.write_text("print('never')\n")
     script.parent.chmod(0o755)
     script.chmod(0o644)
-    user, cp = as_user("launch", str(REPO / "inventories" / "localhost.yaml"), str(script),
+    localhost = readable_copy(REPO / "inventories" / "localhost.yaml", shared)
+    user, cp = as_user(other_user, "launch", str(localhost), str(script),
                        home=home)
     assert cp.returncode == ExitStatus.USAGE, cp.stdout + cp.stderr
     message = " ".join(cp.stderr.split())

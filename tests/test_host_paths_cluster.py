@@ -25,22 +25,15 @@ PYTHON = "/usr/bin/python3"
 
 @pytest.fixture
 def user(cluster: Cluster) -> Iterator[str]:
-    """A user of this machine (so of every namespace host) that may log in with the sandbox's
-    key: `*` is no password, not a locked account, which sshd without PAM would refuse. sshd
-    reads the sandbox's one authorized_keys file as that user, so the directories above it are
-    opened to others (enter only, no listing) for the test."""
+    """A user of this machine (so of every namespace host) without a home, that logs in with
+    the sandbox's key (each host's sshd gives it to every user): `*` is no password, not a
+    locked account, which sshd without PAM would refuse."""
     name = f"crt{uuid.uuid4().hex[:8]}"
-    keys = cluster.sb.root / "authorized_keys"
-    opened = {p: p.stat().st_mode for p in [keys, *keys.parents] if p != Path("/")}
     subprocess.run(["useradd", "-M", "-d", f"/nonexistent-{name}", "-s", "/bin/sh", "-p", "*",
                     name], check=True)
     try:
-        for path, mode in opened.items():
-            path.chmod(mode | (0o004 if path == keys else 0o001))
         yield name
     finally:
-        for path, mode in opened.items():
-            path.chmod(mode & 0o7777)
         subprocess.run(["userdel", name], check=False)
 
 

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import socket
 import sys
 
 from clusterrun.remote import pathcheck
@@ -29,7 +30,10 @@ def _write(stdin, root, entries):
         target = _target(root, rel)
         parent = os.path.dirname(target)
         os.makedirs(parent, exist_ok=True)
-        tmp = os.path.join(parent, ".%s.clusterrun-tmp" % os.path.basename(target))
+        # A name of this host's and process's own: where the workdir is on a filesystem the
+        # hosts share (an NFS home), every host writes the same file at once.
+        tmp = os.path.join(parent, ".%s.%s-%d.clusterrun-tmp"
+                           % (os.path.basename(target), socket.gethostname(), os.getpid()))
         with open(tmp, "wb") as out:
             left = size
             while left:

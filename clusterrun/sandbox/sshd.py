@@ -19,6 +19,8 @@ from clusterrun.errors import SandboxError
 from clusterrun.sandbox import net
 
 SSHD = "/usr/sbin/sshd"
+# sshd runs an AuthorizedKeysCommand only from a root-owned path none but root may write.
+CAT = "/usr/bin/cat"
 KEY = "ssh_host_ed25519_key"
 LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
 READY_TIMEOUT = 30.0
@@ -167,8 +169,11 @@ def start(root: Path, view: str, host: dict[str, Any],
     options = {
         "UsePAM": "no", "StrictModes": "no", "PidFile": f"{home}/sshd.pid",
         "HostKey": f"{home}/{KEY}", "ListenAddress": host["address"], "Port": "22",
-        # The sandbox's key for root; a user of sandbox/users.py has it in its own home.
-        "AuthorizedKeysFile": f"{view}/authorized_keys .ssh/authorized_keys",
+        # The sandbox's key for every user, read by root: a user needs no home of its own
+        # (a test's user may have none) and the sandbox's folder stays closed to others.
+        "AuthorizedKeysCommand": f"{CAT} {view}/authorized_keys",
+        "AuthorizedKeysCommandUser": "root",
+        "AuthorizedKeysFile": ".ssh/authorized_keys",
         "PermitRootLogin": "prohibit-password", "PasswordAuthentication": "no",
         "KbdInteractiveAuthentication": "no", "MaxStartups": "200", "MaxSessions": "200",
         "Subsystem": "sftp internal-sftp",  # -f /dev/null also drops the packaged sftp line
