@@ -1,20 +1,28 @@
 """A macOS laptop as the controller, faked here on Linux: its sleep is seen on a clock that
-counts sleep there."""
+counts sleep there, and its py-spy (a Mach-O program) is never shipped to Linux hosts."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import platform
+import struct
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
 from clusterrun.launch import pause
 from clusterrun.launch.session import Session
 from clusterrun.plan.model import LaunchPlan, NodePlan
+from clusterrun.remote import stacks as remote_stacks
+from clusterrun.remote.protocol import EVENT
+from clusterrun.stacks import collect, pyspy
 from clusterrun.wire import End
+from tests.conftest import host_spec
 
 # The clock ids as Python's time module has them on each system.
 MAC_MONOTONIC, MAC_UPTIME_RAW = 6, 8
@@ -123,3 +131,98 @@ def test_nodes_that_lost_the_controller_are_not_left_to_blame_where_sleep_is_uns
     notes.clear()
     _session(notes).handle("node0", lost, 0.0)  # its clock would have seen the sleep
     assert notes == []
+
+
+# -- py-spy: the binary's own header says where it runs ---------------------------------------
+
+def elf(machine: int, *, osabi: int = 0, order: str = "<") -> bytes:
+    data = 1 if order == "<" else 2
+    return (b"\x7fELF" + bytes([2, data, 1, osabi]) + bytes(8)
+            + struct.pack(order + "HH", 2, machine) + bytes(44))
+
+
+def macho(cputype: int) -> bytes:
+    return b"\xcf\xfa\xed\xfe" + struct.pack("<I", cputype) + bytes(24)
+
+
+@pytest.mark.parametrize(("head", "kind"), [
+    (elf(62), ("Linux", "x86_64")),
+    (elf(183), ("Linux", "aarch64")),
+    (elf(21, order="<"), ("Linux", "ppc64le")),
+    (elf(62, osabi=9), ("FreeBSD", "x86_64")),
+    (macho(0x01000007), ("Darwin", "x86_64")),
+    (macho(0x0100000C), ("Darwin", "aarch64")),
+    (b"\xca\xfe\xba\xbe" + bytes(28), ("Darwin", "universal")),
+    (b"#!/bin/sh\nexec pyenv ...", (None, None)),  # a shim, not the program
+], ids=["elf-x86_64", "elf-aarch64", "elf-ppc64le", "elf-freebsd", "macho-x86_64",
+        "macho-arm64", "macho-fat", "script"])
+def test_the_header_says_the_system_and_cpu(head: bytes, kind: tuple[str, str]) -> None:
+    assert pyspy.header_kind(head) == kind
+
+
+def test_what_fits_a_host_is_the_same_system_and_cpu(tmp_path: Path) -> None:
+    intel_mac = binary(tmp_path, macho(0x01000007))
+    assert not intel_mac.fits("Linux", "x86_64")  # the same CPU, another system
+    assert intel_mac.fits("Darwin", "x86_64")
+    arm_linux = binary(tmp_path, elf(183))
+    assert arm_linux.fits("Linux", "aarch64") and arm_linux.fits("Linux", "arm64")
+    assert not arm_linux.fits("Linux", "x86_64") and not arm_linux.fits(None, None)
+    assert not binary(tmp_path, b"#!/bin/sh\n").fits("Linux", "x86_64")
+
+
+def binary(tmp_path: Path, head: bytes) -> pyspy.Binary:
+    path = tmp_path / f"py-spy-{len(list(tmp_path.iterdir()))}"
+    path.write_bytes(head + b"rest of the program")
+    return pyspy.read(str(path))
+
+
+class Host:
+    """stacks.py on a Linux x86_64 host without py-spy: the requests it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, Any], Optional[list[bytes]]]] = []
+
+    def call(self, _transport: Any, _spec: Any, program: str, request: dict[str, Any],
+             **kw: Any) -> dict[str, Any]:
+        assert program == "stacks.py"
+        self.requests.append((dict(request), kw.get("payload")))
+        have = bool(request.get("send"))
+        return {"found": True, "ranks": [{"rank": 0}] if have else [], "need_pyspy": not have,
+                "system": "Linux", "machine": "x86_64"}
+
+
+@pytest.mark.parametrize(("head", "shipped"), [(macho(0x01000007), False), (elf(62), True)],
+                         ids=["mach-o", "elf"])
+def test_an_intel_macs_py_spy_is_not_shipped_to_linux_hosts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, head: bytes, shipped: bool) -> None:
+    """The controller's machine type is x86_64 either way (platform.machine() on an Intel Mac):
+    only the binary's header tells a Mach-O program from an ELF one."""
+    host = Host()
+    spy = binary(tmp_path, head)
+    monkeypatch.setattr(pyspy, "local", lambda: spy)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(collect, "call", host.call)
+    spec = host_spec("10.0.0.5", "gpu-a")
+    reply = collect.ask(None, spec, {"rundir": "/w/runs/r1/gpu-a"})  # type: ignore[arg-type]
+    sent = [payload for request, payload in host.requests if request.get("send")]
+    if shipped:
+        assert sent == [[Path(spy.path).read_bytes()]] and not reply.get("problem")
+        return
+    assert sent == [] and len(host.requests) == 1
+    assert reply["problem"] == (
+        f"gpu-a: py-spy is not installed there, and this machine's ({spy.path}) is a macOS "
+        "(Mach-O) x86_64 program, which a Linux x86_64 host cannot run; install py-spy in the "
+        "host's Python environment (pip install py-spy)")
+
+
+def test_the_host_reports_its_system_and_cpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the controller compares the binary with comes from the host's own uname."""
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", type("Out", (), {"buffer": out})())
+    request = {"rundir": str(tmp_path / "none"), "tools": str(tmp_path / "tools")}
+    remote_stacks.main(io.BytesIO(json.dumps(request).encode() + b"\n"))
+    line = out.getvalue()
+    assert line.startswith(EVENT)
+    answer = json.loads(line[len(EVENT):])
+    assert (answer["system"], answer["machine"]) == (os.uname().sysname, os.uname().machine)
