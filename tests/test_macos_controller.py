@@ -1,5 +1,6 @@
 """A macOS laptop as the controller, faked here on Linux: its sleep is seen on a clock that
-counts sleep there, and its py-spy (a Mach-O program) is never shipped to Linux hosts."""
+counts sleep there, its py-spy (a Mach-O program) is never shipped to Linux hosts, and the
+localhost demo, whose nodes need Linux, stops at once with the reason and the fix."""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from typing import Any, Optional
 
 import pytest
 
+from clusterrun.cli import main
+from clusterrun.errors import ExitStatus, InventoryError
 from clusterrun.launch import pause
 from clusterrun.launch.session import Session
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.remote import stacks as remote_stacks
 from clusterrun.remote.protocol import EVENT
 from clusterrun.stacks import collect, pyspy
+from clusterrun.transport.local import require_linux
 from clusterrun.wire import End
-from tests.conftest import host_spec
+from tests.conftest import REPO, host_spec
 
 # The clock ids as Python's time module has them on each system.
 MAC_MONOTONIC, MAC_UPTIME_RAW = 6, 8
@@ -226,3 +230,39 @@ def test_the_host_reports_its_system_and_cpu(
     assert line.startswith(EVENT)
     answer = json.loads(line[len(EVENT):])
     assert (answer["system"], answer["machine"]) == (os.uname().sysname, os.uname().machine)
+
+
+# -- the localhost demo: Linux only ---------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["launch", "inventories/localhost.yaml", "payloads/train_digits.py"],
+    ["check", "inventories/localhost.yaml"],
+    ["exec", "inventories/localhost.yaml", "--", "true"],
+], ids=["launch", "check", "exec"])
+def test_the_demo_on_a_mac_stops_before_anything_with_the_reason(
+        mac: Clocks, home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == ExitStatus.USAGE
+    err = capsys.readouterr().err
+    assert err == (
+        "clusterrun: error: inventories/localhost.yaml: node[0-1] are local nodes (host: "
+        "localhost), run on this machine without SSH, and a local node needs Linux "
+        "(clusterrun's host side reads /proc there); this machine is Darwin. Run the demo on a "
+        "Linux machine or VM, or list Linux hosts reached over SSH in the inventory: this "
+        "machine can drive them as the controller.\n")
+    assert not home.exists()  # no run was recorded, nothing was started
+
+
+def test_only_local_nodes_outside_a_container_need_linux(monkeypatch: pytest.MonkeyPatch) -> None:
+    local = host_spec("localhost", "node0")
+    boxed = host_spec("localhost", "node1", container="trainer")
+    remote = host_spec("10.0.0.5", "gpu-a")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    require_linux([boxed, remote], "inv.yaml")  # their host side runs in Linux
+    with pytest.raises(InventoryError, match=r"inv.yaml: node0 is a local node"):
+        require_linux([local, remote], "inv.yaml")
+    monkeypatch.setattr(sys, "platform", "linux")
+    require_linux([local], "inv.yaml")
