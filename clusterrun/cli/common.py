@@ -42,8 +42,8 @@ def nproc_value(_ctx: click.Context, _param: click.Parameter,
 
 def load_inventory(path: str, hosts: Optional[str] = None,
                    exclude: Optional[str] = None) -> inventory.Inventory:
-    """The inventory narrowed to -w/--hosts less -x/--exclude, and every known_hosts file its
-    hosts name readable, before any host is contacted."""
+    """The inventory narrowed to -w/--hosts less -x/--exclude, its local nodes runnable here,
+    and every known_hosts file its hosts name readable, before any host is contacted."""
     from clusterrun.inventory.subset import select
 
     inv, notes = select(inventory.load(path), hosts, exclude)
@@ -52,7 +52,9 @@ def load_inventory(path: str, hosts: Optional[str] = None,
     # Only now: the transport brings paramiko and fabric (~0.1 s), which a mistyped inventory,
     # refused above, never needs.
     from clusterrun.transport import hostkeys
+    from clusterrun.transport.local import require_linux
 
+    require_linux(inv.hosts, path)
     hostkeys.check_files(h.known_hosts for h in inv.hosts)
     return inv
 

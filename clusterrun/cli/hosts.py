@@ -94,11 +94,13 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     """
     from clusterrun import exec as fanout
     from clusterrun.console import Printer
+    from clusterrun.transport.local import require_linux
 
     if container is not None and on_host:
         raise UsageError("give either --container NAME or --on-host, not both.")
     inv = fanout.placed(load_inventory(inventory_path, only_hosts, exclude_hosts), container,
                         on_host=on_host)
+    require_linux(inv.hosts, inventory_path)  # --on-host: a local container host's own OS
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
                          printer, timeout)

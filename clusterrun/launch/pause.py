@@ -9,18 +9,48 @@ collects the nodes' reports, which say the same.
 
 from __future__ import annotations
 
+import platform
+import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 # A watch-loop turn this late means the process was not scheduled at all (the loop turns every
 # 0.2 s and heartbeats leave every 2 s).
 PAUSED = 5.0
 
 
+def sleep_clock() -> Optional[int]:
+    """The clock_gettime() clock that keeps counting while this machine sleeps, None where
+    there is none. Each system names it differently, and the same name can mean the opposite:
+    - Linux: CLOCK_BOOTTIME. Its CLOCK_MONOTONIC (Python's time.monotonic) stops in suspend.
+    - macOS: CLOCK_MONOTONIC, which Apple's clock_gettime(3) says "will continue to increment
+      while the system is asleep". time.monotonic there is mach_absolute_time, which stops, as
+      does CLOCK_UPTIME_RAW.
+    """
+    system = sys.platform  # through a name: mypy would call the other systems unreachable
+    if system.startswith("linux"):
+        return getattr(time, "CLOCK_BOOTTIME", None)
+    if system == "darwin":
+        return getattr(time, "CLOCK_MONOTONIC", None)
+    return None
+
+
 def awake() -> float:
-    """Seconds on a clock that also counts a suspended machine's sleep, where there is one."""
-    boot = getattr(time, "CLOCK_BOOTTIME", None)
-    return time.clock_gettime(boot) if boot is not None else time.monotonic()
+    """Seconds on a clock that also counts a suspended machine's sleep, where there is one (a
+    pause of the process alone, SIGSTOP, shows on time.monotonic too)."""
+    clock = sleep_clock()
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
+def unseen_sleep() -> Optional[str]:
+    """Where this machine's sleep cannot be seen (no clock counts it), what to add when the
+    nodes say they lost this controller while it saw no pause of its own; None elsewhere."""
+    if sleep_clock() is not None:
+        return None
+    system = platform.system() or sys.platform
+    return (f"this controller cannot tell whether its machine slept ({system} offers no clock "
+            "that counts sleep): if it did, that silence was this controller's, not the nodes'. "
+            "Keep it awake, or launch with --detach")
 
 
 class Pauses:
@@ -31,6 +61,7 @@ class Pauses:
         self.loop: Optional[float] = None  # the watch loop's last turn
         self.beat: Optional[float] = None  # the last heartbeat round
         self.beat_gap = 0.0  # the longest wait between two heartbeat rounds, not yet reported
+        self.unseen_told = False  # unseen_sleep()'s words were said
 
     def beating(self) -> None:
         """Called by the heartbeat thread before each round."""
@@ -50,6 +81,19 @@ class Pauses:
         silent = max(self.beat_gap, 0.0 if self.beat is None else now - self.beat)
         self.beat_gap = 0.0
         return gap, silent
+
+
+    def unseen(self, cause: Optional[str], abandoned: bool, notify: Callable[[str], None]
+               ) -> None:
+        """A node ended the run with ``cause``. Where it heard no heartbeat for the lease, yet
+        this controller saw no pause of its own (``abandoned`` False) and no clock here counts
+        sleep, tell the user so, once, rather than leave the nodes looking at fault."""
+        if cause != "lease_expired" or abandoned or self.unseen_told:
+            return
+        self.unseen_told = True
+        text = unseen_sleep()
+        if text:
+            notify(text)
 
 
 def notice(gap: float, silent: float, lease: float) -> Optional[str]:

@@ -285,6 +285,7 @@ class Session:
             self.stall.update(name, ev.quiet, arrived)
         elif isinstance(ev, wire.End):
             node.end = ev
+            self.pauses.unseen(ev.cause, self.abandoned, self.notify)
         elif isinstance(ev, _Broken):
             self.broken[name] = f"its stream broke ({ev.error})"
         elif isinstance(ev, _Eof) and not node.done and not (

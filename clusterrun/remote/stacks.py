@@ -53,7 +53,9 @@ def main(stdin):
     req = json.loads(stdin.readline())
     rundir = req["rundir"]
     state = common.read_json(os.path.join(rundir, "state.json"))
-    answer = {"ev": "stacks", "found": state is not None, "ranks": [], "machine": os.uname()[4],
+    # uname's system and CPU: the controller ships its py-spy only where both match the binary.
+    answer = {"ev": "stacks", "found": state is not None, "ranks": [], "system": os.uname()[0],
+              "machine": os.uname()[4],
               "scope": pystack.ptrace_scope(), "uid": os.getuid(), "need_pyspy": False}
     state = procs.observed(state)
     answer["state"] = (state or {}).get("state")

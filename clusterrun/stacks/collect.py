@@ -35,6 +35,14 @@ def _request(node: dict[str, Any], ranks: Optional[list[int]],
             "pyspy": {"sha": binary.sha, "size": binary.size} if binary else None}
 
 
+def unfit(name: str, binary: pyspy.Binary, reply: dict[str, Any]) -> str:
+    """Why this machine's py-spy is not shipped to a host without one, and the fix."""
+    there = " ".join(str(reply.get(k) or "unknown") for k in ("system", "machine"))
+    return (f"{name}: py-spy is not installed there, and this machine's ({binary.path}) is "
+            f"{binary.describe()}, which a {there} host cannot run; install py-spy in the "
+            "host's Python environment (pip install py-spy)")
+
+
 def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
         ranks: Optional[list[int]] = None, profile: Optional[float] = None) -> dict[str, Any]:
     """One node's answer (remote/stacks.py), shipping py-spy if the host has none. With
@@ -52,10 +60,8 @@ def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
                             f"on the controller ({pyspy.INSTALL}) and clusterrun ships it, or "
                             "in the host's Python environment (pip install py-spy)")
         return reply
-    if reply.get("machine") != binary.machine:
-        reply["problem"] = (f"{spec.name}: the host is {reply.get('machine')}, this machine's "
-                            f"py-spy is {binary.machine}; install py-spy in the host's Python "
-                            "environment (pip install py-spy)")
+    if not binary.fits(reply.get("system"), reply.get("machine")):
+        reply["problem"] = unfit(spec.name, binary, reply)
         return reply
     request["send"] = True
     reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),

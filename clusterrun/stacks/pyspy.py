@@ -1,8 +1,10 @@
 """The controller's py-spy binary (the `clusterrun[stacks]` extra), shipped to hosts lacking one.
 
-py-spy is one static binary: a host with the controller's machine type runs the same file, so
-nothing needs installing on the hosts. A host's own py-spy (in its Python's bin/ or on PATH)
-always wins; a shipped copy is kept under ``<workdir>/runs/.tools/`` for next time.
+py-spy is one static binary: a host of the same system and CPU as that binary runs the same
+file, so nothing needs installing on the hosts. Which system and CPU is read from the file's
+own header, not from this machine: a macOS controller's py-spy is a Mach-O program that no Linux
+host runs, whatever the CPU. A host's own py-spy (in its Python's bin/ or on PATH) always wins;
+a shipped copy is kept under ``<workdir>/runs/.tools/`` for next time.
 """
 
 from __future__ import annotations
@@ -10,13 +12,27 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import platform
 import shutil
+import struct
 import sys
 from dataclasses import dataclass
 from typing import Optional
 
 INSTALL = "pip install 'clusterrun[stacks]'"
+
+# ELF e_machine values (the System V ABI's registry), named as Linux's `uname -m` names them.
+ELF_MACHINES = {3: "i686", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64",
+                183: "aarch64", 243: "riscv64"}
+ELF_SYSTEMS = {0: "Linux", 3: "Linux", 9: "FreeBSD"}  # EI_OSABI: Linux binaries say 0 (System V)
+# Mach-O cputype values (<mach/machine.h>): the 64-bit ones carry CPU_ARCH_ABI64 (0x01000000).
+MACHO_MACHINES = {7: "i686", 0x01000007: "x86_64", 12: "arm", 0x0100000C: "aarch64"}
+MACHO_THIN = {b"\xcf\xfa\xed\xfe": "<I", b"\xce\xfa\xed\xfe": "<I",  # little-endian, 64/32-bit
+              b"\xfe\xed\xfa\xcf": ">I", b"\xfe\xed\xfa\xce": ">I"}
+MACHO_FAT = b"\xca\xfe\xba\xbe"  # a universal binary: several Mach-O programs in one file
+SYSTEM_NAMES = {"Darwin": "macOS"}
+# The same CPU by other names: macOS and the BSDs say arm64 and amd64, 32-bit x86 has several.
+ALIASES = {"arm64": "aarch64", "amd64": "x86_64", "i386": "i686", "i486": "i686",
+           "i586": "i686", "x86": "i686", "armv6l": "arm", "armv7l": "arm", "armv8l": "arm"}
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,43 @@ class Binary:
     path: str
     sha: str
     size: int
-    machine: str
+    system: Optional[str]  # the kernel it is built for, as uname(2) names it; None: unknown
+    machine: Optional[str]  # its CPU, as Linux's `uname -m` names it; None: unknown
+
+    def describe(self) -> str:
+        """Its kind in words: 'a macOS (Mach-O) x86_64 program'."""
+        if self.system is None:
+            return "not a program whose system clusterrun can tell (no ELF or Mach-O header)"
+        system = SYSTEM_NAMES.get(self.system, self.system)
+        kind = "Mach-O" if self.system == "Darwin" else "ELF"
+        return f"a {system} ({kind}) {self.machine or 'unknown-CPU'} program"
+
+    def fits(self, system: Optional[str], machine: Optional[str]) -> bool:
+        """Whether a host reporting this uname system and machine can run it."""
+        return (self.system is not None and self.machine is not None and system == self.system
+                and machine is not None and cpu(machine) == self.machine)
+
+
+def cpu(machine: str) -> str:
+    """One name per CPU type, whichever system reported it."""
+    return ALIASES.get(machine, machine)
+
+
+def header_kind(head: bytes) -> tuple[Optional[str], Optional[str]]:
+    """(system, machine) from an executable's first bytes; None for what cannot be told."""
+    if head[:4] == b"\x7fELF" and len(head) >= 20:
+        order = "<" if head[5] == 1 else ">"  # EI_DATA: 1 little-endian, 2 big-endian
+        (number,) = struct.unpack(order + "H", head[18:20])
+        machine = ELF_MACHINES.get(number)
+        if machine == "ppc64" and order == "<":
+            machine = "ppc64le"
+        return ELF_SYSTEMS.get(head[7]), machine
+    if head[:4] in MACHO_THIN and len(head) >= 8:
+        (number,) = struct.unpack(MACHO_THIN[head[:4]], head[4:8])
+        return "Darwin", MACHO_MACHINES.get(number)
+    if head[:4] == MACHO_FAT:
+        return "Darwin", "universal"  # whatever its CPUs, no Linux host runs it
+    return None, None
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,11 +86,18 @@ def local() -> Optional[Binary]:
     path = here if os.path.isfile(here) else shutil.which("py-spy")
     if not path:
         return None
+    return read(path)
+
+
+def read(path: str) -> Binary:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
+        head = handle.read(64)
+        digest.update(head)
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return Binary(path, digest.hexdigest(), os.path.getsize(path), platform.machine())
+    system, machine = header_kind(head)
+    return Binary(path, digest.hexdigest(), os.path.getsize(path), system, machine)
 
 
 def chunks(binary: Binary) -> list[bytes]:

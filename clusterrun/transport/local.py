@@ -4,11 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import subprocess
+import sys
+from collections.abc import Iterable
 from typing import Optional
 
+from clusterrun.errors import InventoryError
 from clusterrun.inventory import HostSpec
+from clusterrun.inventory.ranges import fold
 from clusterrun.transport.base import Process
+
+
+def require_linux(hosts: Iterable[HostSpec], inventory: str) -> None:
+    """A local node runs clusterrun's host side (remote/) on this machine itself, and that
+    side is Linux's: it finds the ranks, their state and its own open files in /proc. Elsewhere
+    (a macOS laptop) refuse before anything starts, rather than fail deep inside a supervisor."""
+    if str(sys.platform).startswith("linux"):  # str(): else mypy calls the rest unreachable
+        return
+    # In a container, the host side runs in the container's Linux, not on this machine.
+    here = [h.name for h in hosts if h.local and not h.container]
+    if not here:
+        return
+    system = platform.system() or sys.platform
+    raise InventoryError(
+        f"{inventory}: {fold(here)} {'is a local node' if len(here) == 1 else 'are local nodes'} "
+        f"(host: localhost), run on this machine without SSH, and a local node needs Linux "
+        f"(clusterrun's host side reads /proc there); this machine is {system}. Run the demo "
+        "on a Linux machine or VM, or list Linux hosts reached over SSH in the inventory: "
+        "this machine can drive them as the controller.")
 
 
 class LocalProcess:
