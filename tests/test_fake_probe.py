@@ -1,5 +1,6 @@
 """The fake host (clusterrun/transport/fake_hosts.py) answers what the real probe answers, so the
-fast `check` tests run every check the real hosts get.
+fast `check` tests run every check the real hosts get; and a check whose fact is missing says
+it is unknown instead of passing.
 
 The real probe runs here on this machine, as tests/test_chain.py runs it: real interpreter,
 real /proc and /sys, no sshd."""
@@ -10,12 +11,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import pytest
+
+from clusterrun.preflight import checks as preflight
+from clusterrun.preflight.report import CheckReport
 from clusterrun.remote import gpus
-from clusterrun.transport import shell
-from clusterrun.transport.fake import Interface
+from clusterrun.transport import SshOptions, shell
+from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.fake_hosts import FakeHost
+from clusterrun.transport.pool import Connections
+from tests.conftest import fake_inventory, host_spec
 
 # Dicts keyed by data (package, interface, variable, device, looked-up name), not by a fixed
 # set of fields: their entries are compared as one shape, "*".
@@ -74,3 +81,86 @@ def test_the_fake_hosts_gpus_have_the_fields_nvidia_smi_gives() -> None:
     assert [sorted(g) for g in nvidia["gpus"]] == [sorted(parsed)] * 2
     assert sorted(nvidia) == sorted(FakeHost("10.0.0.1", []).nvidia())
     assert nvidia["count"] == 2 and nvidia["smi"]
+
+
+def three_hosts() -> FakeNetwork:
+    net = FakeNetwork()
+    for n in (1, 2, 3):
+        net.add(f"10.0.0.{n}", Interface("lo", "127.0.0.1/8"), Interface("eth0", f"10.0.0.{n}/24"),
+                hostname=f"node{n}")
+    return net
+
+
+def check(net: FakeNetwork, tmp_path: Path) -> CheckReport:
+    inv = fake_inventory(tmp_path, *[host_spec(f"10.0.0.{n}", f"node{n}") for n in (1, 2, 3)])
+    with Connections(SshOptions(connect_timeout=1.0), connector=net.connect) as pool:
+        return preflight.run(inv, pool)
+
+
+def unknown(report: CheckReport) -> dict[str, list[tuple[str, bool, str]]]:
+    return {h.spec.name: [(c.name, c.warning, c.detail) for c in h.checks
+                          if "unknown" in c.detail] for h in report.hosts}
+
+
+def without(host: FakeHost, path: str) -> None:
+    """The host's probe answer, less the fact at ``path`` (`workdir.free`: one level down)."""
+    original: Callable[[dict[str, Any], str], dict[str, Any]] = host.all_facts
+
+    def answer(request: dict[str, Any], server: str) -> dict[str, Any]:
+        facts = original(request, server)
+        *parents, key = path.split(".")
+        where = facts
+        for parent in parents:
+            inner = dict(where[parent])
+            where[parent] = inner
+            where = inner
+        del where[key]
+        return facts
+
+    host.all_facts = answer  # type: ignore[method-assign]
+
+
+def test_the_filled_fake_leaves_nothing_unknown(tmp_path: Path) -> None:
+    report = check(three_hosts(), tmp_path)
+    assert report.ok and unknown(report) == {"node1": [], "node2": [], "node3": []}
+
+
+# fact left out -> the check that says it is unknown
+MISSING = {"nvidia": "gpus", "names": "names", "limits": "limits", "limits.shm": "limits",
+           "limits.nofile": "limits", "workdir.free": "workdir", "packages": "packages",
+           "nccl": "nccl", "torch.cuda": "cuda", "links": "mtu", "infiniband": "infiniband",
+           "machine": "same_machine", "ptrace": "stacks"}
+
+
+@pytest.mark.parametrize("fact", sorted(MISSING))
+def test_a_check_without_its_fact_says_unknown_and_passes_nothing(tmp_path: Path,
+                                                                   fact: str) -> None:
+    net = three_hosts()
+    without(net.hosts["10.0.0.2"], fact)
+    report = check(net, tmp_path)
+    found = unknown(report)
+    assert found["node1"] == [] and found["node3"] == [], found
+    [(name, warning, detail)] = found["node2"]
+    assert (name, warning) == (MISSING[fact], True), detail
+    assert "not checked" in detail or "not compared" in detail, detail
+    assert "unlimited" not in detail
+    assert report.ok  # unknown is a warning: the run may go on, told what was not checked
+
+
+@pytest.mark.parametrize("fact", ["packages", "nccl"])
+def test_the_masters_unknown_software_is_said_on_the_master(tmp_path: Path, fact: str) -> None:
+    net = three_hosts()
+    without(net.hosts["10.0.0.1"], fact)
+    found = unknown(check(net, tmp_path))
+    assert [n for n, items in found.items() if items] == ["node1"], found
+    assert "not compared with the other hosts'" in found["node1"][0][2]
+
+
+def test_unlimited_open_files_are_said_only_when_the_probe_says_so(tmp_path: Path) -> None:
+    net = three_hosts()
+    limits = net.hosts["10.0.0.2"].all_facts({}, "")["limits"]
+    net.hosts["10.0.0.2"].facts["limits"] = {**limits, "nofile": [None, None]}
+    report = check(net, tmp_path)
+    details = {h.spec.name: {c.name: c.detail for c in h.checks} for h in report.hosts}
+    assert details["node2"]["limits"] == "/dev/shm 32.0 GiB, open files unlimited"
+    assert details["node1"]["limits"] == "/dev/shm 32.0 GiB, open files 65536"
