@@ -16,6 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from clusterrun.preflight import checks as preflight
+from clusterrun.preflight import decide, limits, names, stacks
+from clusterrun.preflight import gpus as gpus_check
 from clusterrun.preflight.report import CheckReport
 from clusterrun.remote import gpus
 from clusterrun.transport import SshOptions, shell
@@ -71,6 +73,17 @@ def test_the_fake_host_sends_every_key_the_real_probe_sends(tmp_path: Path) -> N
     differ = {p: (t, fake_shape[p]) for p, t in real_shape.items()
               if "null" not in (t, fake_shape[p]) and t != fake_shape[p]}
     assert not differ, f"(probe's type, fake's type) differ: {differ}"
+
+
+def test_the_real_probes_facts_leave_no_check_unknown(tmp_path: Path) -> None:
+    """What a check reads is where the probe puts it: on this machine's own facts no check
+    says "unknown" (the fake's side is test_the_filled_fake_leaves_nothing_unknown)."""
+    facts = real_facts(tmp_path / "workdir")
+    spec = host_spec("10.0.0.1", "here")
+    found = [*decide.host_checks(spec, facts), *gpus_check.host_checks(spec, facts),
+             *limits.host_checks(spec, facts, gpu_ranks=0, world=2),
+             *stacks.host_checks(spec, facts), names.local_check(spec, facts)]
+    assert not [c for c in found if c is not None and "unknown" in c.detail], found
 
 
 def test_the_fake_hosts_gpus_have_the_fields_nvidia_smi_gives() -> None:
