@@ -12,6 +12,7 @@ import pytest
 
 from clusterrun.errors import ExitStatus, Outcome
 from clusterrun.preflight import checks as preflight
+from clusterrun.preflight import view
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.transport import SshOptions
 from clusterrun.transport.fake import FakeNetwork, Interface, Reply
@@ -186,6 +187,56 @@ def test_torch_mismatch_fails_the_worker_against_the_master(tmp_path: Path) -> N
     ok, detail = checks(by_name(report)["b"])["torch"]
     assert not ok and "torch 2.3.1 on b but 2.4.0 on the master a" in detail
     assert by_name(report)["c"].ok
+
+
+def test_a_plain_host_passes_each_host_check_on_what_it_read(tmp_path: Path) -> None:
+    """The fake answers what the probe does, so every check runs, on the values read."""
+    net = FakeNetwork()
+    three_hosts(net)
+    net.hosts["10.0.0.2"].gpus = 2
+    report = check(net, tmp_path, "a", "b", "c")
+    assert report.ok and not view.problems(report), view.problems(report)
+    a, b = checks(by_name(report)["a"]), checks(by_name(report)["b"])
+    assert a["workdir"] == (True, "/home/user/clusterrun (created and written, 200.0 GiB free)")
+    assert a["gpus"] == (True, "no NVIDIA GPU found (no nvidia-smi on the PATH)")
+    assert b["gpus"] == (True, "2 of 2 GPU(s) used (all), NVIDIA H100 80GB HBM3, driver "
+                               "550.54.15")
+    assert a["limits"] == (True, "/dev/shm 32.0 GiB, open files 65536")
+    assert b["packages"] == (True, "the same 10 Python packages as a")
+    assert a["dns"] == (True, "gpu-1 -> 10.0.0.1")
+
+
+def test_each_host_check_judges_what_the_fake_host_reads(tmp_path: Path) -> None:
+    net = FakeNetwork()
+    three_hosts(net)
+    a, b, c = (net.hosts[f"10.0.0.{n}"] for n in (1, 2, 3))
+    a.facts["names"] = {"hostname": "gpu-1", "fqdn": "gpu-1", "resolved": {"gpu-1": {
+        "addresses": ["127.0.1.1"], "error": None, "seconds": 0.001}}}
+    b.interfaces[1] = Interface("ens5", "10.0.0.2/24", mtu=9000)
+    b.gpus = 2
+    busy = b.nvidia()
+    busy["gpus"][1]["memory_used"] = 40000
+    busy["apps"] = [{"gpu": 1, "gpu_uuid": busy["gpus"][1]["uuid"], "pid": 4242,
+                     "used_memory": 39990, "process_name": "python", "uid": 1001,
+                     "user": "alice", "visible": True, "mine": False}]
+    b.facts["nvidia"] = busy
+    c.disk_free = 4 << 20
+    c.facts["ptrace"] = {"scope": 2, "root": False, "cap_sys_ptrace": False, "pyspy": None}
+    c.facts["packages"] = {**c.packages(), "numpy": "2.0.1"}
+    limits = c.all_facts({}, "")["limits"]
+    c.facts["limits"] = {**limits, "shm": {"size": 64 << 20, "free": 64 << 20}}
+    hosts = by_name(check(net, tmp_path, "a", "b", "c"))
+    found = {n: {k: v for k, v in checks(h).items() if not v[0] or v[1].startswith("warning:")}
+             for n, h in hosts.items()}
+    assert sorted(found["a"]) == ["names"] and "resolves to 127.0.1.1" in found["a"]["names"][1]
+    assert sorted(found["b"]) == ["gpu_busy", "mtu"], found["b"]
+    assert "GPU 1: 40000 MiB of 81559 MiB in use by pid 4242 python" in found["b"]["gpu_busy"][1]
+    assert "MTU 9000 on ens5 of b, but 1500" in found["b"]["mtu"][1]
+    assert sorted(found["c"]) == ["packages", "shm", "stacks", "workdir"], found["c"]
+    assert not found["c"]["workdir"][0] and "has only 4.0 MiB free" in found["c"]["workdir"][1]
+    assert "numpy 2.0.1 (1.26.4 on a)" in found["c"]["packages"][1]
+    assert "/dev/shm on c is 64 MiB" in found["c"]["shm"][1]
+    assert "ptrace_scope is 2" in found["c"]["stacks"][1]
 
 
 def test_explicit_interface_that_is_down_lists_the_real_ones(tmp_path: Path) -> None:

@@ -267,11 +267,17 @@ def test_a_query_the_driver_does_not_know_is_named_in_the_summary() -> None:
                                               "remapped rows")}
 
 
-def test_facts_without_gpu_details_still_check_the_count() -> None:
-    """Facts from a probe that reports only the count (the in-memory fake transport)."""
-    assert verdicts({"gpus": 0}) == {"gpus": (True, "no NVIDIA GPU found")}
+def test_facts_without_gpu_details_say_unknown_and_still_check_the_count() -> None:
+    """Facts that give only the count: nothing about the GPUs' state was read, and the check
+    says so rather than passing (a count of 0 is not "no GPU found")."""
+    ok, detail = verdicts({"gpus": 0})["gpus"]
+    assert ok and detail == ("warning: whether gpu-a has NVIDIA GPUs is unknown: the probe sent "
+                             "no nvidia-smi details, so that was not checked (`nvidia-smi` "
+                             "there).")
     found = verdicts({"gpus": 1}, gpus=(0, 3))
-    assert found["gpus"] == (True, "1 of 1 GPU(s) used (0)")
+    ok, detail = found["gpus"]
+    assert ok and detail.startswith("warning: 1 of 1 GPU(s) used (0); whether they are free "
+                                    "and healthy is unknown")
     assert not found["gpu_count"][0]
 
 

@@ -142,9 +142,10 @@ def test_own_name_loopback_or_ipv6_only(addresses: list[str], expected: str | No
 
 
 def _limits(**over: Any) -> dict[str, Any]:
+    """The facts limits.py reads, as the probe sends them (no RDMA stack: `infiniband` None)."""
     base = {"nofile": [65536, 65536], "memlock": [None, None], "stack": [8 << 20, None],
             "shm": {"size": 16 * GiB, "free": 16 * GiB}}
-    return {"limits": {**base, **over}}
+    return {"limits": {**base, **over}, "infiniband": None}
 
 
 def test_limits_small_shm_open_files_unlimited_stack() -> None:
@@ -215,10 +216,11 @@ def test_parity_names_the_packages_that_differ_and_the_odd_mtu_and_link() -> Non
 
 
 def test_the_report_folds_hosts_that_share_a_problem() -> None:
-    base = {"links": {"eth0": {"mtu": 1500, "speed": None}}}
+    base = {"links": {"eth0": {"mtu": 1500, "speed": None}}, "nccl": None,
+            "packages": {"numpy": "1.26.4"}}
     hosts = [_probed(f"node{n}", **base) for n in range(1, 6)]
     for odd in (hosts[2], hosts[4]):
-        odd.facts = {"links": {"eth0": {"mtu": 9000, "speed": None}}}
+        odd.facts = {**base, "links": {"eth0": {"mtu": 9000, "speed": None}}}
     parity.compare(hosts)
     report = CheckReport(hosts, "10.0.0.1", 29500)
     assert view.problems(report) == [

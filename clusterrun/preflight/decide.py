@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.preflight import hostpaths
-from clusterrun.preflight.report import Check, HostReport
+from clusterrun.preflight.report import Check, HostReport, warn
 from clusterrun.remote import disk
 
 SLOW_DNS_SECONDS = 2.0
@@ -38,7 +38,11 @@ def _workdir_space(name: str, workdir: dict[str, Any]) -> Check:
     free, path = workdir.get("free"), workdir["path"]
     where = workdir.get("free_at") or path
     if free is None:
-        return Check("workdir", True, f"{path} (created and written)")
+        return warn("workdir", f"{path} on {name} was created and written, but its free space "
+                    f"is unknown (the probe could not read it at {where}), so it was not "
+                    f"checked against the {disk.FLOOR / 2 ** 20:.0f} MiB a run needs "
+                    "(docs/reliability.md). `df` there says.", "the workdir was created and "
+                    "written, but its free space is unknown, so it was not checked")
     room = f"{free / 2 ** 20:.1f} MiB" if free < 2 ** 30 else f"{free / 2 ** 30:.1f} GiB"
     if free < disk.FLOOR:
         return Check("workdir", False, f"{where} on {name} has only {room} free: a run "

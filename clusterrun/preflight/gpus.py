@@ -29,6 +29,7 @@ Decisions:
   runtime on every host (compared with torch), not the same kernel driver; a driver too old for
   torch's CUDA fails at CUDA initialisation on that host with its own clear message.
 - No nvidia-smi: nothing GPU-related fails (a CPU host, or the controller's laptop).
+- No `nvidia` facts at all: a warning that the GPUs are unknown; only the count is checked.
 """
 
 from __future__ import annotations
@@ -75,14 +76,12 @@ def host_checks(spec: HostSpec, facts: dict[str, Any], *,
         return [_no_gpus(spec, " (no nvidia-smi on the PATH)")]
     if nvidia is not None and "gpus" in (nvidia.get("errors") or {}):
         return [_smi_failed(spec, nvidia, count, allow_busy_gpus)]
-    if nvidia is None and count == 0:  # a probe without GPU details, and no GPU: nothing to say
-        return [_no_gpus(spec, "")]
+    if nvidia is None:  # only a count: whether the GPUs are free and healthy is unknown
+        return [_unknown(spec, count), *_count_checks(spec, count, allow_busy_gpus)]
     summary = _summary(spec, nvidia, count) if count else Check(
         "gpus", True, f"warning: nvidia-smi on {spec.name} lists no GPU; its ranks will run "
         "without one (`nvidia-smi -L` there; a GPU that fell off the bus needs a reboot).")
     checks = [summary, *_count_checks(spec, count, allow_busy_gpus)]
-    if nvidia is None:
-        return checks
     by_index = {g["index"]: g for g in nvidia.get("gpus", [])}
     used = [by_index[i] for i in used_gpus(spec, count) if i in by_index]
     busy = _busy(spec, used, nvidia.get("apps", []))
@@ -104,6 +103,17 @@ def host_checks(spec: HostSpec, facts: dict[str, Any], *,
                                f"recurs; or pick other GPUs with `gpus:`, or pass {ALLOW} to go "
                                "on.", allow_busy_gpus))
     return checks
+
+
+def _unknown(spec: HostSpec, count: int) -> Check:
+    why = "the probe sent no nvidia-smi details, so that was not checked (`nvidia-smi` there)"
+    if not count:
+        return Check("gpus", True, f"warning: whether {spec.name} has NVIDIA GPUs is unknown: "
+                     f"{why}.", f"warning: whether it has NVIDIA GPUs is unknown: {why}")
+    used = _summary(spec, None, count).detail
+    return Check("gpus", True, f"warning: {used}; whether they are free and healthy is "
+                 f"unknown: {why}.", f"warning: {used}; whether they are free and healthy is "
+                 f"unknown: {why}")
 
 
 def _no_gpus(spec: HostSpec, why: str) -> Check:

@@ -31,16 +31,28 @@ def _size(n: int) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n // MiB} MiB"
 
 
+# The limits every host is judged on, as the probe names them. A limit the probe sends as
+# [None, None] is unlimited; one it does not send (or /dev/shm it could not stat) is unknown.
+JUDGED = (("shm", f"{SHM} size"), ("nofile", "open files"), ("stack", "stack size"))
+
+
 def host_checks(spec: HostSpec, facts: dict[str, Any], *, gpu_ranks: int,
                 world: int) -> list[Check]:
-    limits = facts.get("limits") or {}
+    found = facts.get("limits")
+    limits: dict[str, Any] = found if isinstance(found, dict) else {}
     out = [c for c in (_shm(spec, limits, gpu_ranks), _nofile(spec, limits, world),
                        _stack(spec, limits)) if c is not None]
     out.extend(_rdma(spec, facts, limits))
+    unknown = [what for key, what in JUDGED if limits.get(key) is None]
+    if unknown:
+        said = ", ".join(unknown)
+        out.append(warn("limits", f"{said} unknown on {spec.name}: the probe could not read "
+                        "them, so they were not checked (`ulimit -a` and `df /dev/shm` there, "
+                        "after `setup:`, say).", f"{said} unknown: the probe could not read "
+                        "them, so they were not checked"))
     if not any(not c.ok or c.warning for c in out):
-        nofile = (limits.get("nofile") or [None])[0]
-        shm = (limits.get("shm") or {}).get("size")
-        out.append(Check("limits", True, f"{SHM} {_size(shm) if shm else '?'}, open files "
+        nofile = limits["nofile"][0]
+        out.append(Check("limits", True, f"{SHM} {_size(limits['shm']['size'])}, open files "
                          f"{nofile or 'unlimited'}"))
     return out
 
@@ -65,7 +77,9 @@ def _shm(spec: HostSpec, limits: dict[str, Any], gpu_ranks: int) -> Optional[Che
 
 
 def _nofile(spec: HostSpec, limits: dict[str, Any], world: int) -> Optional[Check]:
-    soft, hard = (limits.get("nofile") or [None, None])[:2]
+    if limits.get("nofile") is None:
+        return None  # unknown: host_checks says so
+    soft, hard = limits["nofile"][:2]
     need = max(1024, NOFILE_PER_RANK * world)
     if soft is None or soft >= need:
         return None
@@ -80,9 +94,8 @@ def _nofile(spec: HostSpec, limits: dict[str, Any], world: int) -> Optional[Chec
 
 
 def _stack(spec: HostSpec, limits: dict[str, Any]) -> Optional[Check]:
-    soft = (limits.get("stack") or [0])[0]
-    if soft is not None:
-        return None
+    if limits.get("stack") is None or limits["stack"][0] is not None:
+        return None  # unknown (host_checks says so), or a finite stack
     return warn("stack", f"the stack size is unlimited (`ulimit -s unlimited`) on {spec.name}; "
                 "NCCL's documentation warns against it. Set a finite one, e.g. `ulimit -s "
                 "8192` in `setup:`.",
@@ -107,6 +120,11 @@ def ib_hca(spec: HostSpec, facts: dict[str, Any]) -> Optional[str]:
 
 
 def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list[Check]:
+    if "infiniband" not in facts:  # None: the probe looked, and there is no RDMA stack
+        return [warn("infiniband", f"RDMA devices unknown on {spec.name}: the probe did not "
+                     "report them, so InfiniBand/RoCE, locked memory and NCCL_IB_HCA were not "
+                     "checked (`ibstat` there says).", "RDMA devices unknown: the probe did not "
+                     "report them, so they were not checked")]
     devices = facts.get("infiniband") or {}
     out: list[Check] = []
     hca = ib_hca(spec, facts)
@@ -122,7 +140,12 @@ def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list
                 f"{p} {port_info(facts, p).get('link_layer')} {port_info(facts, p).get('rate')}"
                 for p in active)))
         memlock = (limits.get("memlock") or [None])[0]
-        if memlock is not None:
+        if limits.get("memlock") is None:
+            out.append(warn("memlock", f"locked memory is unknown on {spec.name}, which has "
+                            "RDMA devices: the probe did not report it, so it was not checked. "
+                            "NCCL needs it unlimited there (`ulimit -l`).", "locked memory "
+                            "unknown with RDMA devices present, so it was not checked"))
+        elif memlock is not None:
             text = (f"locked memory is limited to {_size(memlock)} on {spec.name}, which has "
                     "RDMA devices: NCCL cannot register its buffers for InfiniBand/RoCE. Set "
                     "`ulimit -l unlimited` (/etc/security/limits.conf, or the container's "

@@ -35,8 +35,15 @@ def own_names(facts: dict[str, Any]) -> list[str]:
 
 
 def local_check(spec: HostSpec, facts: dict[str, Any]) -> Optional[Check]:
-    """A warning when the host's own names resolve to loopback or only to IPv6 there."""
-    resolved = (facts.get("names") or {}).get("resolved") or {}
+    """A warning when the host's own names resolve to loopback or only to IPv6 there, or
+    when the probe did not say what they resolve to."""
+    resolved = (facts.get("names") or {}).get("resolved")
+    if not isinstance(resolved, dict):
+        return warn("names", f"what {spec.name}'s own names resolve to there is unknown: the "
+                    "probe did not report it, so loopback and IPv6-only names, and what the "
+                    "other hosts make of them, were not checked (`getent hosts $(hostname)` "
+                    "there says).", "what its own names resolve to is unknown: the probe did "
+                    "not report it, so they were not checked")
     for name in own_names(facts):
         addrs = [str(a) for a in (resolved.get(name) or {}).get("addresses", [])]
         loop = [a for a in addrs if is_loopback(a)]

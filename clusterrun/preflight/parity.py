@@ -23,6 +23,8 @@ MAX_LISTED = 8
 
 def compare(reports: Sequence[HostReport]) -> None:
     probed = [r for r in reports if r.facts and r.outcome is None]
+    for r in probed:
+        _link_unknown(r)
     if len(probed) < 2:
         for r in probed:
             _speed(r, None)
@@ -34,19 +36,43 @@ def compare(reports: Sequence[HostReport]) -> None:
     _links(probed)
 
 
+def _unknown(r: HostReport, name: str, what: str, ref: Optional[HostReport] = None) -> None:
+    """A warning that ``what`` ("torch's CUDA is") is unknown on ``r`` and was not compared:
+    the probe did not say (``ref``: the host it was to be compared with; None: every other)."""
+    other = f"{ref.spec.name}'s" if ref is not None else "the other hosts'"
+    r.add(name, True, f"warning: {what} unknown on {r.spec.name}: the probe did not say, so "
+          f"this was not compared with {other}.", f"warning: {what} unknown: the probe did "
+          "not say, so this was not compared with the other hosts'")
+
+
 def _software(ref: HostReport, others: Sequence[HostReport]) -> None:
     for what in ("cuda", "nccl"):
+        label = "torch's CUDA" if what == "cuda" else "the NCCL torch loads"
+        if not _known(ref, what):
+            _unknown(ref, what, f"{label} is")
+            continue
         want = _version(ref, what)
         for r in others:
+            if not _known(r, what):
+                _unknown(r, what, f"{label} is", ref)
+                continue
             have = _version(r, what)
             if have == want:
                 continue
-            label = "torch's CUDA" if what == "cuda" else "the NCCL torch loads"
             r.add(what, False, f"{label} is {have or 'none'} on {r.spec.name} but "
                   f"{want or 'none'} on {ref.spec.name}: collectives between them fail or "
                   "hang. Install the same torch build (and nvidia-nccl package) everywhere.",
                   f"{label} {have or 'none'}, {want or 'none'} on {ref.spec.name}; install "
                   "the same build everywhere")
+
+
+def _known(r: HostReport, what: str) -> bool:
+    """Whether the probe said (None is an answer: a CPU build has no CUDA and no NCCL; so is
+    a host without torch, whose CUDA counts as none)."""
+    if what == "cuda":
+        torch = r.facts.get("torch")
+        return not isinstance(torch, dict) or "cuda" in torch
+    return what in r.facts
 
 
 def _version(r: HostReport, what: str) -> Optional[str]:
@@ -74,10 +100,12 @@ def package_diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
 def _packages(ref: HostReport, others: Sequence[HostReport]) -> None:
     want = ref.facts.get("packages")
     if not isinstance(want, dict):
+        _unknown(ref, "packages", "the installed Python packages are")
         return
     for r in others:
         have = r.facts.get("packages")
         if not isinstance(have, dict):
+            _unknown(r, "packages", "the installed Python packages are", ref)
             continue
         diff = package_diff(have, want)
         if not diff:
@@ -98,6 +126,11 @@ def _majority(values: list[Any]) -> Any:
 
 def _chosen(r: HostReport) -> dict[str, Any]:
     return dict((r.facts.get("links") or {}).get(r.interface or "", {}))
+
+
+def _link_unknown(r: HostReport) -> None:
+    if r.interface and not _chosen(r):
+        _unknown(r, "mtu", f"the MTU and speed of {r.interface} are")
 
 
 def _links(probed: Sequence[HostReport]) -> None:
@@ -135,7 +168,8 @@ def _speed(r: HostReport, usual: Optional[int]) -> None:
 
 def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
     with_ib = [r for r in probed if limits.active_ports(r.facts)]
-    without = [r for r in probed if r not in with_ib]
+    # A host whose RDMA devices are unknown is neither (limits.py says so on its own line).
+    without = [r for r in probed if r not in with_ib and "infiniband" in r.facts]
     if with_ib and without and len(with_ib) >= len(without):
         holders = fold([r.spec.name for r in with_ib])
         for r in without:

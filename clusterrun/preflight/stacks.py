@@ -16,8 +16,13 @@ def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
 
 
 def _check(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:
-    if not isinstance(ptrace, dict) or ptrace.get("cap_sys_ptrace"):
-        return None  # an older probe, or allowed whatever else holds
+    if not isinstance(ptrace, dict):
+        text = ("whether `clusterrun stacks` and the stall report can read the ranks' stacks "
+                "there is unknown: the probe did not report the ptrace permissions, so they "
+                "were not checked (`sysctl kernel.yama.ptrace_scope` there says).")
+        return warn("stacks", f"{spec.name}: {text}", text)
+    if ptrace.get("cap_sys_ptrace"):
+        return None  # allowed whatever else holds
     scope = ptrace.get("scope")
     if spec.container:
         # docker's and podman's default seccomp profiles allow process_vm_readv (how py-spy

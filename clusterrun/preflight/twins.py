@@ -41,6 +41,12 @@ def judge(reports: Sequence[HostReport]) -> None:
             continue
         key = identity(r)
         if key is None:
+            if len(reports) > 1:
+                r.add("same_machine", True, f"warning: whether {_label(r)} is the same machine "
+                      "as another entry is unknown: the probe did not report its boot id and "
+                      "network namespace, so that was not checked.", group="warning: whether "
+                      "it is the same machine as another entry is unknown: the probe did not "
+                      "report its boot id and network namespace")
             continue
         seen = first.setdefault(key, r)
         if seen is r or (seen.spec.local and r.spec.local):
