@@ -16,6 +16,7 @@ from typing import Any, Optional
 import pytest
 
 from clusterrun.console import Printer
+from clusterrun.logs import follow
 from clusterrun.logs import show as logview
 from clusterrun.logs.view import Filter
 from clusterrun.runs import attempts, remote, store
@@ -260,10 +261,31 @@ def test_stop_reaches_the_current_attempt(home: Path, monkeypatch: pytest.Monkey
     assert summary["quarantined"][0]["host"] == "gpu-c"
 
 
-def test_follow_moves_on_to_the_next_attempt(home: Path) -> None:
+class Following:
+    """Says when `logs -f` has begun following an attempt folder (logs.follow.wait_local),
+    its replay of what was there done: lines appended after that are followed; appended before,
+    they would be replayed, and print the same."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *folders: Path) -> None:
+        self.events = {folder: threading.Event() for folder in folders}
+        real = follow.wait_local
+
+        def wait_local(run: store.RunDir, *args: Any) -> None:
+            if run.path in self.events:
+                self.events[run.path].set()
+            real(run, *args)
+
+        monkeypatch.setattr(follow, "wait_local", wait_local)
+
+    def wait(self, folder: Path) -> None:
+        assert self.events[folder].wait(20), f"`logs -f` never followed {folder}"
+
+
+def test_follow_moves_on_to_the_next_attempt(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`logs -f` on a run a launch in another terminal streams: when it restarts, the new
     attempt's lines follow after a line on stderr that says so."""
     run_path = home / "runs" / RUN_ID
+    following = Following(monkeypatch, run_path, run_path / "attempt-2")
     write_attempt(run_path, FIRST, 1, lines=1,
                   state=run_state(1, controller_pid=os.getpid(), detached=False))
     run = store.RunDir(run_path)
@@ -273,12 +295,12 @@ def test_follow_moves_on_to_the_next_attempt(home: Path) -> None:
         "run": run, "flt": Filter(), "tail": None, "follow": True, "ssh": SshOptions(),
         "printer": Printer(out, color=False), "say": said.append})
     follower.start()
-    time.sleep(0.5)
+    following.wait(run_path)
     append_lines(run_path, "gpu-a", 0, ["attempt 1 last words"])
     # The launch tears attempt 1 down, then starts attempt 2 on the spare.
     write_attempt(run_path / "attempt-2", SECOND, 2, lines=1)
     change_state(run, **{k: v for k, v in run_state(2).items() if k in ("attempt", "attempts")})
-    time.sleep(0.5)
+    following.wait(run_path / "attempt-2")
     append_lines(run_path / "attempt-2", "gpu-e", 2, ["attempt 2 more"])
     change_state(run, state="succeeded", ended_at=time.time(), exit_status=0)
     follower.join(20)

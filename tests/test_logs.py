@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
@@ -259,26 +260,44 @@ def test_ugly_output_keeps_its_framing(cluster: Cluster, home: Path, tmp_path: P
         assert mode == ("700" if name == remote else "600"), line
 
 
-def test_sigkilled_launch_then_logs_resume_without_loss(cluster: Cluster, home: Path,
-                                                        tmp_path: Path, spam: Path,
-                                                        clean: None) -> None:
-    """A detached run's logs fetched in two goes (the first one killed) equal the hosts'."""
+def test_a_killed_logs_follower_is_resumed_where_its_mirror_ends(cluster: Cluster, home: Path,
+                                                                  tmp_path: Path, spam: Path,
+                                                                  clean: None) -> None:
+    """`logs -f` killed with SIGKILL once it has mirrored part of a detached run's logs; the
+    next `logs -f` goes on from there: the mirrors equal the hosts' files, each line shown once."""
     inv = cluster.inventory(tmp_path / "inv.yaml", ["node1", "node2"])
+    gate = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    # The ranks stop half-way until the test opens the gate: the first follower is killed
+    # with the run part-way, however slowly it got going.
     cp = run_cli("launch", "--detach", "--env", "LINES=4000", "--env", "PERIOD=0.002",
-                 str(inv), str(spam))
+                 "--env", "HOLD_AT=2000", "--env", f"HOLD_FILE={gate}/go", str(inv), str(spam))
     assert cp.returncode == 0, cp.stderr
     run_id = latest_run(home)
+    mirrors = {(node, rank): home / "runs" / run_id / "nodes" / node / f"rank-{rank}.log"
+               for node, rank in (("node1", 0), ("node2", 1))}
     follower = start_cli("logs", "-f", run_id, stdout=subprocess.DEVNULL)
-    time.sleep(4)
+    deadline = time.monotonic() + 120
+    while not all(path.is_file() and path.stat().st_size > 0 for path in mirrors.values()):
+        assert follower.poll() is None, follower.communicate()[1]
+        assert time.monotonic() < deadline, "the first `logs -f` mirrored nothing"
+        time.sleep(0.1)
     follower.kill()
-    follower.wait()
+    follower.communicate()
+    had = {key: path.read_bytes() for key, path in mirrors.items()}
+    for node in ("node1", "node2"):
+        cluster.run_on(node, "sh", "-c", f"mkdir -p {gate} && touch {gate}/go")
     again = run_cli("logs", "-f", run_id, timeout=120)
     assert again.returncode == 0, again.stderr
-    for node, rank in (("node1", 0), ("node2", 1)):
-        mirror = home / "runs" / run_id / "nodes" / node / f"rank-{rank}.log"
+    for (node, rank), mirror in mirrors.items():
         host_file = f"/tmp/clusterrun/runs/{run_id}/{node}/rank-{rank}.log"
         assert hashlib.sha256(mirror.read_bytes()).hexdigest() == sha_on_host(
             cluster, node, host_file)
+        # The second one resumed: the first one's bytes are kept as they were, and the rest,
+        # half of the run at least, came after them.
+        now = mirror.read_bytes()
+        assert 0 < len(had[(node, rank)]) < len(now) and now.startswith(had[(node, rank)])
+    # Every line once, also across the seam, in what the second one showed and in `logs`.
+    assert numbered(again.stdout) == {0: list(range(4000)), 1: list(range(4000))}
     full = run_cli("logs", run_id).stdout
     assert numbered(full) == {0: list(range(4000)), 1: list(range(4000))}
     assert _ps(home)[run_id]["state"] == "succeeded"

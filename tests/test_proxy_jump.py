@@ -1,16 +1,19 @@
-"""`proxy_jump:` without a network: what the inventory accepts and what rsync's ssh is told.
+"""`proxy_jump:` without a network: what the inventory accepts, what rsync's ssh is told, and
+whose key a changed-key error names.
 Through a real bastion: tests/test_bastion.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import fabric
+import paramiko
 import pytest
 
 from clusterrun import inventory
 from clusterrun.errors import InventoryError
 from clusterrun.inventory import HostSpec
-from clusterrun.transport import SshOptions, SshTransport
+from clusterrun.transport import SshOptions, SshTransport, ssh
 
 from .conftest import write_inventory
 
@@ -53,3 +56,22 @@ def test_rsync_goes_through_the_same_jump_with_the_same_strictness() -> None:
     for option in ("StrictHostKeyChecking=yes", "UserKnownHostsFile=/keys/known",
                    "BatchMode=yes", "-i /keys/id"):
         assert option in proxy
+
+
+@pytest.mark.parametrize(("changed", "named"), [
+    ("bastion.example.com", "gpu2's ProxyJump bastion.example.com (from ~/.ssh/config): the host "
+                            "key of [bastion.example.com]:2222 has CHANGED"),
+    ("10.0.0.12", "gpu2: the host key of 10.0.0.12 has CHANGED"),
+])
+def test_a_changed_key_names_the_machine_it_belongs_to(changed: str, named: str) -> None:
+    """A ProxyJump hop fabric made from ~/.ssh/config is named when its key changed, with the
+    entry to remove: not the host it leads to, whose key is fine."""
+    spec = HostSpec("10.0.0.12", "gpu2", master=False, line=1)
+    cxn = fabric.Connection("10.0.0.12", gateway=fabric.Connection("bastion.example.com",
+                                                                  port=2222))
+    got, expected = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+    error = ssh._classify(spec, cxn, Path("/keys/known"), SshOptions(),
+                          paramiko.BadHostKeyException(changed, got, expected))
+    assert error.message.startswith(named), error.message
+    other = "10.0.0.12" if changed != "10.0.0.12" else "bastion.example.com"
+    assert other not in error.message.split(":", 1)[1], error.message

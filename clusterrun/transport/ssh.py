@@ -294,9 +294,14 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
     if isinstance(exc, hostkeys.HostKeyError):
         return ConnectError(Outcome.HOST_KEY, f"{spec.name}: {exc.message}")
     if isinstance(exc, paramiko.BadHostKeyException):
+        # The changed key may be a ProxyJump hop's from ~/.ssh/config, not the host's own:
+        # name the machine whose key it is, or the fix would remove the wrong entry.
+        hop = _hop(cxn, exc.hostname)
         msg = hostkeys.changed_key_message(
-            hostkeys.known_host_name(cxn.host, cxn.port), exc.key, exc.expected_key, known_hosts)
-        return ConnectError(Outcome.HOST_KEY, f"{spec.name}: {msg}")
+            hostkeys.known_host_name(hop.host, hop.port), exc.key, exc.expected_key, known_hosts)
+        who = (spec.name if hop is cxn
+               else f"{spec.name}'s ProxyJump {hop.host} (from ~/.ssh/config)")
+        return ConnectError(Outcome.HOST_KEY, f"{who}: {msg}")
     if stalled and isinstance(exc, paramiko.SSHException) and (
             str(exc) in _STALLED or str(exc).startswith(_NO_BANNER)):
         return ConnectError(Outcome.CONNECT_TIMEOUT,
@@ -325,6 +330,17 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
     if isinstance(exc, KeyboardInterrupt):
         raise exc
     return ConnectError(Outcome.UNREACHABLE, f"{where}: SSH failed: {type(exc).__name__}: {exc}.")
+
+
+def _hop(cxn: fabric.Connection, hostname: str) -> fabric.Connection:
+    """The connection to ``hostname``: ``cxn`` itself, or a ProxyJump hop fabric made for it
+    from ~/.ssh/config (``cxn`` when none is)."""
+    hop: object = cxn
+    while isinstance(hop, fabric.Connection):
+        if hop.host == hostname:
+            return hop
+        hop = hop.gateway
+    return cxn
 
 
 def _network_error(where: str, exc: BaseException) -> Optional[ConnectError]:
