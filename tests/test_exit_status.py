@@ -26,6 +26,8 @@ ALL = "all"  # 0, 1 and 2 come from the one entry point (cli.main) whatever the 
 
 UNREACHABLE_RUN = ("test_unreachable_run.py::"
                    "test_a_run_whose_host_cannot_be_reached_exits_4_naming_it")
+CHECK_SMOKE_SIGNALS = ("test_localhost.py::"
+                       "test_ctrl_c_and_sigterm_stop_check_smoke_with_their_statuses")
 
 # Every row of the status table -> each command the doc names for it -> the tests that run that
 # command and see it exit with that status ("module.py::test_name"). The doc's commands column
@@ -77,9 +79,11 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
                        "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses",
                        "reliability/test_controller_signals.py::"
                        "test_ctrl_c_stops_every_rank_gracefully"],
+            "check --smoke": [CHECK_SMOKE_SIGNALS],
             "exec": ["test_exec.py::test_ctrl_c_of_exec_ends_the_command_on_every_host"]},
     "143": {"launch": ["test_localhost.py::"
-                       "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses"]},
+                       "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses"],
+            "check --smoke": [CHECK_SMOKE_SIGNALS]},
 }
 # What the doc says a command can exit with, through the same code as a row's other commands
 # (`check --smoke` runs a launch; `exec` meets the same lost connection and signals), that no
@@ -88,8 +92,7 @@ NOT_YET_SHOWN: dict[str, set[str]] = {
     "5": {"check --smoke", "exec"},
     "6": {"check --smoke"},
     JOB: {"check --smoke"},
-    "130": {"check --smoke"},
-    "143": {"check --smoke", "exec"},
+    "143": {"exec"},
 }
 # A node is lost when its network fails mid-run: that takes the namespace cluster (root).
 NEEDS_THE_CLUSTER = {"5"}
