@@ -163,21 +163,3 @@ def exit_status(result: Result) -> int:
     if result.cause is Outcome.JOB_FAILED or result.code:  # a job's or the hosts' own status
         return result.code if 0 < result.code < 256 else int(ExitStatus.ERROR)
     return int(ExitStatus.SIGTERM if result.stopped else ExitStatus.SUCCESS)
-
-
-# Which commands can exit with each status (docs/exit-status.md's "commands" column, checked
-# against this by the test suite). A failed job's own status (1-255) is `launch`'s and
-# `check --smoke`'s; 1 is also every command's internal error.
-COMMANDS: dict[ExitStatus, tuple[str, ...]] = {
-    ExitStatus.SUCCESS: ("all",),
-    ExitStatus.ERROR: ("all",),
-    ExitStatus.USAGE: ("all",),
-    ExitStatus.PREFLIGHT: ("check", "launch", "exec"),
-    ExitStatus.UNREACHABLE: ("check", "launch", "exec", "stop", "stacks", "top --once"),
-    ExitStatus.NODE_LOST: ("check --smoke", "launch", "exec"),
-    ExitStatus.SYNC: ("check --smoke", "launch"),
-    ExitStatus.STALLED: ("launch",),
-    ExitStatus.TIMEOUT: ("exec",),
-    ExitStatus.SIGINT: ("check --smoke", "launch", "exec"),
-    ExitStatus.SIGTERM: ("check --smoke", "launch", "exec"),
-}

@@ -1,14 +1,19 @@
 """preflight/decide.py: what preflight concludes from the facts the hosts report. Pure
-functions, so every rule is tested with plain dictionaries."""
+functions, so every rule is tested with plain dictionaries; the choice of interface on a host
+with decoys also through the probe's own route(), which gives pick_interface its answer."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Optional
 
 from clusterrun.preflight import decide
 from clusterrun.preflight.report import HostReport
-from tests.conftest import fake_inventory, host_spec
+from tests.conftest import REPO, fake_inventory, host_spec
+
+PROBE = REPO / "clusterrun" / "remote" / "probe.py"
 
 
 def iface(name: str, *addrs: str, up: bool = True) -> dict[str, Any]:
@@ -129,14 +134,59 @@ def test_no_route_says_why() -> None:
     assert "Network is unreachable" in check.detail
 
 
-def test_decoys_are_never_chosen() -> None:
-    """A decoy never routes to the master, so whatever the host's route says is taken, and
-    that is never virbr0 or docker0 for an address on the cluster's network."""
-    for dev, src in (("eth0", "10.0.0.3"), ("enp3s0", "10.0.0.3")):
-        route = {"dev": dev, "src": src, "local": False}
-        name, _addr, _check = decide.pick_interface(host_spec("gpu-c"), MASTER_FACTS,
-                                                    "10.0.0.1", route)
-        assert name not in ("virbr0", "docker0")
+# A host as the real probe lists it (sorted by name): the cluster's NIC eth0 on 10.0.0.0/24,
+# and decoys that also hold IPv4 addresses (docker0 sorts first, virbr0 last) plus a second NIC
+# on another subnet. The kernel's answers below are what `ip -o route get` prints.
+DECOYED = [iface("docker0", "172.17.0.1/16"), iface("enp3s0", "10.1.0.3/24"),
+           iface("eth0", "10.0.0.3/24"), iface("lo", "127.0.0.1/8"),
+           iface("virbr0", "192.168.122.1/24")]
+KERNEL = {"10.0.0.3": "local 10.0.0.3 dev lo table local src 10.0.0.3 uid 0 \\    cache <local>",
+          "10.0.0.1": "10.0.0.1 dev eth0 src 10.0.0.3 uid 0 \\    cache"}
+
+
+class _Udp:
+    """The UDP socket probe.route connects to learn the source address the kernel picks."""
+
+    def __init__(self, *_args: Any) -> None:
+        pass
+
+    def connect(self, _addr: tuple[str, int]) -> None:
+        pass
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("10.0.0.3", 40000)
+
+    def close(self) -> None:
+        pass
+
+
+def decide_on_a_decoyed_host(master_addr: str, *, ip: bool = True
+                             ) -> tuple[Optional[str], Optional[str], bool]:
+    """The whole decision for a host with decoys: the host's own route answer (the real
+    probe's route(), its functions without its server, fed the kernel's answers) and what
+    pick_interface makes of it."""
+    probe: dict[str, Any] = {"__name__": "probe_under_test"}
+    exec(compile(PROBE.read_text().replace("\nserve()\n", "\n"), str(PROBE), "exec"), probe)
+    probe["interfaces"] = lambda: DECOYED
+    # Without `ip` on the host, the device is the one holding the source address picked.
+    probe["run"] = lambda argv, timeout=10: KERNEL.get(argv[-1]) if ip else None
+    probe["socket"] = SimpleNamespace(socket=_Udp, AF_INET=socket.AF_INET,
+                                      AF_INET6=socket.AF_INET6, SOCK_DGRAM=socket.SOCK_DGRAM)
+    route = probe["route"](master_addr)
+    name, addr, check = decide.pick_interface(host_spec("gpu-c"), {"interfaces": DECOYED},
+                                              master_addr, route)
+    return name, addr, check.ok
+
+
+def test_on_a_master_with_decoys_the_device_holding_the_address_is_chosen() -> None:
+    """The kernel's route to the master's own address is `lo`; docker0, virbr0 and enp3s0
+    hold addresses too, and only eth0 holds master_addr."""
+    assert decide_on_a_decoyed_host("10.0.0.3") == ("eth0", "10.0.0.3", True)
+
+
+def test_on_a_worker_with_decoys_the_device_routing_to_the_master_is_chosen() -> None:
+    assert decide_on_a_decoyed_host("10.0.0.1") == ("eth0", "10.0.0.3", True)
+    assert decide_on_a_decoyed_host("10.0.0.1", ip=False) == ("eth0", "10.0.0.3", True)
 
 
 # -- host checks and version parity --------------------------------------------------------

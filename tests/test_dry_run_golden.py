@@ -2,8 +2,9 @@
 compared line by line with a checked-in plan: any change to commands, environment, ranks or
 quoting shows up here as a diff.
 
-After a deliberate change: CLUSTERRUN_UPDATE_GOLDEN=1 pytest tests/test_dry_run_golden.py, and
-review the diff of tests/golden/ like code.
+After a deliberate change: CLUSTERRUN_UPDATE_GOLDEN=1 pytest tests/test_dry_run_golden.py
+rewrites the golden file and fails, saying so: review the diff of tests/golden/ like code, commit
+it, and run the test again without the variable. A run with the variable set never passes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO, run_cli
 
@@ -38,8 +41,20 @@ def test_dry_run_plan_matches_the_golden_file(tmp_path: Path) -> None:
     assert cp.returncode == 0, cp.stderr
     assert "s3cret" not in cp.stdout + cp.stderr
     got = normalise(cp.stdout, home)
-    if os.environ.get("CLUSTERRUN_UPDATE_GOLDEN"):
-        GOLDEN.write_text(got)
-    assert got.splitlines() == GOLDEN.read_text().splitlines()
     runs = home / ".clusterrun" / "runs"
     assert not runs.exists() or not any(runs.iterdir())  # a dry run records no run
+    if os.environ.get("CLUSTERRUN_UPDATE_GOLDEN"):
+        update(got)
+    assert got.splitlines() == GOLDEN.read_text().splitlines()
+
+
+def update(got: str) -> None:
+    """Rewriting the golden file is an act of its own, never a pass: a run that compared the
+    plan with the file it had just written would prove nothing."""
+    if GOLDEN.exists() and GOLDEN.read_text().splitlines() == got.splitlines():
+        pytest.fail(f"CLUSTERRUN_UPDATE_GOLDEN is set: {GOLDEN} already matches the plan and was "
+                    "left as it is. Run the test without the variable to check the plan.")
+    GOLDEN.write_text(got)
+    pytest.fail(f"CLUSTERRUN_UPDATE_GOLDEN is set: {GOLDEN} was rewritten. Review the diff "
+                "(git diff tests/golden/) like code, commit it, and run the test again without "
+                "the variable.")

@@ -156,21 +156,43 @@ def test_a_straggler_is_an_event_while_it_is_new(tmp_path: Path) -> None:
     assert found[0]["wait_share"]["2"] == 0.05
 
 
-@pytest.mark.slow  # waits out a stall and a recovery: 18 s of the fast tier's minute
+# The job of the stall test: each step waits for what the hook has heard, never for a time, so
+# a loaded machine makes the test slower, never a different sequence. A wait gives up after a
+# minute (the test then fails on the events).
+STALLING_JOB = """\
+import os, sys, time
+heard = sys.argv[1]
+def heard_of(event):
+    try:
+        with open(heard) as handle:
+            return '"%s"' % event in handle.read()
+    except FileNotFoundError:
+        return False
+print("rank", os.environ["RANK"], "up", flush=True)
+deadline = time.monotonic() + 60
+while not heard_of("stalled") and time.monotonic() < deadline:
+    time.sleep(0.25)  # quiet and idle: a stall
+deadline = time.monotonic() + 60
+while not heard_of("resumed") and time.monotonic() < deadline:
+    print("moving again", flush=True)  # progress until the recovery is heard: no second stall
+    time.sleep(0.5)
+"""
+
+
+@pytest.mark.slow  # waits out a stall (5 s) and a recovery: about 15 s of the fast tier's minute
 def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
                                                                       tmp_path: Path) -> None:
     """`launch --detach --notify`: with no terminal open, the watcher the launch leaves records
     the run's first lines, its stall and its recovery (the hub's), and its end."""
     job = tmp_path / "job" / "job.py"
     job.parent.mkdir()
-    job.write_text("import os, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\n"
-                   "time.sleep(12)\nprint('moving again', flush=True)\ntime.sleep(3.5)\n")
+    job.write_text(STALLING_JOB)
     heard = tmp_path / "heard.jsonl"
-    # Stalled after 5 quiet seconds; moving again is seen within the watchdog's 2 s report,
-    # well before the ranks end 3.5 s later (too soon for a second stall).
+    # Stalled after 5 quiet seconds; the ranks move again once the hook has heard the stall,
+    # and end once it has heard the recovery.
     cp = run_cli("launch", "--detach", "--no-torchrun", "--stall-timeout", "5", "--notify",
-                 f"cat >> {heard}", "inventories/localhost.yaml", str(job), timeout=120,
-                 cwd=REPO)
+                 f"cat >> {heard}", "inventories/localhost.yaml", str(job), str(heard),
+                 timeout=120, cwd=REPO)
     assert cp.returncode == 0, cp.stderr
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and '"finished"' not in (

@@ -104,6 +104,35 @@ def test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses(
     assert proc.returncode == status, err
 
 
+@pytest.mark.slow  # the smoke ranks import torch
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, ExitStatus.SIGINT),
+                                                (signal.SIGTERM, ExitStatus.SIGTERM)])
+def test_ctrl_c_and_sigterm_stop_check_smoke_with_their_statuses(
+        home: Path, signum: signal.Signals, status: ExitStatus) -> None:
+    proc = start_cli("check", "--smoke", LOCALHOST, stderr=subprocess.STDOUT)
+    try:
+        # The smoke run's banner: its launch has begun and handles both signals (before it, a
+        # SIGTERM ends the process by the default action, with no stop of anything).
+        wait_for_line(proc, r"^clusterrun: run \S+: 2 nodes", 120)
+        proc.send_signal(signum)
+        out, _err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, out
+    assert "succeeded (exit 0)" not in out  # stopped, not finished before the signal
+
+
+def test_exec_on_a_host_whose_setup_fails_is_3(home: Path, tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path / "inv.yaml", [{"host": "localhost", "name": "n0",
+                                                   "setup": "exit 1"}])
+    cp = run_cli("exec", str(inv), "--", "touch", str(tmp_path / "ran"), timeout=60)
+    assert cp.returncode == ExitStatus.PREFLIGHT, cp.stdout + cp.stderr
+    assert "n0: probe failed: could not run the command (exit status 1)" in cp.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_exec_timeout_is_124_not_unreachable(home: Path) -> None:
     started = time.monotonic()
     cp = run_cli("exec", "--timeout", "1", LOCALHOST, "--", "sleep 30", timeout=60)
@@ -140,6 +169,10 @@ def test_a_refused_ssh_connection_is_4(home: Path, tmp_path: Path) -> None:
     cp = run_cli("check", str(inv), timeout=60)
     assert cp.returncode == ExitStatus.UNREACHABLE, cp.stdout + cp.stderr
     assert "connection refused" in cp.stdout
+    job = script(tmp_path, "print('never')\n")
+    cp = run_cli("launch", str(inv), str(job), timeout=60)
+    assert cp.returncode == ExitStatus.UNREACHABLE, cp.stdout + cp.stderr
+    assert "connection refused" in cp.stdout + cp.stderr and "never" not in cp.stdout
 
 
 def test_a_bad_inventory_is_2_before_anything_is_contacted(tmp_path: Path) -> None:

@@ -73,6 +73,14 @@ def sh(command: str) -> list[str]:
     return ["/bin/sh", "-c", command]
 
 
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    """Until a process has written ``path``: what it did before that has happened."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
 def rank_exits(remote: Remote) -> dict[int, wire.RankExit]:
     return {e.rank: e for e in remote.events if isinstance(e, wire.RankExit)}
 
@@ -202,32 +210,38 @@ def test_a_failing_process_tears_down_the_other(tmp_path: Path, mark: str) -> No
 @pytest.mark.parametrize("how", ["stop", "eof"])
 def test_a_stop_or_a_lost_lifeline_ends_everything_within_the_grace_period(
         tmp_path: Path, mark: str, how: str) -> None:
-    req = no_torchrun_request(tmp_path, mark, [sh("sleep 100"), sh("trap '' TERM; sleep 100")],
-                              grace=1)
+    """Rank 1 ignores SIGTERM: SIGKILL ends it once the grace period is over."""
+    ignoring = tmp_path / "ignoring-term"
+    req = no_torchrun_request(tmp_path, mark, [
+        sh("sleep 100"), sh(f"trap '' TERM; : > {ignoring}; sleep 100")], grace=1)
     remote = Remote("run.py", req)
     remote.wait_for(wire.Started)
-    time.sleep(0.5)
+    wait_for_file(ignoring)  # the trap is in place: SIGTERM alone cannot end rank 1
     asked = time.monotonic()
     if how == "stop":
         remote.send(op="stop")
     else:
         remote.proc.close_stdin()
     end = remote.end()
-    assert time.monotonic() - asked < 1 + 10  # the grace, not the job's `sleep 100`
+    assert 1 <= time.monotonic() - asked < 1 + 10  # the grace, not the job's `sleep 100`
     if how == "stop":
         assert (end.state, end.cause) == ("stopped", "controller")
     else:
         assert (end.state, end.cause) == ("lost", "lifeline_eof")
     assert all(e.stopping for e in rank_exits(remote).values())
+    assert not (Path(req["rundir"]) / "rank-1.exit").exists()  # SIGKILLed, rank.sh and all
     assert wait_gone(mark, 5) == []
 
 
 def test_sigterm_to_the_launcher_reaches_every_process(tmp_path: Path, mark: str) -> None:
     """Like torchrun: the signal goes on to each process, and the launcher exits 128 + 15."""
-    req = no_torchrun_request(tmp_path, mark, [sh("sleep 100"), sh("sleep 100")])
+    up = [tmp_path / "up-0", tmp_path / "up-1"]
+    req = no_torchrun_request(tmp_path, mark, [sh(f": > {up[0]}; sleep 100"),
+                                               sh(f": > {up[1]}; sleep 100")])
     remote = Remote("run.py", req)
     started = remote.wait_for(wire.Started)
-    time.sleep(0.5)
+    for path in up:  # both processes run: the signal has two to reach
+        wait_for_file(path)
     # The launcher kept none of the supervisor's files: no socket, no pipe, no lifeline.
     assert sorted(os.listdir(f"/proc/{started.torchrun_pid}/fd")) == ["0", "1", "2"]
     os.kill(started.torchrun_pid, signal.SIGTERM)
@@ -259,8 +273,11 @@ def test_the_launcher_kills_what_ignores_sigterm_after_its_grace(tmp_path: Path,
     killed when the launcher's grace period is over."""
     rundir = tmp_path / "run"
     run.prepare({"rundir": str(rundir)})
-    ranks = [{"argv": sh("trap '' TERM; sleep 100"), "env": {"RANK": "0"}},
-             {"argv": sh("sleep 0.3; exit 3"), "env": {"RANK": "1"}}]
+    ignoring = tmp_path / "ignoring-term"
+    # Rank 1 fails only once rank 0's trap is in place: SIGTERM alone cannot end rank 0.
+    ranks = [{"argv": sh(f"trap '' TERM; : > {ignoring}; sleep 100"), "env": {"RANK": "0"}},
+             {"argv": sh(f"while [ ! -e {ignoring} ]; do sleep 0.01; done; exit 3"),
+              "env": {"RANK": "1"}}]
     code = ("import json, sys; from clusterrun.remote import launcher; "
             "sys.exit(launcher.run(json.loads(sys.argv[1]), sys.argv[2], dict(__import__('os')"
             ".environ, CLUSTERRUN_RUNDIR=sys.argv[2]), grace=0.5))")
@@ -273,6 +290,8 @@ def test_the_launcher_kills_what_ignores_sigterm_after_its_grace(tmp_path: Path,
     # loose on purpose: a loaded machine must not fail this).
     assert time.monotonic() - begun < 30
     assert (rundir / "rank-1.exit").read_text() == "3\n"
+    # SIGKILL took rank 0's rank.sh too: it recorded no exit (SIGTERM would have been "143").
+    assert not (rundir / "rank-0.exit").exists()
     assert wait_gone(mark, 5) == []
 
 

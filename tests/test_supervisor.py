@@ -21,6 +21,14 @@ from tests.conftest import Remote, state_of, wait_gone
 FAILURE_TEARDOWN = 0.5
 
 
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    """Until a rank has written ``path``: what it did before that has happened."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
 def run_request(tmp_path: Path, mark: str, ranks: dict[int, str], *, launcher: str = "",
                 detach: bool = False, grace: float = 2, lease: float = 10,
                 gang: Optional[dict[str, Any]] = None, node: str = "n0") -> dict[str, Any]:
@@ -109,17 +117,21 @@ def test_stop_after_its_own_failure_still_reports_failed(tmp_path: Path, mark: s
 
 
 def test_a_stop_request_ends_it_within_the_grace_period(tmp_path: Path, mark: str) -> None:
-    req = run_request(tmp_path, mark, {0: "trap '' TERM; sleep 100"}, grace=1)
+    """A rank that ignores SIGTERM is SIGKILLed once the grace period is over."""
+    ignoring = tmp_path / "ignoring-term"
+    req = run_request(tmp_path, mark, {0: f"trap '' TERM; : > {ignoring}; sleep 100"}, grace=1)
     remote = Remote("run.py", req)
     remote.wait_for(wire.Started)
-    time.sleep(0.3)
+    wait_for_file(ignoring)  # the trap is in place: the stop cannot end the rank by SIGTERM
     asked = time.monotonic()
     remote.send(op="stop")
     end = remote.end()
-    assert time.monotonic() - asked < 1 + 10  # the grace, not the job's `sleep 100`
+    took = time.monotonic() - asked
+    assert 1 <= took < 1 + 10  # the grace, then SIGKILL; not the job's `sleep 100`
     assert end.state == "stopped" and end.cause == "controller"
     assert end.reason == "stopped by the controller"
     # SIGKILL took rank.sh too: no exit file, so nothing that could pass for a failure.
+    assert not (Path(req["rundir"]) / "rank-0.exit").exists()
     assert all(e.stopping for e in remote.events if isinstance(e, wire.RankExit))
     assert state_of(req)["state"] == "stopped"
     assert wait_gone(mark, 5) == []
@@ -148,15 +160,19 @@ def test_missed_heartbeats_end_the_run_after_the_lease(tmp_path: Path, mark: str
 
 def test_sigterm_and_what_the_job_left_behind(tmp_path: Path, mark: str) -> None:
     """A daemon a rank double-forked cannot escape: the supervisor is a subreaper."""
-    req = run_request(tmp_path, mark, {0: "(setsid sleep 100 &); sleep 100"})
+    daemon = tmp_path / "daemon.pid"
+    req = run_request(tmp_path, mark, {
+        0: f"(setsid sh -c 'echo $$ > {daemon}.new; mv {daemon}.new {daemon}; exec sleep 100' &)"
+           "; sleep 100"})
     remote = Remote("run.py", req)
     started = remote.wait_for(wire.Started)
-    time.sleep(0.5)
+    wait_for_file(daemon)  # it has left the rank's session: the case this test is about
+    assert os.getsid(int(daemon.read_text())) == int(daemon.read_text())  # its own session
     os.kill(started.pid, signal.SIGTERM)
     end = remote.end()
     assert end.state == "stopped" and end.cause == "signal"
     assert "SIGTERM" in (end.reason or "")
-    assert wait_gone(mark, 5) == []
+    assert wait_gone(mark, 5) == []  # the daemon carries the mark too
 
 
 def test_exec_times_out_and_streams_both_outputs_apart(tmp_path: Path, mark: str) -> None:
@@ -240,6 +256,8 @@ def test_detached_gang_loses_a_crashed_worker(tmp_path: Path, mark: str) -> None
     hub = wait_ended(hub_req, 15)
     assert hub["state"] == "stopped" and hub["cause"] == "peer_lost"
     assert hub["root_cause"]["node"] == "n1" and hub["root_cause"]["lost"]
+    # Lost once connected, not "never reached the master" after start_within (another path).
+    assert hub["root_cause"]["detail"] == "n1 was lost: its connection to the master closed"
     assert wait_gone(mark, 10) == []
 
 
