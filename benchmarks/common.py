@@ -30,10 +30,10 @@ from clusterrun import sandbox  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
-# What the benchmarks themselves write: a results file being rewritten must not mark the code
-# it measures as changed.
-RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json",
-           "docs/performance.png")
+# What a measurement depends on: a change here outside the results files the benchmarks write
+# themselves marks the results "dirty" (a change to the docs does not).
+CODE = ("clusterrun", "benchmarks", "payloads", "pyproject.toml")
+RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json")
 
 
 def _git(*args: str) -> str:
@@ -47,14 +47,14 @@ def load_average() -> list[float]:
 
 
 def provenance() -> dict[str, object]:
-    """The commit the code was measured at (``dirty``: the code differed from it, with the
-    changed paths), the machine (CPUs, memory, kernel, Python, its load at the start) and the
-    exact command, as every results file records them."""
+    """The commit the code was measured at (``dirty``: the code (``CODE``) differed from it,
+    with the changed paths), the machine (CPUs, memory, kernel, Python, its load at the start)
+    and the exact command, as every results file records them."""
     commit, changed = "unknown (not a git checkout)", ["?"]
     try:
         commit = _git("rev-parse", "--short", "HEAD").strip()
-        changed = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no")
-                   .splitlines() if not line[3:].startswith(RESULTS)]
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+        changed = [line[3:] for line in status.splitlines() if not line[3:].startswith(RESULTS)]
     except (OSError, subprocess.SubprocessError):
         pass
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
