@@ -1,5 +1,7 @@
 """Shared by the benchmarks: a sandbox cluster to measure against, one measured run of a command
-(wall time, CPU here and on the hosts, peak memory, threads), alternating repetitions, tables."""
+(wall time, CPU here and on the hosts, peak memory, threads), alternating repetitions, tables,
+and what every results file records so that its figures can be traced and re-run (the commit,
+the machine, the exact command)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import contextlib
 import json
 import math
 import os
+import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -15,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +29,71 @@ sys.path.insert(0, str(REPO))
 from clusterrun import sandbox  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+# What a measurement depends on: a change here outside the results files the benchmarks write
+# themselves marks the results "dirty" (a change to the docs does not).
+CODE = ("clusterrun", "benchmarks", "payloads", "pyproject.toml")
+RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+
+
+def load_average() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages: other work competing for the CPUs."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def provenance() -> dict[str, object]:
+    """The commit the code was measured at (``dirty``: the code (``CODE``) differed from it,
+    with the changed paths), the machine (CPUs, memory, kernel, Python, its load at the start)
+    and the exact command, as every results file records them."""
+    commit, changed = "unknown (not a git checkout)", ["?"]
+    try:
+        commit = _git("rev-parse", "--short", "HEAD").strip()
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+        changed = [line[3:] for line in status.splitlines() if not line[3:].startswith(RESULTS)]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3
+    script = Path(sys.argv[0]).resolve()
+    with contextlib.suppress(ValueError):
+        script = script.relative_to(REPO)
+    return {
+        "commit": commit, "dirty": bool(changed), "changed": changed[:20],
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(["python", str(script), *sys.argv[1:]]),
+        "machine": {"cpus": os.cpu_count(), "memory_gb": round(mem_gb, 1),
+                    "kernel": platform.release(), "python": platform.python_version(),
+                    "load_average_at_start": load_average()},
+    }
+
+
+def provenance_lines(prov: dict[str, object]) -> list[str]:
+    """``provenance()`` as the first lines of a Markdown results file."""
+    machine = prov["machine"]
+    assert isinstance(machine, dict)
+    state = "with uncommitted changes to " + ", ".join(prov["changed"]) if prov["dirty"] \
+        else "clean"  # type: ignore[arg-type]
+    load = "Load average (1, 5, 15 min) at the start: " + ", ".join(
+        f"{x:.2f}" for x in machine["load_average_at_start"])
+    if "load_average_at_end" in machine:
+        load += "; at the end: " + ", ".join(f"{x:.2f}" for x in machine["load_average_at_end"])
+    return [f"Commit: `{prov['commit']}` ({state}), {prov['date']}",
+            f"Command: `{prov['command']}`",
+            f"Machine: {machine['cpus']} CPUs, {machine['memory_gb']:.0f} GB of memory, Linux "
+            f"{machine['kernel']}, Python {machine['python']}; every sandbox host shares these "
+            "CPUs with the controller.", load]
+
+
+def finish(prov: dict[str, object]) -> dict[str, object]:
+    """``prov`` with the load at the end of the run added."""
+    machine = prov["machine"]
+    assert isinstance(machine, dict)
+    machine["load_average_at_end"] = load_average()
+    return prov
 
 
 @contextlib.contextmanager

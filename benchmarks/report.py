@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from common import Sample, markdown_table, median
+from common import Sample, markdown_table, median, provenance_lines
 from fanout import CHECK, CLUSH, EXEC, PDSH
 
 
@@ -112,9 +112,10 @@ def plot(by_size: dict[int, dict[str, list[Sample]]], path: Path) -> Optional[st
     return None
 
 
-def document(command: str, sections: list[tuple[str, str]], notes: list[str]) -> str:
-    parts: list[Any] = [f"Command: `{command}`", f"Machine: {machine()}; every sandbox host "
-                        "shares these CPUs with the controller.", ""]
+def document(prov: dict[str, object], sections: list[tuple[str, str]], notes: list[str]) -> str:
+    """The tables under the commit, command and machine they were measured with
+    (``common.provenance``)."""
+    parts: list[Any] = [*provenance_lines(prov), ""]
     for title, table in sections:
         parts += [f"### {title}", "", table, ""]
     parts += [f"- {note}" for note in notes]

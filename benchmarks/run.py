@@ -13,13 +13,14 @@ a `conda init` block does, next to clush and the hand-typed floor, with each hos
 Candidates run in alternating rounds (A B C A B C ...) and the tables give medians: compare the
 ratios, not absolute seconds, which depend on the machine and on what else runs on it.
 Writes the tables as Markdown (--out, quoted by docs/performance.md), the raw samples next to it
-(.json) and a PNG of time against host count (--plot; needs matplotlib: the `bench` extra).
+(.json) and a PNG of time against host count (--plot; needs matplotlib: the `bench` extra). Both
+files start with the commit measured (and whether the code differed from it), the machine and
+the exact command (common.provenance).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -102,7 +103,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)}: pick from {', '.join(BENCHMARKS)}")
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
-    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:])
+    prov = common.provenance()
     sections: Sections = []
     notes: list[str] = []
     raw: dict[str, object] = {}
@@ -117,8 +118,9 @@ def main() -> int:
         sections.append(("With a heavy ~/.bashrc on every host (one Python per login)",
                          report.logins_table(by_size)))
     notes.append(f"{args.repeat} alternating rounds, {time.monotonic() - began:.0f} s in all")
-    args.out.write_text(report.document(command, sections, notes))
-    common.write_json(args.out.with_suffix(".json"), raw)
+    common.finish(prov)
+    args.out.write_text(report.document(prov, sections, notes))
+    common.write_json(args.out.with_suffix(".json"), {"provenance": prov, **raw})
     print(args.out.read_text())
     return 0
 

@@ -1,12 +1,15 @@
 """`clusterrun stacks` and the stall watchdog: what they cost.
 
 1. `stacks` wall time on a run of one rank per host, at 8 and 32 hosts (median of --rounds).
-2. The hosts' CPU for a run with and without the watchdog (--stall-timeout 300 vs 0), side by
-   side: every host's supervisor (and the py-spy it runs, reaped into its children's time)
-   over a --window of seconds, for an idle silent rank and a busy silent one (the worst case:
-   its stack is looked at every 5 s to tell computing from spinning in a collective).
+2. The hosts' CPU for a run with and without the watchdog (--stall-timeout 0 vs 300), in
+   alternating rounds (0, 300, 0, 300 ...; --rounds of each): every host's supervisor (and the
+   py-spy it runs, reaped into its children's time) over a --window of seconds, on 8 hosts, for
+   an idle silent rank and a busy silent one (the worst case: its stack is looked at every 10 s
+   to tell computing from spinning in a collective).
 
 No torch: the ranks are plain Python (--no-torchrun), so the numbers are clusterrun's own.
+Writes benchmarks/stall.json (--out): the medians, every round's sample, the options used, and
+the commit, machine and command (common.provenance).
 
     sudo .venv/bin/python benchmarks/stall.py --rounds 5 --window 30
 """
@@ -24,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, TICK, cluster  # puts the repository on sys.path
+from common import REPO, TICK, cluster, finish, provenance  # puts the repository on sys.path
 
 from clusterrun import sandbox
 
@@ -105,11 +108,18 @@ def host_cpu(home: Path, sb: sandbox.Sandbox, inv: Path, script: Path, *, hosts:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--window", type=float, default=30.0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="stacks timings per size, and CPU samples per watchdog setting "
+                        "(default: 5)")
+    parser.add_argument("--window", type=float, default=30.0,
+                        help="seconds each CPU sample lasts (default: 30)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "stall.json")
     args = parser.parse_args()
-    results: dict[str, object] = {}
+    prov = provenance()
+    results: dict[str, object] = {"rounds": args.rounds, "window_s": args.window,
+                                  "cpu_hosts": 8}
+    samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="clusterrun-stall-") as tmp, cluster(32) as sb:
         home, folder = Path(tmp) / "home", Path(tmp) / "job"
         folder.mkdir()
@@ -122,17 +132,30 @@ def main() -> None:
             times = time_stacks(home, run_id, n, args.rounds)
             cli(home, "stop", "--grace", "2", run_id)
             results[f"stacks_{n}_hosts_s"] = round(statistics.median(times), 2)
+            samples[f"stacks_{n}_hosts_s"] = [round(t, 3) for t in times]
             print(f"stacks, {n} hosts: median {statistics.median(times):.2f} s "
                   f"(rounds {', '.join(f'{t:.2f}' for t in times)})", flush=True)
         inv = inventory(sb, Path(tmp) / "inv8.yaml", 8)
+        # Alternating rounds (0, 300, 0, 300 ...): a machine getting busier or quieter during
+        # the benchmark shifts both settings alike.
         for label, script in (("idle", idle), ("busy", busy)):
-            for timeout in ("0", "300"):
-                share = host_cpu(home, sb, inv, script, hosts=8, timeout=timeout,
-                                 window=args.window)
-                results[f"supervisor_cpu_{label}_timeout_{timeout}_pct"] = round(share, 3)
-                print(f"supervisor CPU per host, {label} silent rank, --stall-timeout "
-                      f"{timeout}: {share:.3f} % of a core", flush=True)
-    (REPO / "benchmarks" / "stall.json").write_text(json.dumps(results, indent=2) + "\n")
+            for round_ in range(args.rounds):
+                for timeout in ("0", "300"):
+                    share = host_cpu(home, sb, inv, script, hosts=8, timeout=timeout,
+                                     window=args.window)
+                    key = f"supervisor_cpu_{label}_timeout_{timeout}_pct"
+                    samples.setdefault(key, []).append(round(share, 3))
+                    print(f"round {round_ + 1}/{args.rounds}: supervisor CPU per host, {label} "
+                          f"silent rank, --stall-timeout {timeout}: {share:.3f} % of a core",
+                          flush=True)
+        for key, values in samples.items():
+            if key.startswith("supervisor_cpu_"):
+                results[key] = round(statistics.median(values), 3)
+    results["samples"] = samples
+    results["provenance"] = finish(prov)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in results.items() if k not in ("samples", "provenance")},
+                     indent=2))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ on a sandbox of --hosts hosts running a detached run of one rank each that print
 0.2 s (no torch: the run itself costs little, so the sampler's share is plain to see).
 
     sudo .venv/bin/python benchmarks/top.py --hosts 32 --refreshes 30 --interval 1
+
+Writes benchmarks/top.json (--out) with the commit, machine and command (common.provenance).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, TICK, cluster  # puts the repository on sys.path
+from common import REPO, TICK, cluster, finish, provenance  # puts the repository on sys.path
 
 from clusterrun import sandbox
 from clusterrun.observe.frame import OK
@@ -124,11 +126,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "top.json")
     args = parser.parse_args()
+    prov = provenance()
     with tempfile.TemporaryDirectory(prefix="clusterrun-top-", dir="/var/tmp") as tmp, \
             cluster(args.hosts) as sb:
         result = measure(sb, Path(tmp), args.refreshes, args.interval)
     print(json.dumps(result, indent=2))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json.dumps({**result, "provenance": finish(prov)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
