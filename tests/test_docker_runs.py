@@ -56,7 +56,7 @@ def test_training_with_gloo_runs_inside_each_hosts_docker_container(
     job.mkdir()
     shutil.copy(REPO / "payloads" / "train_digits.py", job / "train_digits.py")
     ckpt = f"/tmp/digits-{uuid.uuid4().hex[:8]}"
-    args = [str(job / "train_digits.py"), "--epochs", "2", "--backend", "gloo",
+    args = [str(job / "train_digits.py"), "--epochs", "1", "--backend", "gloo",
             "--checkpoint-dir", ckpt]
     dry = run_cli("launch", "--dry-run", str(inv), *args)
     assert dry.returncode == 0, dry.stderr

@@ -78,7 +78,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
     # Each daemon is recorded before anything waits on it: down() stops what was started.
     for name in new:
         entry["hosts"][name] = {"daemon": _start(sb, name, view), "cgroup": _cgroup(sb, name)}
-    cluster.write_state(sb.root, state)
+        cluster.write_state(sb.root, state)
     net.parallel(lambda name: _wait_ready(sb, name, entry["hosts"][name]["daemon"]), new)
     net.parallel(lambda name: _prepare(sb, name, view), new)
 
