@@ -29,7 +29,8 @@ TRACING, PLAIN = "tracer", "plain"
 @pytest.fixture(scope="module")
 def trainers(cluster: Cluster) -> Iterator[list[str]]:
     """A dockerd on each of HOSTS with a running container `trainer` (host networking); the
-    daemons are stopped at the end, their containers removed first."""
+    daemons are stopped at the end, their containers removed first, and nothing of them (no
+    containerd, shim or container process) is left on the hosts."""
     engine.enable(cluster.sb, HOSTS)
     try:
         for host in HOSTS:
@@ -37,6 +38,7 @@ def trainers(cluster: Cluster) -> Iterator[list[str]]:
         yield HOSTS
     finally:
         engine.disable(cluster.sb, HOSTS)
+    assert cluster.wait_no_processes(HOSTS, 10) == {}
 
 
 def in_container(cluster: Cluster, host: str, *argv: str, name: str = NAME) -> str:
@@ -61,8 +63,16 @@ def test_training_with_gloo_runs_inside_each_hosts_docker_container(
     dry = run_cli("launch", "--dry-run", str(inv), *args)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count(f"  container: {NAME} (docker)") == 3, dry.stdout
+    since = f"{time.time():.3f}"
     cp = run_cli("launch", str(inv), *args, timeout=240)
+    until = f"{time.time():.3f}"
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    # Two `docker exec`s per host (docs/containers.md, "Costs"): the engine check's Python
+    # version, then one interpreter that becomes the probe, the copy and the supervisor.
+    for host in HOSTS:
+        execs = engine.docker(cluster.sb, host, "events", "--since", since, "--until", until,
+                              "--filter", "event=exec_start", "--format", "{{.Action}}")
+        assert len(execs.stdout.splitlines()) == 2, (host, execs.stdout)
     assert cp.stderr.count("job/ docker exec: 1 of 1 files copied, all 1 verified") == 3, \
         cp.stderr
     assert re.search(r"^\[node27 r0\] .*final parameter sha256 [0-9a-f]{64}", cp.stdout, re.M), \
