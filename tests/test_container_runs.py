@@ -124,9 +124,10 @@ def test_a_killed_controller_leaves_nothing_in_any_container(cluster: Cluster,
 
 @contextlib.contextmanager
 def engines_hidden(cluster: Cluster, host: str) -> Iterator[None]:
-    """No docker or podman on the host's PATH, as on a machine without them."""
-    tools = cluster.run_on(host, "sh", "-c",
-                           "for t in podman docker; do command -v $t; done; true").split()
+    """No docker or podman on the host's PATH, as on a machine without them: every one of them
+    (a machine may have two docker clients, /usr/bin's and /usr/local/bin's)."""
+    tools = cluster.run_on(host, "sh", "-c", "for t in $(which -a podman docker); do "
+                           "readlink -f $t; done | sort -u").split()  # /bin is /usr/bin
     for tool in tools:
         cluster.run_on(host, "mount", "--bind", "/dev/null", tool)
     try:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from clusterrun import sandbox
+from clusterrun.sandbox import cluster as sandbox_cluster
 from clusterrun.sandbox import containers as sandbox_containers
+from clusterrun.sandbox import docker as sandbox_docker
 from clusterrun.sandbox import net as sandbox_net
 from tests.conftest import Cluster, Containers
 
@@ -112,6 +116,48 @@ def test_down_removes_the_containers_before_the_hosts(tmp_path: Path) -> None:
     assert alive == []
     spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert sb.prefix not in spaces.stdout
+
+
+def test_a_hosts_own_dockerd_is_found_through_ssh_and_leaves_nothing(tmp_path: Path) -> None:
+    """sandbox.docker: each host's daemon and containers are its own, the host's SSH sessions
+    find it (DOCKER_HOST), and disable() or down() (after a crash too) leave no process, cgroup
+    or file of it on the machine."""
+    machine = ("/run/docker", "/etc/docker/key.json")  # where a dockerd would write by default
+    before = [os.path.exists(path) for path in machine]
+    sb = sandbox.up(2, tmp_path / "sb")
+    try:
+        sandbox_docker.enable(sb, ["node1", "node2"])
+        sandbox_docker.enable(sb, ["node1"])  # idempotent
+        for host in ("node1", "node2"):
+            sandbox_docker.run(sb, host, "job")
+        sandbox_docker.docker(sb, "node1", "exec", "job", "touch", "/tmp/only-in-1")
+        view = sandbox_cluster.read_state(sb.root)["view"]
+        seen = ssh(sb, "node2", 'echo "$DOCKER_HOST"; docker exec job ls -a / /tmp').split()
+        assert seen[0] == f"unix://{sandbox_docker.socket_path(view, 'node2')}"
+        assert ".dockerenv" in seen and "only-in-1" not in seen
+        entry = sandbox_cluster.read_state(sb.root)["docker"]["hosts"]
+        daemons = {h: entry[h]["daemon"]["pid"] for h in ("node1", "node2")}
+        inits = {h: int(sandbox_docker.docker(sb, h, "inspect", "--format", "{{.State.Pid}}",
+                                              "job").stdout) for h in ("node1", "node2")}
+        sandbox_docker.disable(sb, ["node1"])
+        assert ssh(sb, "node1", 'echo "[${DOCKER_HOST:-}]"').strip() == "[]"
+        assert not live(daemons["node1"]) and not live(inits["node1"])
+        sandbox_net.kill_netns_processes(sb.host("node2").netns)  # a crash: dockerd is gone too
+    finally:
+        sandbox.down(sb.root)
+    assert [pid for pid in [*daemons.values(), *inits.values()] if live(pid)] == []
+    assert glob.glob(f"/sys/fs/cgroup/*/clusterrun-sandbox-{sb.prefix}-*") == []
+    assert glob.glob(f"/sys/fs/cgroup/clusterrun-sandbox-{sb.prefix}-*") == []
+    assert [os.path.exists(path) for path in machine] == before
+
+
+def ssh(sb: sandbox.Sandbox, host: str, command: str) -> str:
+    cp = subprocess.run(
+        ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+         "-o", f"UserKnownHostsFile={sb.known_hosts}", "-o", "IdentitiesOnly=yes",
+         "-i", str(sb.identity_file), f"root@{sb.host(host).address}", command],
+        capture_output=True, text=True, timeout=60, check=True)
+    return cp.stdout
 
 
 def live(pid: int) -> bool:

@@ -138,9 +138,12 @@ def down(root: Path) -> None:
     for network in state["networks"]:
         links += [network["bridge"]] + [nic["veth"] for nic in network["nics"]]
     spaces = {h["netns"] for h in state["hosts"]}
+    from clusterrun.sandbox import docker  # it builds on this module
+
+    errors = docker.stop(root, state["hosts"], state.get("docker", {"hosts": {}}))
     enabled = set(state.get("containers", {}).get("hosts", []))  # see sandbox.containers
     sshd.remove_containers(root, [h for h in state["hosts"] if h["name"] in enabled])
-    errors = daemons.stop(state.get("slurm", {}).get("daemons", []))  # see sandbox.slurm
+    errors += daemons.stop(state.get("slurm", {}).get("daemons", []))  # see sandbox.slurm
     errors += net.remove_kernel_objects(prefix, sorted(spaces), links)
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):

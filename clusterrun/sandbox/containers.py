@@ -60,7 +60,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
     view = state["view"]
     with net.step("write the container engines' configuration"):
         if entry["mounts"] is None:
-            entry["mounts"], entry["path"] = _python_mounts(state["python"])
+            entry["mounts"], entry["path"] = python_mounts(state["python"])
         for name in new:
             (sb.root / name / sshd.CRUN_STATE).mkdir(parents=True, exist_ok=True)
             _write_config(sb.root / name / "containers", f"{view}/{name}/containers",
@@ -148,7 +148,7 @@ def _podman(sb: cluster.Sandbox, host: str, args: list[str], *, check: bool,
     return cp
 
 
-def _python_mounts(python: str) -> tuple[list[str], str]:
+def python_mounts(python: str) -> tuple[list[str], str]:
     """The prefixes (outside /usr) the sandbox's Python needs, and a PATH starting with its bin.
 
     Asked of that Python itself: the hosts' interpreter need not be this process's.
@@ -235,7 +235,7 @@ def _import_image(sb: cluster.Sandbox, host: str, view: str) -> None:
     store = sb.root / STORE
     with net.step("write the image store"):
         _write_config(store, f"{view}/{STORE}")
-        (store / "rootfs.tar").write_bytes(_rootfs())
+        (store / "rootfs.tar").write_bytes(rootfs())
     etc = f"{view}/{STORE}/etc"
     env = {"CONTAINERS_CONF": f"{etc}/containers.conf",
            "CONTAINERS_STORAGE_CONF": f"{etc}/storage.conf",
@@ -250,7 +250,7 @@ def _import_image(sb: cluster.Sandbox, host: str, view: str) -> None:
             env=env, wrapper=wrapper)
 
 
-def _rootfs() -> bytes:
+def rootfs() -> bytes:
     """A merged-/usr root with nothing in /usr: containers get the machine's mounted there."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

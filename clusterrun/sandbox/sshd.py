@@ -23,6 +23,9 @@ SSHD = "/usr/sbin/sshd"
 CAT = "/usr/bin/cat"
 KEY = "ssh_host_ed25519_key"
 LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
+# In a host's directory: sshd's configuration file, empty but for what an add-on puts there
+# (sandbox.docker's SetEnv); the command line's options come first and win. A restart rereads it.
+CONFIG = "sshd_config"
 READY_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
 NETNS_DIR = "/run/netns"  # where `ip netns add` pins each namespace
@@ -176,9 +179,10 @@ def start(root: Path, view: str, host: dict[str, Any],
         "AuthorizedKeysFile": ".ssh/authorized_keys",
         "PermitRootLogin": "prohibit-password", "PasswordAuthentication": "no",
         "KbdInteractiveAuthentication": "no", "MaxStartups": "200", "MaxSessions": "200",
-        "Subsystem": "sftp internal-sftp",  # -f /dev/null also drops the packaged sftp line
+        "Subsystem": "sftp internal-sftp",
     }
-    sshd = [SSHD, "-D", "-e", "-f", "/dev/null"]
+    (root / host["name"] / CONFIG).touch()  # a file of its own drops the packaged sftp line
+    sshd = [SSHD, "-D", "-e", "-f", f"{home}/{CONFIG}"]
     for key, value in options.items():
         sshd += ["-o", f"{key}={value}"]
     hosts_target = bind_target("/etc/hosts")
