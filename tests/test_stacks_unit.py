@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
+
 from clusterrun.preflight.stacks import host_checks
 from clusterrun.remote import stall
 from clusterrun.stacks import view
@@ -97,3 +99,44 @@ def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: 
                                             node="gpu-a")])
     assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \
         view.render(found)
+
+
+def test_check_names_a_host_no_py_spy_can_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun import pyspy
+
+    spec = host_spec("10.0.0.7", "power-a")
+    here = pyspy.Binary("/venv/bin/py-spy", "ab" * 32, 8, "x86_64")
+    normal = {"root": True, "cap_sys_ptrace": True, "scope": 0, "pyspy": None}
+    monkeypatch.setattr(pyspy, "local", lambda: here)
+    assert host_checks(spec, {"ptrace": dict(normal, machine="x86_64")}) == []  # shipped there
+    assert host_checks(spec, {"ptrace": dict(normal, machine="ppc64le",
+                                             pyspy="/venv/bin/py-spy")}) == []  # its own
+    [found] = host_checks(spec, {"ptrace": dict(normal, machine="ppc64le")})
+    assert found.warning and found.name == "stacks"
+    assert found.detail.startswith("warning: power-a: no py-spy for this host (ppc64le)")
+    assert "runs on x86_64" in found.detail and "pip install py-spy" in found.detail
+    monkeypatch.setattr(pyspy, "local", lambda: None)
+    [found] = host_checks(spec, {"ptrace": dict(normal, machine="x86_64")})
+    assert "this machine has no py-spy to send" in found.detail
+    assert host_checks(spec, {"ptrace": normal}) == []  # an older probe says no machine
+
+
+def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
+    from clusterrun.remote import watchdog as hub
+
+    found = Collected("r", [], problems={"node2": "node2: py-spy is not installed there nor here"})
+    lines, record = report(found, 15)
+    assert lines[0] == ("stall: no rank made progress for 15 s; no rank's stack could be read, "
+                        "so no rank or host can be named as the cause")
+    assert lines[1] == "stall: no stacks from node2: node2: py-spy is not installed there nor here"
+    assert record["odd"] == [] and record["blind"]
+    assert "0 ranks" not in "\n".join(lines)
+    # The detached run's hub says the same, per rank, from the errors its peers sent.
+    got = {"node1": [{"rank": 0, "pid": 11, "threads": [], "error": "no py-spy on this host",
+                      "last_line": "step 3"}], "node2": []}
+    said, odd_node = hub._lines(got, 15)  # type: ignore[no-untyped-call]
+    assert odd_node is None
+    assert said[0].endswith("so no rank or host can be named as the cause")
+    assert said[1] == "stall: rank 0 on node1 (pid 11): no py-spy on this host; last line: 'step 3'"
+    assert hub.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
+        "stalled, no rank made progress for 15 s; no rank's stack could be read")

@@ -25,6 +25,8 @@ COLLECTIVES = frozenset((
     "new_group", "init_process_group", "_store_based_barrier", "get", "wait_for_workers",
 ))
 PYSPY_TIMEOUT = 8.0
+NO_PYSPY = ("no py-spy on this host (install it in the host's Python environment: pip install "
+            "py-spy; or run `clusterrun stacks` once, which ships the controller's)")
 
 
 def _stat(pid):
@@ -187,7 +189,7 @@ def dump_all(pyspy, ranks, rundir):
     out = {}
 
     def one(rank, pid):
-        threads, error = dump(pyspy, pid) if pyspy else ([], "no py-spy on this host")
+        threads, error = dump(pyspy, pid) if pyspy else ([], NO_PYSPY)
         out[rank] = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
                      "error": error, "last_line": last_line(rundir, rank)}
 

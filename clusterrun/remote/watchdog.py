@@ -39,6 +39,8 @@ def spans(numbers):
 def _lines(ranks_by_node, timeout):
     """The report: odd ranks out first (node, rank, frame, last line), then the waiting group."""
     ranks = [dict(r, node=n) for n, found in ranks_by_node.items() for r in found]
+    if not [r for r in ranks if not r.get("error")]:
+        return blind(ranks, timeout), None
     groups = {}
     for rank in ranks:
         main = [t for t in rank.get("threads") or [] if t.get("name") == "MainThread"]
@@ -74,6 +76,20 @@ def _lines(ranks_by_node, timeout):
     return out, odd_node
 
 
+def blind(ranks, timeout):
+    """No rank's stack could be read (no py-spy there, no permission): say so per rank, and
+    name no rank or host as the cause."""
+    out = ["stall: no rank made progress for %d s; no rank's stack could be read, so no rank or "
+           "host can be named as the cause" % timeout]
+    for rank in sorted(ranks, key=lambda r: (r["node"], r["rank"])):
+        out.append("stall: rank %d on %s (pid %d): %s; last line: %r" % (
+            rank["rank"], rank["node"], rank["pid"], rank.get("error") or "no stack",
+            rank.get("last_line", "")))
+    if not ranks:
+        out.append("stall: no rank was found on any host")
+    return out
+
+
 def shipped(rundir):
     """A py-spy `clusterrun stacks` shipped to this host before (<workdir>/runs/.tools)."""
     parts = rundir.rstrip("/").split("/")[:-1]
@@ -100,6 +116,7 @@ class Watch:
         self.fired = False
         self.gathering = None  # hub: (deadline, {node: ranks})
         self.dumper = stall.Dumper()
+        self.spy_looked = time.monotonic()
 
     def rank_env(self, env):
         """Where Yama's ptrace_scope is 1 and we are not root, the ranks opt in to be read by
@@ -119,6 +136,9 @@ class Watch:
     def tick(self, now):
         if self.timeout <= 0 or self.sup.phase.value != "running":
             return
+        if self.progress.pyspy is None and now - self.spy_looked > stall.FIND_EVERY:
+            self.spy_looked = now  # a `clusterrun stacks` may have shipped one since
+            self.progress.pyspy = shipped(self.sup.rundir)
         self.progress.look(now)
         if now - self.reported >= stall.REPORT:
             self.reported = now

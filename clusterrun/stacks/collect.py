@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
 from clusterrun.runs import attempts, notify
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import pyspy
 from clusterrun.stacks.model import Collected, from_reply
 from clusterrun.stacks.profile import stragglers
 from clusterrun.transport import SshOptions, Transport
@@ -48,14 +48,15 @@ def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
     if not reply.get("need_pyspy"):
         return reply
     if binary is None:
-        reply["problem"] = (f"{spec.name}: py-spy is not installed there nor here; install it "
-                            f"on the controller ({pyspy.INSTALL}) and clusterrun ships it, or "
-                            "in the host's Python environment (pip install py-spy)")
+        reply["problem"] = (f"{spec.name}: py-spy is not installed there nor here (pip has none "
+                            "for this machine's platform, or it was uninstalled); install it in "
+                            f"the host's Python environment ({pyspy.INSTALL}), or on this "
+                            "machine and clusterrun ships it")
         return reply
-    if reply.get("machine") != binary.machine:
+    if not pyspy.can_ship_to(binary, reply.get("machine")):
         reply["problem"] = (f"{spec.name}: the host is {reply.get('machine')}, this machine's "
-                            f"py-spy is {binary.machine}; install py-spy in the host's Python "
-                            "environment (pip install py-spy)")
+                            f"py-spy runs on {binary.machine or 'this machine only'}; install "
+                            f"py-spy in the host's Python environment ({pyspy.INSTALL})")
         return reply
     request["send"] = True
     reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),

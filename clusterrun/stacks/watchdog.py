@@ -27,6 +27,10 @@ from clusterrun.transport import SshOptions
 
 def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
     """The report's lines (odd ranks out first, then the waiting group) and its record."""
+    seen = [r for r in found.ranks if not r.error]
+    if not seen:  # blind: say what could not be seen, name no rank (and so no host)
+        return blind(found, timeout), {"timeout": timeout, "odd": [], "waiting": None,
+                                       "blind": True, "stacks": found.to_json()["ranks"]}
     groups = view.groups(found)
     lines = [f"stall: no rank made progress for {timeout:g} s; {len(found.ranks)} ranks, "
              f"{len(groups)} different stack{'s' if len(groups) != 1 else ''}"]
@@ -50,6 +54,18 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
         lines.append(f"stall: no stacks from {name}: {why}")
     return lines, {"timeout": timeout, "odd": odd, "waiting": waiting,
                    "stacks": found.to_json()["ranks"]}
+
+
+def blind(found: Collected, timeout: float) -> list[str]:
+    """The report when no rank's stack could be read: why, per host, instead of a verdict."""
+    lines = [f"stall: no rank made progress for {timeout:g} s; no rank's stack could be read, "
+             "so no rank or host can be named as the cause"]
+    for name, why in sorted(found.problems.items()):
+        lines.append(f"stall: no stacks from {name}: {why}")
+    for rank in found.ranks:
+        lines.append(f"stall: rank {rank.rank} on {rank.node} (pid {rank.pid}): {rank.error}; "
+                     f"last line: {rank.last_line!r}")
+    return lines
 
 
 class Watchdog:
