@@ -11,7 +11,7 @@ from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.model import Collected, from_reply
-from clusterrun.stacks.profile import stragglers
+from clusterrun.stacks.profile import judged, stragglers
 from clusterrun.transport import SshOptions, Transport
 from clusterrun.transport.programs import call
 
@@ -98,7 +98,7 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
 
     results = remote_runs.each_node(attempt, ssh, one,
                                     ssh.connect_timeout + TIMEOUT + 90 + 2 * (profile or 0))
-    out = Collected(run=run.id)
+    out = Collected(run=run.id, partial=wanted is not None)
     for result in results:
         name = result.spec.name
         reply = result.value
@@ -119,13 +119,15 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
     out.ranks.sort(key=lambda r: r.rank)
     if profile:
         out.stragglers = stragglers(out.ranks)
-        _record(run, attempt.attempt, out)
+        if not out.partial:  # a profile of some hosts or ranks says nothing about the run
+            _record(run, attempt.attempt, out)
     return out
 
 
 def _record(run: RunDir, k: int, found: Collected) -> None:
     """Stragglers named by a whole profile go into the run's events (once while they stay)."""
-    if found.problems or not found.ranks:
+    # A host that gave nothing, or a rank py-spy barely sampled, leaves the run unjudged.
+    if found.problems or not found.ranks or not all(judged(r) for r in found.ranks):
         return
     shares = {str(r.rank): r.wait_share for r in found.ranks if r.wait_share is not None}
     with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:

@@ -33,6 +33,7 @@ class RankStack:
     error: Optional[str] = None  # why no stack could be taken
     last_line: str = ""
     wait_share: Optional[float] = None  # --profile: share of samples waiting in collectives
+    samples: Optional[int] = None  # --profile: how many samples the share is made of
 
     @property
     def main(self) -> Optional[Thread]:
@@ -58,6 +59,8 @@ class RankStack:
                                "threads": threads}
         if self.wait_share is not None:
             out["wait_share"] = self.wait_share
+        if self.samples is not None:
+            out["samples"] = self.samples
         return out
 
 
@@ -68,6 +71,7 @@ class Collected:
     problems: dict[str, str] = field(default_factory=dict)  # node -> why it gave no stacks
     flight: list[dict[str, Any]] = field(default_factory=list)  # torch's Flight Recorder
     stragglers: Optional[list[int]] = None  # --profile: stacks/profile.py
+    partial: bool = False  # only some hosts or ranks were asked (--node, --rank)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.run, "ranks": [r.to_json() for r in self.ranks]}
@@ -83,7 +87,8 @@ def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
     return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
                      state=entry.get("state"), error=entry.get("error"),
                      last_line=str(entry.get("last_line") or ""),
-                     wait_share=_wait_share(entry.get("profile")))
+                     wait_share=_wait_share(entry.get("profile")),
+                     samples=(entry.get("profile") or {}).get("samples"))
 
 
 def _wait_share(profiled: Optional[dict[str, Any]]) -> Optional[float]:
