@@ -75,6 +75,20 @@ def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path
     assert "stall" not in cp.stderr
 
 
+def test_a_slow_checkpoint_write_is_not_a_stall(cluster: Cluster, home: Path, tmp_path: Path,
+                                                strays: None) -> None:
+    """Rank 0 writes a checkpoint slowly for 3 stall timeouts (little CPU, no output) while the
+    others wait in all_reduce: its growing bytes are progress, and the run succeeds."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2])
+    script = copy_payload(tmp_path, "hang.py")
+    cp = run_cli("launch", "--nproc-per-node", "1", "--stall-timeout", "8", "--on-stall",
+                 "stop", "--env", "HANG=write", "--env", "WRITE=25", "--env", "HANG_RANK=0",
+                 str(inv), str(script), timeout=240)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "stall" not in cp.stderr
+    assert "rank 1 done" in cp.stdout + cp.stderr
+
+
 def test_the_detached_hub_reports_a_stall_with_no_controller(cluster: Cluster, home: Path,
                                                              tmp_path: Path,
                                                              strays: None) -> None:

@@ -24,6 +24,14 @@ COLLECTIVES = frozenset((
     "scatter_object_list", "send", "recv", "isend", "irecv", "wait", "_wait", "batch_isend_irecv",
     "new_group", "init_process_group", "_store_based_barrier", "get", "wait_for_workers",
 ))
+# A rank whose main thread is idle (py-spy's per-thread flag: not running) with one of these
+# innermost waits for its peers with no collective of its own on the stack: DDP's reducer
+# all-reduces the gradients from autograd's hooks and the main thread waits for it inside the
+# backward pass (torch/autograd); FSDP and others wait on a work handle in torch/distributed.
+# The same frames while the thread runs are computing (a CPU backward runs on the caller).
+BACKWARD = frozenset(("_engine_run_backward", "run_backward", "backward"))
+# A main thread idle under these waits for a batch from its DataLoader's worker processes.
+DATALOADER = "torch/utils/data/"
 PYSPY_TIMEOUT = 8.0
 NO_PYSPY = ("no py-spy on this host (install it in the host's Python environment: pip install "
             "py-spy; or run `clusterrun stacks` once, which ships the controller's)")
@@ -88,6 +96,42 @@ def cpu_ticks(pid):
     if stat is None:
         return None
     return int(stat[11]) + int(stat[12])
+
+
+def io_bytes(pid):
+    """The bytes a process has moved through read/write calls and to or from storage, summed
+    (/proc/PID/io, its threads included); None if gone or not readable. ``rchar``/``wchar``
+    grow when a read or write call returns; ``read_bytes``/``write_bytes`` grow while one
+    runs, as pages are read in or dirtied, so a single large write to a slow filesystem (a
+    checkpoint on NFS, throttled to the writeback rate) shows as it goes."""
+    try:
+        with open("/proc/%d/io" % pid) as handle:
+            fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+    except (OSError, ValueError):
+        return None
+    try:
+        return sum(int(fields.get(k, "0")) for k in ("rchar", "wchar", "read_bytes",
+                                                      "write_bytes"))
+    except ValueError:
+        return None
+
+
+def in_io_wait(pid):
+    """Whether any thread of the process sits in uninterruptible sleep (state D): inside the
+    kernel waiting on I/O, such as an fsync or close of a checkpoint on a slow filesystem (an
+    async checkpoint writes from a thread of its own)."""
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "D":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def proc_state(pid):
@@ -170,9 +214,11 @@ def _dump_once(pyspy, pid, timeout):
         return [], "py-spy answered no JSON"
     # Without the interpreter's symbols py-spy cannot name threads: the process's own
     # thread (its id is the pid) is the main one.
+    # active: py-spy's own judgement of the thread, running or idle (blocked in a wait).
     threads = [{"name": t.get("thread_name") or ("MainThread" if t.get("os_thread_id") == pid
                                                  else "thread %s" % t.get("os_thread_id")),
-                "frames": _frames(t.get("frames"))} for t in traces if isinstance(t, dict)]
+                "frames": _frames(t.get("frames")), "active": t.get("active")}
+               for t in traces if isinstance(t, dict)]
     return threads, None
 
 
@@ -201,15 +247,42 @@ def dump_all(pyspy, ranks, rundir):
     return [out[rank] for rank in sorted(out)]
 
 
-def waiting_in(threads):
-    """The torch.distributed call a rank's main thread waits in, or None."""
-    main = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
-    for thread in main:
-        for frame in reversed(thread.get("frames") or []):
-            if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
-                    and "torch/distributed" in frame["file"]):
-                return frame["function"]
+def main_thread(threads):
+    found = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
+    return found[0] if found else None
+
+
+def peer_wait(frames, active=None):
+    """Where a stack (frames outermost first, ``function`` and ``file`` each) waits for the
+    rank's peers, or None. A collective or barrier of torch.distributed on the stack, running
+    or not (NCCL's waiters may spin); or, with the thread idle (``active`` False), an innermost
+    frame in the backward pass (DDP's gradient all-reduce) or in torch.distributed (a work
+    handle's wait: FSDP)."""
+    for frame in reversed(frames):
+        if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
+                and "torch/distributed" in frame["file"]):
+            return frame["function"]
+    if active is False and frames:
+        inner = frames[-1]
+        name = inner["function"].rsplit(".", 1)[-1]
+        if "torch/autograd/" in inner["file"] and name in BACKWARD:
+            return "backward (DDP's gradient all-reduce)"
+        if "torch/distributed/" in inner["file"]:
+            return inner["function"]
     return None
+
+
+def data_wait(frames, active=None):
+    """Whether an idle stack waits for a batch from its DataLoader's worker processes."""
+    return active is False and any(DATALOADER in f["file"] for f in frames)
+
+
+def waiting_in(threads):
+    """Where a rank's main thread waits for its peers (``peer_wait``), or None."""
+    main = main_thread(threads)
+    if main is None:
+        return None
+    return peer_wait(main.get("frames") or [], main.get("active"))
 
 
 def flight(rundir):

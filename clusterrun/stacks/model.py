@@ -21,6 +21,7 @@ class Frame:
 class Thread:
     name: str
     frames: tuple[Frame, ...]  # outermost first, as in a traceback
+    active: Optional[bool] = None  # py-spy: running (True) or idle, blocked in a wait (False)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class RankStack:
         return ("stopped" if self.state == "T" else "", frames)
 
     def to_json(self) -> dict[str, Any]:
-        threads = [{"name": t.name, "frames": [
+        threads = [{"name": t.name, "active": t.active, "frames": [
             {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
             for t in self.threads]
         out: dict[str, Any] = {"rank": self.rank, "node": self.node, "pid": self.pid,
@@ -82,8 +83,8 @@ class Collected:
 
 def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
     threads = tuple(Thread(str(t.get("name", "")), tuple(
-        Frame(str(f["function"]), str(f["file"]), int(f["line"])) for f in t.get("frames", [])))
-        for t in entry.get("threads") or [])
+        Frame(str(f["function"]), str(f["file"]), int(f["line"])) for f in t.get("frames", [])),
+        t.get("active")) for t in entry.get("threads") or [])
     return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
                      state=entry.get("state"), error=entry.get("error"),
                      last_line=str(entry.get("last_line") or ""),

@@ -9,8 +9,6 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.remote import pystack  # the same rule the hosts apply
 from clusterrun.stacks.model import Collected, RankStack
 
-# A frame of one of these, in torch/distributed, means the rank waits for its peers there.
-COLLECTIVE_HINT = "torch/distributed"
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
 
 
@@ -54,13 +52,14 @@ def groups(collected: Collected) -> list[Group]:
 
 
 def waiting_in(rank: RankStack) -> Optional[str]:
-    """The torch.distributed function the rank's main thread waits in, if it does."""
-
+    """Where the rank's main thread waits for its peers (remote/pystack.py ``peer_wait``): a
+    torch.distributed collective, or, idle, DDP's backward or a torch.distributed wait."""
     main = rank.main
     if main is None:
         return None
-    found = pystack.waiting_in([{"name": main.name, "frames": [  # type: ignore[no-untyped-call]
-        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames]}])
+    found = pystack.peer_wait([  # type: ignore[no-untyped-call]
+        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames],
+        main.active)
     return str(found) if found else None
 
 
@@ -92,7 +91,8 @@ def _frame_lines(rank: RankStack, indent: str) -> list[str]:
 
 
 def _rank_head(rank: RankStack) -> str:
-    extra = ", STOPPED (SIGSTOP: resume it with kill -CONT)" if rank.state == "T" else ""
+    extra = {"T": ", STOPPED (SIGSTOP: resume it with kill -CONT)",
+             "D": ", in uninterruptible I/O (state D)"}.get(rank.state or "", "")
     return f"rank {rank.rank} ({rank.node}, pid {rank.pid}{extra})"
 
 
