@@ -123,3 +123,32 @@ def test_a_profile_with_a_barely_sampled_rank_is_not_recorded(tmp_path: Path) ->
     assert [e for e in events(journal.run) if e["event"] == "straggler"] == []
     collect._record(journal.run, 1, Collected("r", ranked(0.7, 0.05, 0.7), stragglers=[1]))
     assert [e["ranks"] for e in events(journal.run) if e["event"] == "straggler"] == [[1]]
+
+
+C10D = "torch/distributed/distributed_c10d.py"
+
+
+def raw(*stacks: tuple[str, int]) -> str:
+    return "".join(f"thread (7): MainThread;{s} {n}\n" for s, n in stacks) + \
+        "thread (8): pin_memory;Thread.run (threading.py:982) 300\n"
+
+
+def test_a_wait_share_counts_ddps_idle_backward_and_collectives() -> None:
+    from clusterrun.remote import profile as remote
+
+    backward = ("<module> (train.py:56);Tensor.backward (torch/_tensor.py:623);"
+                "_engine_run_backward (torch/autograd/graph.py:979)")
+    forward = "<module> (train.py:50);Net.forward (train.py:41)"
+    reduce_ = f"<module> (train.py:60);all_reduce ({C10D}:2806)"
+    every = raw((backward, 200), (forward, 60), (reduce_, 40))
+    # The running samples: 20 of the backward ones computed; the rest sat idle (waiting).
+    running = raw((backward, 20), (forward, 60), (reduce_, 40))
+    assert remote.count(every, running) == (300, 180 + 40)
+    # Without the running record only the collective counts (as before DDP was understood).
+    assert remote.count(every) == (300, 40)
+    # The straggler: its backward ran all along, nobody waited for it there.
+    assert remote.count(raw((backward, 30), (forward, 270)),
+                        raw((backward, 30), (forward, 270))) == (300, 0)
+    # Idle in its own DataLoader is not a wait for the peers: that rank is the slow one.
+    loader = "<module> (train.py:33);_next_data (torch/utils/data/dataloader.py:1450)"
+    assert remote.count(raw((loader, 300)), raw()) == (300, 0)

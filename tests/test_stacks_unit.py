@@ -140,3 +140,53 @@ def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
     assert said[1] == "stall: rank 0 on node1 (pid 11): no py-spy on this host; last line: 'step 3'"
     assert hub.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
         "stalled, no rank made progress for 15 s; no rank's stack could be read")
+
+
+def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path) -> None:
+    from clusterrun.remote import pystack
+    from clusterrun.stacks.model import from_reply
+
+    train = tmp_path / "train.py"
+    train.write_text("import time\n" * 18 + "        time.sleep(3600)\n" + "\n" * 13 +
+                     "for step, batch in enumerate(loader):\n")
+    site = "/venv/lib/python3.11/site-packages/torch/utils/data"
+    module = {"function": "<module>", "file": str(train), "line": 33}
+    rank_frames = [module, {"function": "_BaseDataLoaderIter.__next__",
+                            "file": f"{site}/dataloader.py", "line": 733},
+                   {"function": "_PollLikeSelector.select", "file": "/usr/lib/python3.11/"
+                    "selectors.py", "line": 415}]
+    # A forked worker still holds the parent's frames (the for line) outside its loop.
+    worker_frames = [module, {"function": "_worker_loop", "file": f"{site}/_utils/worker.py",
+                              "line": 349},
+                     {"function": "Shards.__getitem__", "file": str(train), "line": 19}]
+    code = str(tmp_path)
+    entry = {"rank": 3, "pid": 40, "threads": [{"name": "MainThread", "active": False,
+                                                 "frames": rank_frames}],
+             "user": pystack.user_frame(rank_frames, code),
+             "children": [{"pid": 41, "label": "DataLoader worker 1", "threads": [
+                 {"name": "MainThread", "active": False, "frames": worker_frames}],
+                 "user": pystack.user_frame(worker_frames, code, 1)}]}
+    # An idle worker (waiting for indices) has no line of its own: the inherited one is not it.
+    idle = [*worker_frames[:2], {"function": "Queue.get", "file": "/usr/lib/python3.11/"
+                                 "multiprocessing/queues.py", "line": 113}]
+    assert pystack.user_frame(idle, code, 1) is None
+    assert pystack.user_frame(idle, code)["line"] == 33  # type: ignore[index]
+    said = pystack.where(entry)
+    assert said == ("rank 3 waits in `for step, batch in enumerate(loader):` (train.py:33), "
+                    "inside `_BaseDataLoaderIter.__next__`; DataLoader worker 1 (pid 41) waits "
+                    "in `time.sleep(3600)` (train.py:19) in `Shards.__getitem__`")
+    assert pystack.data_wait(rank_frames, False) and not pystack.waiting_in(entry["threads"])
+    # A decorator's frame is not the call the user made: torch wraps its collectives.
+    wrapped = [module, {"function": "_exception_logger.<locals>.wrapper", "file": "/venv/lib/"
+                        "python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81},
+               {"function": "all_reduce", "file": TORCH, "line": 3252}]
+    assert pystack.user_frame(wrapped, code)["call"] == "all_reduce"  # type: ignore[index]
+    # The controller shows the line under the odd rank, and the worker's own stack.
+    rank = from_reply("node2", dict(entry, where=said, state="S", last_line="step 7"))
+    found = Collected("r", [waiting(0, "node1"), rank])
+    text = view.render(found)
+    assert f"  {said}" in text
+    assert "    DataLoader worker 1 (pid 41):" in text
+    assert f"        Shards.__getitem__  {train}:19" in text
+    lines, record = report(found, 10)
+    assert lines[2] == f"stall:   {said}" and record["odd"][0]["where"] == said

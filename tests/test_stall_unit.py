@@ -118,3 +118,36 @@ def test_cpu_counts_only_outside_a_collective(tmp_path: Path,
     where["frames"] = [{"function": "forward", "file": "/job/model.py", "line": 9}]
     found.look(t0 + 6)
     assert found.quiet(t0 + 6) == 0  # computing: progress
+
+
+AUTOGRAD = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+LOADER = "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py"
+
+
+@pytest.mark.parametrize(("frames", "active", "waits"), [
+    # DDP: the main thread idle in the backward pass waits for the reducer's all-reduce.
+    ([("<module>", "/job/train.py", 40), ("_engine_run_backward", AUTOGRAD, 979)], False, True),
+    # The same frames running: a CPU backward computing the gradients.
+    ([("<module>", "/job/train.py", 40), ("_engine_run_backward", AUTOGRAD, 979)], True, False),
+    # Idle for its own DataLoader: not a peer's wait, but no computing either.
+    ([("<module>", "/job/train.py", 33), ("_next_data", LOADER, 1450)], False, True),
+    ([("<module>", "/job/train.py", 33), ("sleep", "/job/train.py", 20)], False, False),
+])
+def test_busy_cpu_counts_only_while_the_main_thread_computes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frames: list[tuple[str, str, int]],
+        active: bool, waits: bool) -> None:
+    """Other threads may burn CPU (NCCL's, Gloo's, a pin-memory thread) while the main thread
+    waits: py-spy's idle flag and the frame it waits in decide."""
+    found = progress(tmp_path, monkeypatch, os.getpid())
+    found.pyspy = "/usr/bin/py-spy"
+    ticks = iter(range(0, 100000, 100))
+    monkeypatch.setattr(pystack, "cpu_ticks", lambda pid: next(ticks))
+    monkeypatch.setattr(pystack, "io_bytes", lambda pid: 1000)
+    monkeypatch.setattr(pystack, "in_io_wait", lambda pid: False)
+    stack = [{"function": f, "file": p, "line": n} for f, p, n in frames]
+    monkeypatch.setattr(pystack, "dump", lambda spy, pid, tries=1: (
+        [{"name": "MainThread", "frames": stack, "active": active}], None))
+    t0 = time.monotonic() + 100
+    for second in range(4):
+        found.look(t0 + second)
+    assert found.quiet(t0 + 3) == (3 if waits else 0)

@@ -230,14 +230,127 @@ def _why(text, code):
     return first + (" (%s)" % causes[-1] if causes else "")
 
 
+def code_dir(pid):
+    """The directory of the script a rank runs (its first ``*.py`` argument), or None."""
+    for arg in _cmdline(pid)[1:]:
+        text = arg.decode("utf-8", "replace")
+        if text.endswith(".py") and not text.startswith("-"):
+            if not os.path.isabs(text):
+                try:
+                    text = os.path.join(os.readlink("/proc/%d/cwd" % pid), text)
+                except OSError:
+                    return None
+            return os.path.dirname(os.path.normpath(text))
+    return None
+
+
+def _source(path, line):
+    """Line ``line`` of a source file, stripped, at most 120 characters ("" if unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            for number, text in enumerate(handle, 1):
+                if number == line:
+                    return text.decode("utf-8", "replace").strip()[:120]
+    except OSError:
+        pass
+    return ""
+
+
+def _library(path):
+    return ("site-packages/" in path or "dist-packages/" in path or "/lib/python" in path
+            or path.startswith("<"))
+
+
+def _wrapper(function):
+    """A decorator's frame (torch wraps its collectives): not the call a user made."""
+    return "<locals>" in function or function.rsplit(".", 1)[-1] in ("wrapper", "wrapped")
+
+
+def user_frame(frames, code, start=0):
+    """The innermost frame from ``start`` on in the user's own code (under ``code``, the
+    script's directory; else outside any installed package and the standard library), with its
+    source line and the library call it is in (the next frame inward that is not a decorator's):
+    ``{"function", "file", "line", "text", "call"}``."""
+    for index in range(len(frames) - 1, start - 1, -1):
+        frame = frames[index]
+        mine = frame["file"].startswith(code.rstrip("/") + "/") if code else \
+            not _library(frame["file"])
+        if mine:
+            inner = [f["function"] for f in frames[index + 1:] if not _wrapper(f["function"])]
+            return dict(frame, text=_source(frame["file"], frame["line"]),
+                        call=inner[0] if inner else None)
+    return None
+
+
+def _phrase(user, active):
+    """``waits in `for batch in loader` (train.py:33), in `_BaseDataLoaderIter.__next__```."""
+    text = "`%s`" % user["text"] if user.get("text") else "`%s`" % user["function"]
+    out = "%s %s (%s:%d)" % ("waits in" if active is False else "is in", text,
+                             user["file"].rsplit("/", 1)[-1], user["line"])
+    if user.get("text") and user.get("function") not in ("<module>", None):
+        out += " in `%s`" % user["function"]
+    if user.get("call"):
+        out += ", inside `%s`" % user["call"]
+    return out
+
+
+def where(entry):
+    """One line for a rank a user can act on: its own innermost line and the library call it is
+    in, then each child process (a DataLoader worker) that is in the user's code."""
+    main = main_thread(entry.get("threads") or [])
+    user = entry.get("user")
+    if main is None or user is None:
+        return None
+    out = "rank %d %s" % (entry["rank"], _phrase(user, main.get("active")))
+    for child in entry.get("children") or []:
+        if child.get("user"):
+            cmain = main_thread(child.get("threads") or []) or {}
+            out += "; %s (pid %d) %s" % (child["label"], child["pid"],
+                                         _phrase(child["user"], cmain.get("active")))
+    return out
+
+
+def children(pyspy, pid, code, limit=8):
+    """The rank's Python child processes (DataLoader workers, oldest first) and their stacks;
+    a child py-spy cannot read (not Python) is left out."""
+    found = sorted(procs.descendants(pid), key=lambda p: (procs.start_time(p) or 0, p))
+    out = []
+    workers = 0
+    for child in found[:limit]:
+        threads, error = dump(pyspy, child, tries=1)
+        if error:
+            continue
+        main = main_thread(threads) or {}
+        frames = main.get("frames") or []
+        loop = [i for i, f in enumerate(frames) if "torch/utils/data/_utils/worker.py" in f["file"]]
+        if loop:
+            label = "DataLoader worker %d" % workers
+            workers += 1
+        else:
+            label = "child process"
+        # A forked worker's stack still holds its parent's frames at the fork, outside the
+        # worker's loop: only the frames the loop called are the worker's own.
+        out.append({"pid": child, "label": label, "state": proc_state(child),
+                    "threads": threads, "user": user_frame(frames, code, loop[0] if loop else 0)})
+    return out
+
+
 def dump_all(pyspy, ranks, rundir):
-    """Every rank of ``ranks`` ({rank: pid}) at once: a list of per-rank dicts."""
+    """Every rank of ``ranks`` ({rank: pid}) at once: a list of per-rank dicts, each with its
+    child processes (DataLoader workers) and the line a user can act on (``where``)."""
     out = {}
 
     def one(rank, pid):
         threads, error = dump(pyspy, pid) if pyspy else ([], NO_PYSPY)
-        out[rank] = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
-                     "error": error, "last_line": last_line(rundir, rank)}
+        entry = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
+                 "error": error, "last_line": last_line(rundir, rank)}
+        if not error:
+            code = code_dir(pid)
+            main = main_thread(threads) or {}
+            entry["user"] = user_frame(main.get("frames") or [], code)
+            entry["children"] = children(pyspy, pid, code)
+            entry["where"] = where(entry)
+        out[rank] = entry
 
     workers = [threading.Thread(target=one, args=item) for item in sorted(ranks.items())]
     for worker in workers:

@@ -148,10 +148,13 @@ class Progress:
 
 def compact(ranks):
     """Stacks small enough for one gang line: each thread's innermost frames."""
+    def trim(threads):
+        return [dict(t, frames=t["frames"][-MAX_FRAMES:]) for t in threads or []]
+
     out = []
     for entry in ranks:
-        threads = [dict(t, frames=t["frames"][-MAX_FRAMES:]) for t in entry.get("threads") or []]
-        out.append(dict(entry, threads=threads))
+        kids = [dict(c, threads=trim(c.get("threads"))) for c in entry.get("children") or []]
+        out.append(dict(entry, threads=trim(entry.get("threads")), children=kids))
     return out
 
 

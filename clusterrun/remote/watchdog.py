@@ -47,29 +47,31 @@ def _lines(ranks_by_node, timeout):
         frames = (main or rank.get("threads") or [{}])[0].get("frames") or []
         key = (rank.get("error"), rank.get("state") == "T",
                tuple((f["function"], f["file"], f["line"]) for f in frames))
-        groups.setdefault(key, []).append((rank, frames))
+        active = (main or rank.get("threads") or [{}])[0].get("active")
+        groups.setdefault(key, []).append((rank, frames, active))
     # Ranks outside any collective first (the likelier cause), then the smallest groups.
     ordered = sorted(groups.values(), key=lambda g: (
-        pystack.waiting_in([{"name": "MainThread", "frames": g[0][1]}]) is not None, len(g),
-        g[0][0]["rank"]))
+        pystack.peer_wait(g[0][1], g[0][2]) is not None, len(g), g[0][0]["rank"]))
     out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
            % (timeout, len(ranks), len(ordered))]
     odd_node = None
     for index, members in enumerate(ordered):
-        rank, frames = members[0]
-        wait = pystack.waiting_in([{"name": "MainThread", "frames": frames}])
+        rank, frames, active = members[0]
+        wait = pystack.peer_wait(frames, active)
         where = rank.get("error") or ("%s (%s:%d)" % (frames[-1]["function"], frames[-1]["file"],
                                                        frames[-1]["line"]) if frames else "?")
-        numbers = sorted(r["rank"] for r, _ in members)
-        nodes = sorted({r["node"] for r, _ in members})
+        numbers = sorted(m[0]["rank"] for m in members)
+        nodes = sorted({m[0]["node"] for m in members})
         if index < len(ordered) - 1 or (len(ordered) == 1 and len(members) == 1):
-            for member, _ in sorted(members, key=lambda m: m[0]["rank"]):
+            for member in sorted((m[0] for m in members), key=lambda m: m["rank"]):
                 odd_node = odd_node or member["node"]
                 stopped = " STOPPED (SIGSTOP)" if member.get("state") == "T" else ""
                 out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
                            % (member["rank"], member["node"], member["pid"], stopped,
                               "the collective " + wait if wait else where,
                               member.get("last_line", "")))
+                if member.get("where"):  # its own line, and its DataLoader workers'
+                    out.append("stall:   %s" % member["where"])
         else:
             out.append("stall: ranks %s (%s) wait in %s" % (
                 spans(numbers), ",".join(nodes), wait or where))

@@ -25,6 +25,15 @@ class Thread:
 
 
 @dataclass(frozen=True)
+class Child:
+    """A child process of a rank (a DataLoader worker) and its stacks."""
+    pid: int
+    label: str  # "DataLoader worker 0", "child process"
+    threads: tuple[Thread, ...]
+    state: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class RankStack:
     rank: int
     node: str
@@ -35,6 +44,8 @@ class RankStack:
     last_line: str = ""
     wait_share: Optional[float] = None  # --profile: share of samples waiting in collectives
     samples: Optional[int] = None  # --profile: how many samples the share is made of
+    children: tuple[Child, ...] = ()
+    where: Optional[str] = None  # the user's own line and call, its workers' (remote/pystack.py)
 
     @property
     def main(self) -> Optional[Thread]:
@@ -53,11 +64,14 @@ class RankStack:
         return ("stopped" if self.state == "T" else "", frames)
 
     def to_json(self) -> dict[str, Any]:
-        threads = [{"name": t.name, "active": t.active, "frames": [
-            {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
-            for t in self.threads]
+        threads = _threads(self.threads)
         out: dict[str, Any] = {"rank": self.rank, "node": self.node, "pid": self.pid,
                                "threads": threads}
+        if self.where:
+            out["where"] = self.where
+        if self.children:
+            out["children"] = [{"pid": c.pid, "label": c.label, "threads": _threads(c.threads)}
+                               for c in self.children]
         if self.wait_share is not None:
             out["wait_share"] = self.wait_share
         if self.samples is not None:
@@ -81,11 +95,25 @@ class Collected:
         return out
 
 
-def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
-    threads = tuple(Thread(str(t.get("name", "")), tuple(
+def _threads(threads: tuple[Thread, ...]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "active": t.active, "frames": [
+        {"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
+        for t in threads]
+
+
+def _read_threads(raw: Any) -> tuple[Thread, ...]:
+    return tuple(Thread(str(t.get("name", "")), tuple(
         Frame(str(f["function"]), str(f["file"]), int(f["line"])) for f in t.get("frames", [])),
-        t.get("active")) for t in entry.get("threads") or [])
+        t.get("active")) for t in raw or [])
+
+
+def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
+    threads = _read_threads(entry.get("threads"))
+    children = tuple(Child(int(c["pid"]), str(c.get("label") or "child process"),
+                           _read_threads(c.get("threads")), c.get("state"))
+                     for c in entry.get("children") or [])
     return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
+                     children=children, where=entry.get("where"),
                      state=entry.get("state"), error=entry.get("error"),
                      last_line=str(entry.get("last_line") or ""),
                      wait_share=_wait_share(entry.get("profile")),

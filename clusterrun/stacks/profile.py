@@ -35,8 +35,8 @@ def stragglers(ranks: list[RankStack]) -> list[int]:
 
 def lines(collected: Collected, seconds: float) -> list[str]:
     """The text `stacks --profile` prints above the stacks."""
-    out = [f"wait share over {seconds:g} s (share of samples in torch.distributed "
-           "collectives and barriers):"]
+    out = [f"wait share over {seconds:g} s (share of samples waiting for the peers: in "
+           "torch.distributed collectives, or idle in DDP's backward):"]
     named = set(collected.stragglers or ())
     for rank in collected.ranks:
         share = "-" if rank.wait_share is None else f"{100 * rank.wait_share:5.1f}%"

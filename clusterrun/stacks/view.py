@@ -7,7 +7,7 @@ from typing import Optional
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.remote import pystack  # the same rule the hosts apply
-from clusterrun.stacks.model import Collected, RankStack
+from clusterrun.stacks.model import Collected, RankStack, Thread
 
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
 
@@ -75,10 +75,20 @@ def innermost(rank: RankStack) -> str:
 
 
 def _frame_lines(rank: RankStack, indent: str) -> list[str]:
+    lines = _thread_lines(rank.threads, rank.main, indent)
+    for child in rank.children:  # DataLoader workers: where the rank's wait may really be
+        main = next((t for t in child.threads if t.name == "MainThread"),
+                    child.threads[0] if child.threads else None)
+        lines.append(f"{indent}{child.label} (pid {child.pid}):")
+        lines.extend(_thread_lines(child.threads, main, indent + "  "))
+    return lines
+
+
+def _thread_lines(threads: tuple[Thread, ...], main: Optional[Thread], indent: str) -> list[str]:
     lines: list[str] = []
-    for thread in rank.threads:
+    for thread in threads:
         frames = thread.frames
-        if thread is not rank.main:
+        if thread is not main:
             where = frames[-1].short if frames else "no Python frames"
             lines.append(f"{indent}thread {thread.name}: {where}")
             continue
@@ -123,6 +133,8 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
         lines.append(f"{tag}{group.label}: {what}")
         for rank in group.ranks if (odd or len(group.ranks) <= 4) else group.ranks[:1]:
             lines.append(f"  {_rank_head(rank)} last line: {rank.last_line!r}")
+            if odd and rank.where:
+                lines.append(f"  {rank.where}")
         if len(group.ranks) > 4 and not odd:
             lines.append(f"  ... and {len(group.ranks) - 1} more with the same stack")
         if frames:

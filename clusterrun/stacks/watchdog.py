@@ -44,9 +44,11 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
                 stopped = " STOPPED (SIGSTOP)" if rank.state == "T" else ""
                 lines.append(f"stall: odd one out: rank {rank.rank} on {rank.node} (pid "
                              f"{rank.pid}){stopped} in {where}; last line: {rank.last_line!r}")
+                if rank.where:  # its own line, and its DataLoader workers'
+                    lines.append(f"stall:   {rank.where}")
                 odd.append({"rank": rank.rank, "node": rank.node, "pid": rank.pid,
                             "frame": view.innermost(rank), "last_line": rank.last_line,
-                            "stopped": rank.state == "T"})
+                            "stopped": rank.state == "T", "where": rank.where})
         else:
             lines.append(f"stall: {group.label} wait in {wait or where}")
             waiting = {"ranks": [r.rank for r in group.ranks], "in": wait or where}
