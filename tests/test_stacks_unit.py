@@ -79,7 +79,7 @@ def test_check_warns_where_stacks_cannot_be_taken() -> None:
 
 def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: Path) -> None:
     from clusterrun.plan.environment import flight_recorder
-    from clusterrun.remote import pystack
+    from clusterrun.remote import flight
 
     armed = flight_recorder({}, "/w/runs/r1/gpu-a", gpus=True)
     assert armed["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
@@ -92,10 +92,10 @@ def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: 
                                     "state": "started"}]
     (tmp_path / "flight-rank-3").write_bytes(pickle.dumps({"entries": entries}))
     (tmp_path / "flight-rank-4").write_bytes(b"half a dump")
-    assert pystack.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
+    assert flight.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
         {"rank": "3", "file": "flight-rank-3", "collective": "nccl:broadcast", "seq": 3,
          "state": "started", "entries": 3}]
-    found = Collected("r", [], flight=[dict(pystack.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
+    found = Collected("r", [], flight=[dict(flight.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
                                             node="gpu-a")])
     assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \
         view.render(found)
