@@ -81,6 +81,8 @@ def main(stdin):
             answer["ranks"] = pystack.dump_all(pyspy, ranks, rundir)
             for entry in answer["ranks"]:
                 entry["profile"] = shares.get(entry["rank"])
+    if ranks:  # a live run: ranks with a Flight Recorder pipe (NCCL) dump it now
+        answer["flight_asked"] = flight.request(rundir)
     answer["flight"] = flight.flight(rundir)  # torch's Flight Recorder, if it dumped
     common.reply(answer)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from clusterrun.inventory.ranges import fold
-from clusterrun.remote import pystack  # the same rule the hosts apply
+from clusterrun.remote import flight, pystack  # the same rules the hosts apply
 from clusterrun.stacks.model import Collected, RankStack, Thread
 
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
@@ -107,10 +107,17 @@ def _rank_head(rank: RankStack) -> str:
 
 
 def flight_lines(collected: Collected) -> list[str]:
-    """torch's Flight Recorder, where a collective timed out: the last collective each rank
-    entered (a rank behind the others entered an earlier one, or none)."""
-    return [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
-            f"#{f['seq']} ({f['state']})" for f in collected.flight]
+    """torch's Flight Recorder, where it dumped (a collective timed out, or `stacks` asked an
+    NCCL rank through its pipe): the last collective each rank entered, then the ranks that
+    fell behind their process group (remote/flight.py ``behind``)."""
+    lines = [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
+             f"#{f['seq']} ({f['state']})" for f in collected.flight]
+    for late in flight.behind(collected.flight):  # type: ignore[no-untyped-call]
+        ahead = late["ahead"]
+        lines.append(f"  flight recorder: rank {late['rank']} ({late['node']}) is behind in "
+                     f"{late['group']}: it last entered {late['collective']} #{late['seq']}, "
+                     f"the others got to {ahead['collective']} #{ahead['seq']}")
+    return lines
 
 
 def render(collected: Collected, *, frames: bool = True) -> list[str]:
