@@ -191,3 +191,19 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
     assert f"        Shards.__getitem__  {train}:19" in text
     lines, record = report(found, 10)
     assert lines[2] == f"stall:   {said}" and record["odd"][0]["where"] == said
+
+
+def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
+    from clusterrun.remote import watchdog as hub
+
+    blind = RankStack(2, "node3", 1002, (), error="no py-spy on this host", last_line="step 2")
+    found = Collected("r", [waiting(0, "node1"), waiting(1, "node2"), blind])
+    lines, record = report(found, 10)
+    assert record["odd"] == [] and not any("odd one out" in x for x in lines), lines
+    assert lines[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"
+    # The hub: the same.
+    got = {n: [dict(r.to_json(), error=r.error, last_line=r.last_line)] for n, r in
+           (("node1", found.ranks[0]), ("node2", found.ranks[1]), ("node3", blind))}
+    said, odd_node = hub._lines(got, 10)  # type: ignore[no-untyped-call]
+    assert odd_node is None and not any("odd one out" in x for x in said), said
+    assert said[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"

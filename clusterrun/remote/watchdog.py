@@ -42,7 +42,8 @@ def _lines(ranks_by_node, timeout):
     if not [r for r in ranks if not r.get("error")]:
         return blind(ranks, timeout), None
     groups = {}
-    for rank in ranks:
+    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
+    for rank in [r for r in ranks if not r.get("error")]:
         main = [t for t in rank.get("threads") or [] if t.get("name") == "MainThread"]
         frames = (main or rank.get("threads") or [{}])[0].get("frames") or []
         key = (rank.get("error"), rank.get("state") == "T",
@@ -75,6 +76,9 @@ def _lines(ranks_by_node, timeout):
         else:
             out.append("stall: ranks %s (%s) wait in %s" % (
                 spans(numbers), ",".join(nodes), wait or where))
+    for rank in sorted((r for r in ranks if r.get("error")), key=lambda r: r["rank"]):
+        out.append("stall: no stack from rank %d on %s (pid %d): %s" % (
+            rank["rank"], rank["node"], rank["pid"], rank["error"]))
     return out, odd_node
 
 

@@ -10,6 +10,7 @@ One report per stall: the run must move again (``resumed``) before another one.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -31,7 +32,8 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
     if not seen:  # blind: say what could not be seen, name no rank (and so no host)
         return blind(found, timeout), {"timeout": timeout, "odd": [], "waiting": None,
                                        "blind": True, "stacks": found.to_json()["ranks"]}
-    groups = view.groups(found)
+    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
+    groups = view.groups(dataclasses.replace(found, ranks=seen))
     lines = [f"stall: no rank made progress for {timeout:g} s; {len(found.ranks)} ranks, "
              f"{len(groups)} different stack{'s' if len(groups) != 1 else ''}"]
     odd: list[dict[str, Any]] = []
@@ -54,6 +56,8 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
             waiting = {"ranks": [r.rank for r in group.ranks], "in": wait or where}
     for name, why in sorted(found.problems.items()):
         lines.append(f"stall: no stacks from {name}: {why}")
+    lines.extend(f"stall: no stack from rank {r.rank} on {r.node} (pid {r.pid}): {r.error}"
+                 for r in found.ranks if r.error)
     return lines, {"timeout": timeout, "odd": odd, "waiting": waiting,
                    "stacks": found.to_json()["ranks"]}
 
