@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import pytest
 
+from clusterrun import pyspy
 from clusterrun.cli import main
 from clusterrun.errors import ExitStatus, InventoryError
 from clusterrun.launch import pause
@@ -23,7 +24,7 @@ from clusterrun.launch.session import Session
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.remote import stacks as remote_stacks
 from clusterrun.remote.protocol import EVENT
-from clusterrun.stacks import collect, pyspy
+from clusterrun.stacks import collect
 from clusterrun.transport.local import require_linux
 from clusterrun.wire import End
 from tests.conftest import REPO, host_spec

@@ -100,6 +100,20 @@ def test_a_rank_slowed_by_extra_compute_is_the_straggler(cluster: Cluster, home:
     stop(cluster, run_id)
 
 
+def test_a_ddp_straggler_is_named(cluster: Cluster, home: Path, tmp_path: Path,
+                                  strays: None) -> None:
+    """DistributedDataParallel with no explicit collective: the gradients' all-reduce runs in
+    DDP's reducer, and the ranks that wait for rank 1 (0.4 s more compute per step) sit idle
+    inside backward, not in a torch.distributed frame."""
+    script = copy_payload(tmp_path, "ddp_ticker.py", "ddp")
+    run_id = detach(cluster, tmp_path, script, "SLOW_RANK=1", "SLOW_SECONDS=0.4")
+    found = profile(run_id, "ddp")
+    assert found["stragglers"] == [1], found
+    shares = {r["rank"]: r["wait_share"] for r in found["ranks"]}
+    assert shares[0] > 0.5 and shares[2] > 0.5 and shares[1] < 0.2, shares
+    stop(cluster, run_id)
+
+
 @contextlib.contextmanager
 def cpu_capped(cluster: Cluster, host: str, run_id: str, percent: int) -> Iterator[None]:
     """The run's processes on ``host`` moved into a cgroup whose CPU is capped at ``percent``

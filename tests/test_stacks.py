@@ -107,7 +107,7 @@ def test_stacks_of_a_no_torchrun_run_one_rank(cluster: Cluster, home: Path, tmp_
 def test_stacks_as_a_normal_user_with_py_spy_shipped(cluster: Cluster, home: Path,
                                                      tmp_path: Path, strays: None) -> None:
     """A non-root user on the hosts, whose Python has no py-spy: clusterrun ships this
-    machine's (the clusterrun[stacks] extra), keeps it under the workdir, and reads that
+    machine's (a dependency of clusterrun), keeps it under the workdir, and reads that
     user's ranks with it."""
     from clusterrun.sandbox import users
 

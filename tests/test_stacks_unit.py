@@ -6,6 +6,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
+
 from clusterrun.preflight.stacks import host_checks
 from clusterrun.remote import stall
 from clusterrun.stacks import view
@@ -77,7 +79,7 @@ def test_check_warns_where_stacks_cannot_be_taken() -> None:
 
 def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: Path) -> None:
     from clusterrun.plan.environment import flight_recorder
-    from clusterrun.remote import pystack
+    from clusterrun.remote import flight
 
     armed = flight_recorder({}, "/w/runs/r1/gpu-a", gpus=True)
     assert armed["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
@@ -90,10 +92,119 @@ def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: 
                                     "state": "started"}]
     (tmp_path / "flight-rank-3").write_bytes(pickle.dumps({"entries": entries}))
     (tmp_path / "flight-rank-4").write_bytes(b"half a dump")
-    assert pystack.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
+    assert flight.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
         {"rank": "3", "file": "flight-rank-3", "collective": "nccl:broadcast", "seq": 3,
-         "state": "started", "entries": 3}]
-    found = Collected("r", [], flight=[dict(pystack.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
+         "state": "started", "entries": 3, "groups": {"the process group": {
+             "seq": 3, "collective": "nccl:broadcast", "state": "started"}}}]
+    found = Collected("r", [], flight=[dict(flight.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
                                             node="gpu-a")])
     assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \
         view.render(found)
+
+
+def test_check_names_a_host_no_py_spy_can_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun import pyspy
+
+    spec = host_spec("10.0.0.7", "power-a")
+    here = pyspy.Binary("/venv/bin/py-spy", "ab" * 32, 8, "Linux", "x86_64")
+    normal = {"root": True, "cap_sys_ptrace": True, "scope": 0, "pyspy": None}
+    monkeypatch.setattr(pyspy, "local", lambda: here)
+    assert host_checks(spec, {"ptrace": dict(normal, machine="x86_64")}) == []  # shipped there
+    assert host_checks(spec, {"ptrace": dict(normal, machine="ppc64le",
+                                             pyspy="/venv/bin/py-spy")}) == []  # its own
+    [found] = host_checks(spec, {"ptrace": dict(normal, machine="ppc64le")})
+    assert found.warning and found.name == "stacks"
+    assert found.detail.startswith("warning: power-a: no py-spy for this host (ppc64le)")
+    assert "is a Linux (ELF) x86_64 program" in found.detail
+    assert "pip install py-spy" in found.detail
+    monkeypatch.setattr(pyspy, "local", lambda: None)
+    [found] = host_checks(spec, {"ptrace": dict(normal, machine="x86_64")})
+    assert "this machine has no py-spy to send" in found.detail
+    assert host_checks(spec, {"ptrace": normal}) == []  # an older probe says no machine
+
+
+def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
+    from clusterrun.remote import watchdog as hub
+
+    found = Collected("r", [], problems={"node2": "node2: py-spy is not installed there nor here"})
+    lines, record = report(found, 15)
+    assert lines[0] == ("stall: no rank made progress for 15 s; no rank's stack could be read, "
+                        "so no rank or host can be named as the cause")
+    assert lines[1] == "stall: no stacks from node2: node2: py-spy is not installed there nor here"
+    assert record["odd"] == [] and record["blind"]
+    assert "0 ranks" not in "\n".join(lines)
+    # The detached run's hub says the same, per rank, from the errors its peers sent.
+    got = {"node1": [{"rank": 0, "pid": 11, "threads": [], "error": "no py-spy on this host",
+                      "last_line": "step 3"}], "node2": []}
+    said, odd_node = hub._lines(got, 15)  # type: ignore[no-untyped-call]
+    assert odd_node is None
+    assert said[0].endswith("so no rank or host can be named as the cause")
+    assert said[1] == "stall: rank 0 on node1 (pid 11): no py-spy on this host; last line: 'step 3'"
+    assert hub.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
+        "stalled, no rank made progress for 15 s; no rank's stack could be read")
+
+
+def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path) -> None:
+    from clusterrun.remote import pystack
+    from clusterrun.stacks.model import from_reply
+
+    train = tmp_path / "train.py"
+    train.write_text("import time\n" * 18 + "        time.sleep(3600)\n" + "\n" * 13 +
+                     "for step, batch in enumerate(loader):\n")
+    site = "/venv/lib/python3.11/site-packages/torch/utils/data"
+    module = {"function": "<module>", "file": str(train), "line": 33}
+    rank_frames = [module, {"function": "_BaseDataLoaderIter.__next__",
+                            "file": f"{site}/dataloader.py", "line": 733},
+                   {"function": "_PollLikeSelector.select", "file": "/usr/lib/python3.11/"
+                    "selectors.py", "line": 415}]
+    # A forked worker still holds the parent's frames (the for line) outside its loop.
+    worker_frames = [module, {"function": "_worker_loop", "file": f"{site}/_utils/worker.py",
+                              "line": 349},
+                     {"function": "Shards.__getitem__", "file": str(train), "line": 19}]
+    code = str(tmp_path)
+    entry = {"rank": 3, "pid": 40, "threads": [{"name": "MainThread", "active": False,
+                                                 "frames": rank_frames}],
+             "user": pystack.user_frame(rank_frames, code),
+             "children": [{"pid": 41, "label": "DataLoader worker 1", "threads": [
+                 {"name": "MainThread", "active": False, "frames": worker_frames}],
+                 "user": pystack.user_frame(worker_frames, code, 1)}]}
+    # An idle worker (waiting for indices) has no line of its own: the inherited one is not it.
+    idle = [*worker_frames[:2], {"function": "Queue.get", "file": "/usr/lib/python3.11/"
+                                 "multiprocessing/queues.py", "line": 113}]
+    assert pystack.user_frame(idle, code, 1) is None
+    assert pystack.user_frame(idle, code)["line"] == 33  # type: ignore[index]
+    said = pystack.where(entry)
+    assert said == ("rank 3 waits in `for step, batch in enumerate(loader):` (train.py:33), "
+                    "inside `_BaseDataLoaderIter.__next__`; DataLoader worker 1 (pid 41) waits "
+                    "in `time.sleep(3600)` (train.py:19) in `Shards.__getitem__`")
+    assert pystack.data_wait(rank_frames, False) and not pystack.waiting_in(entry["threads"])
+    # A decorator's frame is not the call the user made: torch wraps its collectives.
+    wrapped = [module, {"function": "_exception_logger.<locals>.wrapper", "file": "/venv/lib/"
+                        "python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81},
+               {"function": "all_reduce", "file": TORCH, "line": 3252}]
+    assert pystack.user_frame(wrapped, code)["call"] == "all_reduce"  # type: ignore[index]
+    # The controller shows the line under the odd rank, and the worker's own stack.
+    rank = from_reply("node2", dict(entry, where=said, state="S", last_line="step 7"))
+    found = Collected("r", [waiting(0, "node1"), rank])
+    text = view.render(found)
+    assert f"  {said}" in text
+    assert "    DataLoader worker 1 (pid 41):" in text
+    assert f"        Shards.__getitem__  {train}:19" in text
+    lines, record = report(found, 10)
+    assert lines[2] == f"stall:   {said}" and record["odd"][0]["where"] == said
+
+
+def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
+    from clusterrun.remote import watchdog as hub
+
+    blind = RankStack(2, "node3", 1002, (), error="no py-spy on this host", last_line="step 2")
+    found = Collected("r", [waiting(0, "node1"), waiting(1, "node2"), blind])
+    lines, record = report(found, 10)
+    assert record["odd"] == [] and not any("odd one out" in x for x in lines), lines
+    assert lines[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"
+    # The hub: the same.
+    got = {n: [dict(r.to_json(), error=r.error, last_line=r.last_line)] for n, r in
+           (("node1", found.ranks[0]), ("node2", found.ranks[1]), ("node3", blind))}
+    said, odd_node = hub._lines(got, 10)  # type: ignore[no-untyped-call]
+    assert odd_node is None and not any("odd one out" in x for x in said), said
+    assert said[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"

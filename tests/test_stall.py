@@ -63,6 +63,29 @@ def test_a_stopped_stall_names_the_hung_rank_and_exits_7(cluster: Cluster, home:
     assert '"event": "stalled"' in events
 
 
+def test_a_dataloader_worker_hang_names_the_users_line_and_the_worker(
+        cluster: Cluster, home: Path, tmp_path: Path, strays: None) -> None:
+    """Rank 1's DataLoader worker sleeps for ever in the dataset's __getitem__: the report names
+    the rank, the script's own line it waits in and the library call, and the worker process
+    with its own line; the stop leaves no worker behind on any host."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "loader_hang.py")
+    cp = run_cli("launch", "--nproc-per-node", "1", "--grace", "2", "--stall-timeout",
+                 str(TIMEOUT), "--on-stall", "stop", "--env", "HANG_RANK=1", str(inv),
+                 str(script), timeout=240)
+    assert cp.returncode == 7, cp.stderr[-3000:]
+    odd = _odd_line(cp.stderr)
+    assert "rank 1 on node14" in odd, odd
+    lines = cp.stderr.splitlines()
+    where = lines[next(i for i, x in enumerate(lines) if "stall: odd one out:" in x) + 1]
+    assert ("stall:   rank 1 waits in `for step, batch in enumerate(loader):` "
+            "(loader_hang.py:34), inside `_BaseDataLoaderIter.__next__`") in where, where
+    assert re.search(r"; DataLoader worker \d \(pid \d+\) waits in `time.sleep\(3600\)` "
+                     r"\(loader_hang.py:29\) in `Shards.__getitem__`", where), where
+    assert re.search(r"stall: ranks 0,2 \(node\[13,15\]\) wait in all_reduce", cp.stderr)
+    assert cluster.wait_no_processes(HOSTS, 20) == {}
+
+
 def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path: Path,
                                           strays: None) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2])
@@ -73,6 +96,20 @@ def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path
                  timeout=240)
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "stall" not in cp.stderr
+
+
+def test_a_slow_checkpoint_write_is_not_a_stall(cluster: Cluster, home: Path, tmp_path: Path,
+                                                strays: None) -> None:
+    """Rank 0 writes a checkpoint slowly for 3 stall timeouts (little CPU, no output) while the
+    others wait in all_reduce: its growing bytes are progress, and the run succeeds."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2])
+    script = copy_payload(tmp_path, "hang.py")
+    cp = run_cli("launch", "--nproc-per-node", "1", "--stall-timeout", "8", "--on-stall",
+                 "stop", "--env", "HANG=write", "--env", "WRITE=25", "--env", "HANG_RANK=0",
+                 str(inv), str(script), timeout=240)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "stall" not in cp.stderr
+    assert "rank 1 done" in cp.stdout + cp.stderr
 
 
 def test_the_detached_hub_reports_a_stall_with_no_controller(cluster: Cluster, home: Path,

@@ -47,7 +47,7 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
 
     Taken from outside with py-spy, no change to the script, never pausing a rank. Ranks with
     the same stack are grouped; the odd ones out come first, with their node, pid and last
-    log line. py-spy is the host's own, or shipped from this machine (clusterrun[stacks]).
+    log line. py-spy is the host's own, or this machine's (it comes with clusterrun), shipped.
     """
     import json
 

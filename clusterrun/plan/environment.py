@@ -45,10 +45,11 @@ def nccl_debug(env: Mapping[str, str], rundir: str) -> dict[str, str]:
 
 
 # torch's Flight Recorder (docs/troubleshooting.md): NCCL process groups keep their last
-# collectives in a ring buffer and write it to the run's folder when a collective times out.
+# collectives in a ring buffer and write it to the run's folder when a collective times out, or
+# when `clusterrun stacks` writes to a rank's pipe (remote/flight.py).
 FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
                    "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
-                   "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+                   "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
 FLIGHT_RECORDS = 2000  # entries per process group: about 2 MB per rank
 
 
@@ -62,7 +63,9 @@ def flight_recorder(env: Mapping[str, str], rundir: str, gpus: bool) -> dict[str
     return {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDS),
             "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDS),
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+            # torch makes <this><rank>.pipe; a write to it dumps the buffer while the job runs
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{rundir}/flight-pipe-rank-"}
 
 
 def forwarded(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:

@@ -1,18 +1,40 @@
 """Can `clusterrun stacks` (and the stall report) read the ranks' stacks on a host? py-spy needs
 ptrace permission over the ranks: root, CAP_SYS_PTRACE, or Yama's ptrace_scope 0 or 1 (at 1,
-the ranks opt in through rank.sh: PR_SET_PTRACER_ANY). At 2 or 3 a normal user cannot."""
+the ranks opt in through rank.sh: PR_SET_PTRACER_ANY). At 2 or 3 a normal user cannot. And a
+py-spy must exist for the host: its own, or the controller's shipped to a host of the same
+machine type (pip has py-spy for Linux x86_64 and aarch64 only)."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight.report import Check, warn
 
 
 def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
-    found = _check(spec, facts.get("ptrace"))
-    return [found] if found is not None else []
+    found = [_check(spec, facts.get("ptrace")), _binary(spec, facts.get("ptrace"))]
+    return [check for check in found if check is not None]
+
+
+def _binary(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:
+    """No py-spy there and none that could be shipped: the host's ranks cannot be read."""
+    if not isinstance(ptrace, dict) or "machine" not in ptrace or ptrace.get("pyspy"):
+        return None  # an older probe, or the host's own py-spy
+    machine = str(ptrace["machine"])
+    local = pyspy.local()
+    # The probe runs only on Linux hosts (DESIGN: hosts are Linux); its uname system is that.
+    if local is not None and local.fits("Linux", machine):
+        return None
+    why = (f"this machine has no py-spy to send ({pyspy.INSTALL} here)" if local is None
+           else f"this machine's py-spy ({local.path}) is {local.describe()}")
+    text = (f"no py-spy for this host ({machine}): {why}, and the host has none of its own; "
+            "`clusterrun stacks`, `--profile` and the stall report cannot read its ranks (the "
+            "watchdog there counts growing CPU as progress). Fix: install py-spy in the host's "
+            f"Python environment ({pyspy.INSTALL}; pip has it for Linux x86_64 and aarch64), "
+            "or put a py-spy built for it on its PATH.")
+    return warn("stacks", f"{spec.name}: {text}", text)
 
 
 def _check(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:

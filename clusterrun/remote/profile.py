@@ -1,12 +1,15 @@
-"""`stacks --profile`: how much of a window each rank spends waiting in torch.distributed
-(stdlib only, Python 3.6+).
+"""`stacks --profile`: how much of a window each rank spends waiting for its peers (stdlib only,
+Python 3.6+).
 
-One ``py-spy record --nonblocking --idle`` per rank, all at once, for the window: py-spy reads
-each rank's stack ``rate`` times a second without pausing it (``--idle`` keeps the samples of a
-thread blocked in a collective, which py-spy would otherwise drop as idle). A sample of the
-main thread counts as waiting when one of its frames is a torch.distributed collective or
-barrier (pystack.COLLECTIVES). The share of waiting samples is the rank's wait share: in a
-synchronous job the slowest rank waits least, while the others wait for it.
+Two ``py-spy record --nonblocking`` per rank, all at once, for the window: one with ``--idle``
+(every sample of every thread, blocked or not) and one without (the samples of running threads
+only). py-spy reads each rank's stack ``rate`` times a second without pausing it. Per stack of
+the main thread, the first count less the second is how often it sat idle there. A sample counts
+as waiting for the peers (pystack.peer_wait) when a torch.distributed collective or barrier is
+on its stack (running or not: NCCL's waiters may spin), or when it sat idle with its innermost
+frame in the backward pass (DDP's reducer all-reduces the gradients from autograd's hooks) or in
+torch.distributed (a work handle's wait). The share of waiting samples is the rank's wait share:
+in a synchronous job the slowest rank waits least, while the others wait for it.
 """
 
 import contextlib
@@ -20,53 +23,98 @@ from clusterrun.remote import pystack
 RATE = 50  # samples a second: py-spy's cost stays small, and 10 s give 500 samples per rank
 
 
-def is_waiting(frames):
-    """Whether a sample's frames (``name (file:line)`` each) show a collective call."""
-    for frame in frames:
-        name, _, where = frame.rpartition(" (")
-        if (name.rsplit(".", 1)[-1] in pystack.COLLECTIVES and "torch/distributed" in where):
-            return True
-    return False
+def parse_frame(text):
+    """``name (file:line)`` as py-spy's raw format writes a frame -> pystack's frame dict."""
+    name, _, where = text.rpartition(" (")
+    where = where.rstrip(")")
+    path, _, line = where.rpartition(":")
+    return {"function": name or text, "file": path or where,
+            "line": int(line) if line.isdigit() else 0}
 
 
-def count(raw):
-    """(samples, waiting) of the main thread, from py-spy's raw output (``--threads``: each
-    line ``thread (TID): NAME;frame;frame COUNT``)."""
+def main_stacks(raw):
+    """{stack: samples} of the main thread, from py-spy's raw output (``--threads``: each line
+    ``thread (TID): NAME;frame;frame COUNT``); a stack is its frames' text, outermost first."""
     lines = []
     for line in raw.splitlines():
         stack, _, number = line.rpartition(" ")
         if stack and number.isdigit():
             lines.append((stack.split(";"), int(number)))
     main = [(f, n) for f, n in lines if f[0].endswith(": MainThread")] or lines
-    samples = sum(n for _, n in main)
-    waiting = sum(n for f, n in main if is_waiting(f[1:]))
+    out = {}
+    for frames, number in main:
+        key = tuple(frames[1:])
+        out[key] = out.get(key, 0) + number
+    return out
+
+
+def count(every, running=None):
+    """(samples, waiting) of the main thread: ``every`` is the --idle record's raw output,
+    ``running`` the other's (None: no idle samples are told apart, collectives only)."""
+    stacks = main_stacks(every)
+    active = main_stacks(running) if running is not None else None
+    samples = waiting = 0
+    for key, number in stacks.items():
+        samples += number
+        frames = [parse_frame(x) for x in key]
+        if pystack.peer_wait(frames):  # a collective on the stack, running or not
+            waiting += number
+        elif active is not None and pystack.peer_wait(frames, False):
+            waiting += max(0, number - active.get(key, 0))  # its idle samples
     return samples, waiting
+
+
+def _spawn(pyspy, pid, seconds, rate, idle):
+    fd, path = tempfile.mkstemp(prefix="clusterrun-profile-", suffix=".txt")
+    os.close(fd)
+    argv = [pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+            "--rate", str(int(rate)), "--format", "raw", "--output", path, "--nonblocking",
+            "--threads"] + (["--idle"] if idle else [])
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+    except OSError:
+        os.unlink(path)
+        raise
+    return proc, path
+
+
+def _finish(proc, path, timeout):
+    """(raw output or None, stderr); the file is removed."""
+    try:
+        try:
+            _out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None, b""
+        with open(path) as handle:
+            return handle.read(), err
+    except OSError:
+        return None, b""
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def record(pyspy, pid, seconds, rate=RATE):
     """One rank through the window: {"samples", "waiting", "error"}."""
-    fd, path = tempfile.mkstemp(prefix="clusterrun-profile-", suffix=".txt")
-    os.close(fd)
     try:
-        proc = subprocess.run(
-            [pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-             "--rate", str(int(rate)), "--format", "raw", "--output", path, "--nonblocking",
-             "--idle", "--threads"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            timeout=seconds + pystack.PYSPY_TIMEOUT, check=False)
-        with open(path) as handle:
-            raw = handle.read()
-    except subprocess.TimeoutExpired:
-        return {"samples": 0, "waiting": 0, "error": "py-spy record gave no answer"}
+        every = _spawn(pyspy, pid, seconds, rate, True)
     except OSError as exc:
         return {"samples": 0, "waiting": 0, "error": "cannot run py-spy: %s" % exc}
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    samples, waiting = count(raw)
+    try:
+        running = _spawn(pyspy, pid, seconds, rate, False)
+    except OSError:
+        running = None
+    raw, err = _finish(every[0], every[1], seconds + pystack.PYSPY_TIMEOUT)
+    active = _finish(running[0], running[1], pystack.PYSPY_TIMEOUT)[0] if running else None
+    if raw is None:
+        return {"samples": 0, "waiting": 0, "error": "py-spy record gave no answer"}
+    samples, waiting = count(raw, active)
     error = None
     if not samples:
-        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        said = err.decode("utf-8", "replace").strip().splitlines()
         error = "py-spy record: %s" % (said[0] if said else "no samples")
     return {"samples": samples, "waiting": waiting, "error": error}
 

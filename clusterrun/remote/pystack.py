@@ -24,7 +24,17 @@ COLLECTIVES = frozenset((
     "scatter_object_list", "send", "recv", "isend", "irecv", "wait", "_wait", "batch_isend_irecv",
     "new_group", "init_process_group", "_store_based_barrier", "get", "wait_for_workers",
 ))
+# A rank whose main thread is idle (py-spy's per-thread flag: not running) with one of these
+# innermost waits for its peers with no collective of its own on the stack: DDP's reducer
+# all-reduces the gradients from autograd's hooks and the main thread waits for it inside the
+# backward pass (torch/autograd); FSDP and others wait on a work handle in torch/distributed.
+# The same frames while the thread runs are computing (a CPU backward runs on the caller).
+BACKWARD = frozenset(("_engine_run_backward", "run_backward", "backward"))
+# A main thread idle under these waits for a batch from its DataLoader's worker processes.
+DATALOADER = "torch/utils/data/"
 PYSPY_TIMEOUT = 8.0
+NO_PYSPY = ("no py-spy on this host (install it in the host's Python environment: pip install "
+            "py-spy; or run `clusterrun stacks` once, which ships the controller's)")
 
 
 def _stat(pid):
@@ -86,6 +96,42 @@ def cpu_ticks(pid):
     if stat is None:
         return None
     return int(stat[11]) + int(stat[12])
+
+
+def io_bytes(pid):
+    """The bytes a process has moved through read/write calls and to or from storage, summed
+    (/proc/PID/io, its threads included); None if gone or not readable. ``rchar``/``wchar``
+    grow when a read or write call returns; ``read_bytes``/``write_bytes`` grow while one
+    runs, as pages are read in or dirtied, so a single large write to a slow filesystem (a
+    checkpoint on NFS, throttled to the writeback rate) shows as it goes."""
+    try:
+        with open("/proc/%d/io" % pid) as handle:
+            fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+    except (OSError, ValueError):
+        return None
+    try:
+        return sum(int(fields.get(k, "0")) for k in ("rchar", "wchar", "read_bytes",
+                                                      "write_bytes"))
+    except ValueError:
+        return None
+
+
+def in_io_wait(pid):
+    """Whether any thread of the process sits in uninterruptible sleep (state D): inside the
+    kernel waiting on I/O, such as an fsync or close of a checkpoint on a slow filesystem (an
+    async checkpoint writes from a thread of its own)."""
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "D":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def proc_state(pid):
@@ -168,9 +214,11 @@ def _dump_once(pyspy, pid, timeout):
         return [], "py-spy answered no JSON"
     # Without the interpreter's symbols py-spy cannot name threads: the process's own
     # thread (its id is the pid) is the main one.
+    # active: py-spy's own judgement of the thread, running or idle (blocked in a wait).
     threads = [{"name": t.get("thread_name") or ("MainThread" if t.get("os_thread_id") == pid
                                                  else "thread %s" % t.get("os_thread_id")),
-                "frames": _frames(t.get("frames"))} for t in traces if isinstance(t, dict)]
+                "frames": _frames(t.get("frames")), "active": t.get("active")}
+               for t in traces if isinstance(t, dict)]
     return threads, None
 
 
@@ -182,14 +230,127 @@ def _why(text, code):
     return first + (" (%s)" % causes[-1] if causes else "")
 
 
+def code_dir(pid):
+    """The directory of the script a rank runs (its first ``*.py`` argument), or None."""
+    for arg in _cmdline(pid)[1:]:
+        text = arg.decode("utf-8", "replace")
+        if text.endswith(".py") and not text.startswith("-"):
+            if not os.path.isabs(text):
+                try:
+                    text = os.path.join(os.readlink("/proc/%d/cwd" % pid), text)
+                except OSError:
+                    return None
+            return os.path.dirname(os.path.normpath(text))
+    return None
+
+
+def _source(path, line):
+    """Line ``line`` of a source file, stripped, at most 120 characters ("" if unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            for number, text in enumerate(handle, 1):
+                if number == line:
+                    return text.decode("utf-8", "replace").strip()[:120]
+    except OSError:
+        pass
+    return ""
+
+
+def _library(path):
+    return ("site-packages/" in path or "dist-packages/" in path or "/lib/python" in path
+            or path.startswith("<"))
+
+
+def _wrapper(function):
+    """A decorator's frame (torch wraps its collectives): not the call a user made."""
+    return "<locals>" in function or function.rsplit(".", 1)[-1] in ("wrapper", "wrapped")
+
+
+def user_frame(frames, code, start=0):
+    """The innermost frame from ``start`` on in the user's own code (under ``code``, the
+    script's directory; else outside any installed package and the standard library), with its
+    source line and the library call it is in (the next frame inward that is not a decorator's):
+    ``{"function", "file", "line", "text", "call"}``."""
+    for index in range(len(frames) - 1, start - 1, -1):
+        frame = frames[index]
+        mine = frame["file"].startswith(code.rstrip("/") + "/") if code else \
+            not _library(frame["file"])
+        if mine:
+            inner = [f["function"] for f in frames[index + 1:] if not _wrapper(f["function"])]
+            return dict(frame, text=_source(frame["file"], frame["line"]),
+                        call=inner[0] if inner else None)
+    return None
+
+
+def _phrase(user, active):
+    """``waits in `for batch in loader` (train.py:33), in `_BaseDataLoaderIter.__next__```."""
+    text = "`%s`" % user["text"] if user.get("text") else "`%s`" % user["function"]
+    out = "%s %s (%s:%d)" % ("waits in" if active is False else "is in", text,
+                             user["file"].rsplit("/", 1)[-1], user["line"])
+    if user.get("text") and user.get("function") not in ("<module>", None):
+        out += " in `%s`" % user["function"]
+    if user.get("call"):
+        out += ", inside `%s`" % user["call"]
+    return out
+
+
+def where(entry):
+    """One line for a rank a user can act on: its own innermost line and the library call it is
+    in, then each child process (a DataLoader worker) that is in the user's code."""
+    main = main_thread(entry.get("threads") or [])
+    user = entry.get("user")
+    if main is None or user is None:
+        return None
+    out = "rank %d %s" % (entry["rank"], _phrase(user, main.get("active")))
+    for child in entry.get("children") or []:
+        if child.get("user"):
+            cmain = main_thread(child.get("threads") or []) or {}
+            out += "; %s (pid %d) %s" % (child["label"], child["pid"],
+                                         _phrase(child["user"], cmain.get("active")))
+    return out
+
+
+def children(pyspy, pid, code, limit=8):
+    """The rank's Python child processes (DataLoader workers, oldest first) and their stacks;
+    a child py-spy cannot read (not Python) is left out."""
+    found = sorted(procs.descendants(pid), key=lambda p: (procs.start_time(p) or 0, p))
+    out = []
+    workers = 0
+    for child in found[:limit]:
+        threads, error = dump(pyspy, child, tries=1)
+        if error:
+            continue
+        main = main_thread(threads) or {}
+        frames = main.get("frames") or []
+        loop = [i for i, f in enumerate(frames) if "torch/utils/data/_utils/worker.py" in f["file"]]
+        if loop:
+            label = "DataLoader worker %d" % workers
+            workers += 1
+        else:
+            label = "child process"
+        # A forked worker's stack still holds its parent's frames at the fork, outside the
+        # worker's loop: only the frames the loop called are the worker's own.
+        out.append({"pid": child, "label": label, "state": proc_state(child),
+                    "threads": threads, "user": user_frame(frames, code, loop[0] if loop else 0)})
+    return out
+
+
 def dump_all(pyspy, ranks, rundir):
-    """Every rank of ``ranks`` ({rank: pid}) at once: a list of per-rank dicts."""
+    """Every rank of ``ranks`` ({rank: pid}) at once: a list of per-rank dicts, each with its
+    child processes (DataLoader workers) and the line a user can act on (``where``)."""
     out = {}
 
     def one(rank, pid):
-        threads, error = dump(pyspy, pid) if pyspy else ([], "no py-spy on this host")
-        out[rank] = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
-                     "error": error, "last_line": last_line(rundir, rank)}
+        threads, error = dump(pyspy, pid) if pyspy else ([], NO_PYSPY)
+        entry = {"rank": rank, "pid": pid, "state": proc_state(pid), "threads": threads,
+                 "error": error, "last_line": last_line(rundir, rank)}
+        if not error:
+            code = code_dir(pid)
+            main = main_thread(threads) or {}
+            entry["user"] = user_frame(main.get("frames") or [], code)
+            entry["children"] = children(pyspy, pid, code)
+            entry["where"] = where(entry)
+        out[rank] = entry
 
     workers = [threading.Thread(target=one, args=item) for item in sorted(ranks.items())]
     for worker in workers:
@@ -199,40 +360,39 @@ def dump_all(pyspy, ranks, rundir):
     return [out[rank] for rank in sorted(out)]
 
 
-def waiting_in(threads):
-    """The torch.distributed call a rank's main thread waits in, or None."""
-    main = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
-    for thread in main:
-        for frame in reversed(thread.get("frames") or []):
-            if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
-                    and "torch/distributed" in frame["file"]):
-                return frame["function"]
+def main_thread(threads):
+    found = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
+    return found[0] if found else None
+
+
+def peer_wait(frames, active=None):
+    """Where a stack (frames outermost first, ``function`` and ``file`` each) waits for the
+    rank's peers, or None. A collective or barrier of torch.distributed on the stack, running
+    or not (NCCL's waiters may spin); or, with the thread idle (``active`` False), an innermost
+    frame in the backward pass (DDP's gradient all-reduce) or in torch.distributed (a work
+    handle's wait: FSDP)."""
+    for frame in reversed(frames):
+        if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
+                and "torch/distributed" in frame["file"]):
+            return frame["function"]
+    if active is False and frames:
+        inner = frames[-1]
+        name = inner["function"].rsplit(".", 1)[-1]
+        if "torch/autograd/" in inner["file"] and name in BACKWARD:
+            return "backward (DDP's gradient all-reduce)"
+        if "torch/distributed/" in inner["file"]:
+            return inner["function"]
     return None
 
 
-def flight(rundir):
-    """torch's Flight Recorder dumps in the run's folder (written by NCCL when a collective
-    timed out; plan/environment.py arms it): per rank, the last collective it entered."""
-    import pickle  # only here: most runs have no dump
+def data_wait(frames, active=None):
+    """Whether an idle stack waits for a batch from its DataLoader's worker processes."""
+    return active is False and any(DATALOADER in f["file"] for f in frames)
 
-    out = []
-    try:
-        names = sorted(n for n in os.listdir(rundir) if n.startswith("flight-rank-"))
-    except OSError:
-        return out
-    for name in names:
-        try:
-            with open(os.path.join(rundir, name), "rb") as handle:
-                data = handle.read()
-            # The run's own ranks wrote it (pickle, or JSON with TORCH_NCCL_USE_JSON).
-            dump = json.loads(data) if data[:1] == b"{" else pickle.loads(data)  # noqa: S301
-            entries = dump.get("entries") or []
-        except Exception:  # a dump being written, or another torch's format: left out
-            entries = []
-        if entries:
-            last = entries[-1]
-            out.append({"rank": name[len("flight-rank-"):], "file": name,
-                        "collective": str(last.get("profiling_name") or "?"),
-                        "seq": last.get("collective_seq_id"), "state": last.get("state"),
-                        "entries": len(entries)})
-    return out
+
+def waiting_in(threads):
+    """Where a rank's main thread waits for its peers (``peer_wait``), or None."""
+    main = main_thread(threads)
+    if main is None:
+        return None
+    return peer_wait(main.get("frames") or [], main.get("active"))

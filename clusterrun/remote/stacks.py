@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote import cgroup, common, procs, profile, pystack
+from clusterrun.remote import cgroup, common, flight, procs, profile, pystack
 
 
 def cached(req):
@@ -83,7 +83,9 @@ def main(stdin):
             answer["ranks"] = pystack.dump_all(pyspy, ranks, rundir)
             for entry in answer["ranks"]:
                 entry["profile"] = shares.get(entry["rank"])
-    answer["flight"] = pystack.flight(rundir)  # torch's Flight Recorder, if it dumped
+    if ranks:  # a live run: ranks with a Flight Recorder pipe (NCCL) dump it now
+        answer["flight_asked"] = flight.request(rundir)
+    answer["flight"] = flight.flight(rundir)  # torch's Flight Recorder, if it dumped
     common.reply(answer)
 
 

@@ -2,11 +2,14 @@
 and, on the master of a detached run (the gang's hub), is the whole run stalled.
 
 The rule (docs/troubleshooting.md, "My job hangs"): a rank makes progress when it writes a new
-line, or when its process's CPU time grows while its stack is not inside a torch.distributed
-collective, barrier or wait (NCCL's waiting ranks may spin a core). A run is stalled when no rank
-on any node has made progress for the timeout. A silent busy job is never stalled. Without
-py-spy on the host, growing CPU time always counts as progress (never a false stall; a run of
-spinning NCCL waiters is then not found).
+line, when its process's CPU time grows while its stack is not inside a torch.distributed
+collective, barrier or wait (NCCL's waiting ranks may spin a core), when the bytes it reads or
+writes grow (/proc/PID/io: a checkpoint written slowly uses little CPU and prints nothing), or
+while one of its threads sits in uninterruptible I/O (state D, an fsync to a slow filesystem) for
+at most IO_WAIT_MAX at a stretch. A run is stalled when no rank on any node has made progress for
+the timeout. A silent busy job is never stalled. Without py-spy on the host, growing CPU time
+always counts as progress (never a false stall; a run of spinning NCCL waiters is then not
+found).
 
 Each supervisor measures its own node (``Progress``) and reports how long it has been quiet:
 to the controller (a "progress" event) or, detached, to the hub over the gang connection. The
@@ -28,6 +31,9 @@ FIND_EVERY = 30.0  # the ranks are looked for again (a walk of /proc) at least t
 STACKS_WAIT = 20.0  # the hub waits this long for the peers' stacks
 STATUS = 7  # the exit status of a stall ended by --on-stall stop (docs/exit-status.md)
 MAX_FRAMES = 24  # per thread over the gang: a line stays far below its 64 KiB limit
+# Uninterruptible I/O with no byte moving counts as progress this long at a stretch: a flush of a
+# large checkpoint to a slow filesystem takes minutes; a dead NFS server holds a rank forever.
+IO_WAIT_MAX = 600.0
 
 
 def stalled(quiet, timeout):
@@ -51,6 +57,8 @@ class Progress:
         self.looked = 0.0
         self.found_at = 0.0
         self.waiting = {}  # pid -> (when, in a collective)
+        self.io = {}  # pid -> bytes read and written, at the last look
+        self.io_wait = {}  # pid -> since when it sits in state D with no byte moving
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         # A short timeout needs fresher looks at the stacks; the default one, fewer.
         self.stack_age = max(1.0, min(STACK_AGE, timeout / 4.0))
@@ -72,10 +80,28 @@ class Progress:
         if not self.ranks:
             moved = True  # starting (torchrun importing torch) or ending: nothing to judge
         for pid in self.ranks.values():
-            if self._busy(pid, now) and not self._in_collective(pid, now):
+            # Every test runs for every rank: each keeps its own last reading up to date.
+            io = self._io(pid, now)
+            if self._busy(pid, now) and not self._waiting(pid, now):
                 moved = True
+            moved = moved or io
         if moved:
             self.last = now
+
+    def _io(self, pid, now):
+        """Progress through I/O: the rank's bytes grew since the last look, or it waits in the
+        kernel for I/O (not longer than IO_WAIT_MAX at a stretch)."""
+        total = pystack.io_bytes(pid)
+        before = self.io.get(pid)
+        self.io[pid] = total
+        if total is not None and before is not None and total > before:
+            self.io_wait.pop(pid, None)
+            return True
+        if not pystack.in_io_wait(pid):
+            self.io_wait.pop(pid, None)
+            return False
+        since = self.io_wait.setdefault(pid, now)
+        return now - since < IO_WAIT_MAX
 
     def _output(self):
         moved = False
@@ -104,23 +130,31 @@ class Progress:
             return False
         return (ticks - before[0]) / float(self.hz) / (now - before[1]) > BUSY
 
-    def _in_collective(self, pid, now):
+    def _waiting(self, pid, now):
+        """Whether a busy rank's CPU is not its progress: its main thread waits for its peers
+        (a collective, DDP's backward) or for its DataLoader, and other threads burn the CPU."""
         if self.pyspy is None:
             return False
         seen = self.waiting.get(pid)
         if seen is None or now - seen[0] > self.stack_age:
             threads, _error = pystack.dump(self.pyspy, pid, tries=1)
-            seen = (now, pystack.waiting_in(threads) is not None)
+            main = pystack.main_thread(threads) or {}
+            frames, active = main.get("frames") or [], main.get("active")
+            seen = (now, pystack.peer_wait(frames, active) is not None
+                    or pystack.data_wait(frames, active))
             self.waiting[pid] = seen
         return seen[1]
 
 
 def compact(ranks):
     """Stacks small enough for one gang line: each thread's innermost frames."""
+    def trim(threads):
+        return [dict(t, frames=t["frames"][-MAX_FRAMES:]) for t in threads or []]
+
     out = []
     for entry in ranks:
-        threads = [dict(t, frames=t["frames"][-MAX_FRAMES:]) for t in entry.get("threads") or []]
-        out.append(dict(entry, threads=threads))
+        kids = [dict(c, threads=trim(c.get("threads"))) for c in entry.get("children") or []]
+        out.append(dict(entry, threads=trim(entry.get("threads")), children=kids))
     return out
 
 

@@ -236,17 +236,21 @@ def machine():
 
 def ptrace():
     """Whether `clusterrun stacks` can read a rank's stack here (preflight/stacks.py judges):
-    Yama's ptrace_scope (None: no Yama), root or CAP_SYS_PTRACE, py-spy next to this Python."""
+    Yama's ptrace_scope (None: no Yama), root or CAP_SYS_PTRACE, py-spy next to this Python or
+    on PATH, and the machine type."""
     scope = _read("/proc/sys/kernel/yama/ptrace_scope")
     caps = [x for x in (_read("/proc/self/status") or "").splitlines() if x.startswith("CapEff:")]
     try:
         cap = bool(int(caps[0].split()[1], 16) >> 19 & 1) if caps else False
     except ValueError:
         cap = False
-    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    spy = [os.path.join(d, "py-spy") for d in
+           [os.path.dirname(sys.executable), *os.environ.get("PATH", "").split(":")] if d]
+    spy = [p for p in spy if os.path.isfile(p) and os.access(p, os.X_OK)]
+    # machine: whether the controller's py-spy can be shipped here (the same `uname -m`).
     return {"scope": int(scope) if scope and scope.strip().isdigit() else None,
             "root": os.geteuid() == 0, "cap_sys_ptrace": cap,
-            "pyspy": spy if os.access(spy, os.X_OK) else None}
+            "pyspy": spy[0] if spy else None, "machine": os.uname()[4]}
 
 
 def environment():

@@ -39,39 +39,61 @@ def spans(numbers):
 def _lines(ranks_by_node, timeout):
     """The report: odd ranks out first (node, rank, frame, last line), then the waiting group."""
     ranks = [dict(r, node=n) for n, found in ranks_by_node.items() for r in found]
+    if not [r for r in ranks if not r.get("error")]:
+        return blind(ranks, timeout), None
     groups = {}
-    for rank in ranks:
+    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
+    for rank in [r for r in ranks if not r.get("error")]:
         main = [t for t in rank.get("threads") or [] if t.get("name") == "MainThread"]
         frames = (main or rank.get("threads") or [{}])[0].get("frames") or []
         key = (rank.get("error"), rank.get("state") == "T",
                tuple((f["function"], f["file"], f["line"]) for f in frames))
-        groups.setdefault(key, []).append((rank, frames))
+        active = (main or rank.get("threads") or [{}])[0].get("active")
+        groups.setdefault(key, []).append((rank, frames, active))
     # Ranks outside any collective first (the likelier cause), then the smallest groups.
     ordered = sorted(groups.values(), key=lambda g: (
-        pystack.waiting_in([{"name": "MainThread", "frames": g[0][1]}]) is not None, len(g),
-        g[0][0]["rank"]))
+        pystack.peer_wait(g[0][1], g[0][2]) is not None, len(g), g[0][0]["rank"]))
     out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
            % (timeout, len(ranks), len(ordered))]
     odd_node = None
     for index, members in enumerate(ordered):
-        rank, frames = members[0]
-        wait = pystack.waiting_in([{"name": "MainThread", "frames": frames}])
+        rank, frames, active = members[0]
+        wait = pystack.peer_wait(frames, active)
         where = rank.get("error") or ("%s (%s:%d)" % (frames[-1]["function"], frames[-1]["file"],
                                                        frames[-1]["line"]) if frames else "?")
-        numbers = sorted(r["rank"] for r, _ in members)
-        nodes = sorted({r["node"] for r, _ in members})
+        numbers = sorted(m[0]["rank"] for m in members)
+        nodes = sorted({m[0]["node"] for m in members})
         if index < len(ordered) - 1 or (len(ordered) == 1 and len(members) == 1):
-            for member, _ in sorted(members, key=lambda m: m[0]["rank"]):
+            for member in sorted((m[0] for m in members), key=lambda m: m["rank"]):
                 odd_node = odd_node or member["node"]
                 stopped = " STOPPED (SIGSTOP)" if member.get("state") == "T" else ""
                 out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
                            % (member["rank"], member["node"], member["pid"], stopped,
                               "the collective " + wait if wait else where,
                               member.get("last_line", "")))
+                if member.get("where"):  # its own line, and its DataLoader workers'
+                    out.append("stall:   %s" % member["where"])
         else:
             out.append("stall: ranks %s (%s) wait in %s" % (
                 spans(numbers), ",".join(nodes), wait or where))
+    for rank in sorted((r for r in ranks if r.get("error")), key=lambda r: r["rank"]):
+        out.append("stall: no stack from rank %d on %s (pid %d): %s" % (
+            rank["rank"], rank["node"], rank["pid"], rank["error"]))
     return out, odd_node
+
+
+def blind(ranks, timeout):
+    """No rank's stack could be read (no py-spy there, no permission): say so per rank, and
+    name no rank or host as the cause."""
+    out = ["stall: no rank made progress for %d s; no rank's stack could be read, so no rank or "
+           "host can be named as the cause" % timeout]
+    for rank in sorted(ranks, key=lambda r: (r["node"], r["rank"])):
+        out.append("stall: rank %d on %s (pid %d): %s; last line: %r" % (
+            rank["rank"], rank["node"], rank["pid"], rank.get("error") or "no stack",
+            rank.get("last_line", "")))
+    if not ranks:
+        out.append("stall: no rank was found on any host")
+    return out
 
 
 def shipped(rundir):
@@ -100,6 +122,7 @@ class Watch:
         self.fired = False
         self.gathering = None  # hub: (deadline, {node: ranks})
         self.dumper = stall.Dumper()
+        self.spy_looked = time.monotonic()
 
     def rank_env(self, env):
         """Where Yama's ptrace_scope is 1 and we are not root, the ranks opt in to be read by
@@ -119,6 +142,9 @@ class Watch:
     def tick(self, now):
         if self.timeout <= 0 or self.sup.phase.value != "running":
             return
+        if self.progress.pyspy is None and now - self.spy_looked > stall.FIND_EVERY:
+            self.spy_looked = now  # a `clusterrun stacks` may have shipped one since
+            self.progress.pyspy = shipped(self.sup.rundir)
         self.progress.look(now)
         if now - self.reported >= stall.REPORT:
             self.reported = now

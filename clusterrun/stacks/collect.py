@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
 from clusterrun.runs import attempts, notify
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import pyspy
 from clusterrun.stacks.model import Collected, from_reply
-from clusterrun.stacks.profile import stragglers
+from clusterrun.stacks.profile import judged, stragglers
 from clusterrun.transport import SshOptions, Transport
 from clusterrun.transport.programs import call
 
@@ -40,7 +40,7 @@ def unfit(name: str, binary: pyspy.Binary, reply: dict[str, Any]) -> str:
     there = " ".join(str(reply.get(k) or "unknown") for k in ("system", "machine"))
     return (f"{name}: py-spy is not installed there, and this machine's ({binary.path}) is "
             f"{binary.describe()}, which a {there} host cannot run; install py-spy in the "
-            "host's Python environment (pip install py-spy)")
+            f"host's Python environment ({pyspy.INSTALL})")
 
 
 def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
@@ -56,9 +56,10 @@ def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
     if not reply.get("need_pyspy"):
         return reply
     if binary is None:
-        reply["problem"] = (f"{spec.name}: py-spy is not installed there nor here; install it "
-                            f"on the controller ({pyspy.INSTALL}) and clusterrun ships it, or "
-                            "in the host's Python environment (pip install py-spy)")
+        reply["problem"] = (f"{spec.name}: py-spy is not installed there nor here (pip has none "
+                            "for this machine's platform, or it was uninstalled); install it in "
+                            f"the host's Python environment ({pyspy.INSTALL}), or on this "
+                            "machine and clusterrun ships it")
         return reply
     if not binary.fits(reply.get("system"), reply.get("machine")):
         reply["problem"] = unfit(spec.name, binary, reply)
@@ -103,7 +104,7 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
 
     results = remote_runs.each_node(attempt, ssh, one,
                                     ssh.connect_timeout + TIMEOUT + 90 + 2 * (profile or 0))
-    out = Collected(run=run.id)
+    out = Collected(run=run.id, partial=wanted is not None)
     for result in results:
         name = result.spec.name
         reply = result.value
@@ -124,13 +125,15 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
     out.ranks.sort(key=lambda r: r.rank)
     if profile:
         out.stragglers = stragglers(out.ranks)
-        _record(run, attempt.attempt, out)
+        if not out.partial:  # a profile of some hosts or ranks says nothing about the run
+            _record(run, attempt.attempt, out)
     return out
 
 
 def _record(run: RunDir, k: int, found: Collected) -> None:
     """Stragglers named by a whole profile go into the run's events (once while they stay)."""
-    if found.problems or not found.ranks:
+    # A host that gave nothing, or a rank py-spy barely sampled, leaves the run unjudged.
+    if found.problems or not found.ranks or not all(judged(r) for r in found.ranks):
         return
     shares = {str(r.rank): r.wait_share for r in found.ranks if r.wait_share is not None}
     with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:

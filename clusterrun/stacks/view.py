@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from clusterrun.inventory.ranges import fold
-from clusterrun.remote import pystack  # the same rule the hosts apply
-from clusterrun.stacks.model import Collected, RankStack
+from clusterrun.remote import flight, pystack  # the same rules the hosts apply
+from clusterrun.stacks.model import Collected, RankStack, Thread
 
-# A frame of one of these, in torch/distributed, means the rank waits for its peers there.
-COLLECTIVE_HINT = "torch/distributed"
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
 
 
@@ -54,13 +52,14 @@ def groups(collected: Collected) -> list[Group]:
 
 
 def waiting_in(rank: RankStack) -> Optional[str]:
-    """The torch.distributed function the rank's main thread waits in, if it does."""
-
+    """Where the rank's main thread waits for its peers (remote/pystack.py ``peer_wait``): a
+    torch.distributed collective, or, idle, DDP's backward or a torch.distributed wait."""
     main = rank.main
     if main is None:
         return None
-    found = pystack.waiting_in([{"name": main.name, "frames": [  # type: ignore[no-untyped-call]
-        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames]}])
+    found = pystack.peer_wait([  # type: ignore[no-untyped-call]
+        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames],
+        main.active)
     return str(found) if found else None
 
 
@@ -76,10 +75,20 @@ def innermost(rank: RankStack) -> str:
 
 
 def _frame_lines(rank: RankStack, indent: str) -> list[str]:
+    lines = _thread_lines(rank.threads, rank.main, indent)
+    for child in rank.children:  # DataLoader workers: where the rank's wait may really be
+        main = next((t for t in child.threads if t.name == "MainThread"),
+                    child.threads[0] if child.threads else None)
+        lines.append(f"{indent}{child.label} (pid {child.pid}):")
+        lines.extend(_thread_lines(child.threads, main, indent + "  "))
+    return lines
+
+
+def _thread_lines(threads: tuple[Thread, ...], main: Optional[Thread], indent: str) -> list[str]:
     lines: list[str] = []
-    for thread in rank.threads:
+    for thread in threads:
         frames = thread.frames
-        if thread is not rank.main:
+        if thread is not main:
             where = frames[-1].short if frames else "no Python frames"
             lines.append(f"{indent}thread {thread.name}: {where}")
             continue
@@ -92,15 +101,23 @@ def _frame_lines(rank: RankStack, indent: str) -> list[str]:
 
 
 def _rank_head(rank: RankStack) -> str:
-    extra = ", STOPPED (SIGSTOP: resume it with kill -CONT)" if rank.state == "T" else ""
+    extra = {"T": ", STOPPED (SIGSTOP: resume it with kill -CONT)",
+             "D": ", in uninterruptible I/O (state D)"}.get(rank.state or "", "")
     return f"rank {rank.rank} ({rank.node}, pid {rank.pid}{extra})"
 
 
 def flight_lines(collected: Collected) -> list[str]:
-    """torch's Flight Recorder, where a collective timed out: the last collective each rank
-    entered (a rank behind the others entered an earlier one, or none)."""
-    return [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
-            f"#{f['seq']} ({f['state']})" for f in collected.flight]
+    """torch's Flight Recorder, where it dumped (a collective timed out, or `stacks` asked an
+    NCCL rank through its pipe): the last collective each rank entered, then the ranks that
+    fell behind their process group (remote/flight.py ``behind``)."""
+    lines = [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
+             f"#{f['seq']} ({f['state']})" for f in collected.flight]
+    for late in flight.behind(collected.flight):  # type: ignore[no-untyped-call]
+        ahead = late["ahead"]
+        lines.append(f"  flight recorder: rank {late['rank']} ({late['node']}) is behind in "
+                     f"{late['group']}: it last entered {late['collective']} #{late['seq']}, "
+                     f"the others got to {ahead['collective']} #{ahead['seq']}")
+    return lines
 
 
 def render(collected: Collected, *, frames: bool = True) -> list[str]:
@@ -123,6 +140,8 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
         lines.append(f"{tag}{group.label}: {what}")
         for rank in group.ranks if (odd or len(group.ranks) <= 4) else group.ranks[:1]:
             lines.append(f"  {_rank_head(rank)} last line: {rank.last_line!r}")
+            if odd and rank.where:
+                lines.append(f"  {rank.where}")
         if len(group.ranks) > 4 and not odd:
             lines.append(f"  ... and {len(group.ranks) - 1} more with the same stack")
         if frames:

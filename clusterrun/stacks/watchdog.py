@@ -10,6 +10,7 @@ One report per stall: the run must move again (``resumed``) before another one.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -27,7 +28,12 @@ from clusterrun.transport import SshOptions
 
 def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
     """The report's lines (odd ranks out first, then the waiting group) and its record."""
-    groups = view.groups(found)
+    seen = [r for r in found.ranks if not r.error]
+    if not seen:  # blind: say what could not be seen, name no rank (and so no host)
+        return blind(found, timeout), {"timeout": timeout, "odd": [], "waiting": None,
+                                       "blind": True, "stacks": found.to_json()["ranks"]}
+    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
+    groups = view.groups(dataclasses.replace(found, ranks=seen))
     lines = [f"stall: no rank made progress for {timeout:g} s; {len(found.ranks)} ranks, "
              f"{len(groups)} different stack{'s' if len(groups) != 1 else ''}"]
     odd: list[dict[str, Any]] = []
@@ -40,16 +46,32 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
                 stopped = " STOPPED (SIGSTOP)" if rank.state == "T" else ""
                 lines.append(f"stall: odd one out: rank {rank.rank} on {rank.node} (pid "
                              f"{rank.pid}){stopped} in {where}; last line: {rank.last_line!r}")
+                if rank.where:  # its own line, and its DataLoader workers'
+                    lines.append(f"stall:   {rank.where}")
                 odd.append({"rank": rank.rank, "node": rank.node, "pid": rank.pid,
                             "frame": view.innermost(rank), "last_line": rank.last_line,
-                            "stopped": rank.state == "T"})
+                            "stopped": rank.state == "T", "where": rank.where})
         else:
             lines.append(f"stall: {group.label} wait in {wait or where}")
             waiting = {"ranks": [r.rank for r in group.ranks], "in": wait or where}
     for name, why in sorted(found.problems.items()):
         lines.append(f"stall: no stacks from {name}: {why}")
+    lines.extend(f"stall: no stack from rank {r.rank} on {r.node} (pid {r.pid}): {r.error}"
+                 for r in found.ranks if r.error)
     return lines, {"timeout": timeout, "odd": odd, "waiting": waiting,
                    "stacks": found.to_json()["ranks"]}
+
+
+def blind(found: Collected, timeout: float) -> list[str]:
+    """The report when no rank's stack could be read: why, per host, instead of a verdict."""
+    lines = [f"stall: no rank made progress for {timeout:g} s; no rank's stack could be read, "
+             "so no rank or host can be named as the cause"]
+    for name, why in sorted(found.problems.items()):
+        lines.append(f"stall: no stacks from {name}: {why}")
+    for rank in found.ranks:
+        lines.append(f"stall: rank {rank.rank} on {rank.node} (pid {rank.pid}): {rank.error}; "
+                     f"last line: {rank.last_line!r}")
+    return lines
 
 
 class Watchdog:

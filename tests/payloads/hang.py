@@ -3,10 +3,13 @@
     HANG          "sleep": HANG_RANK sleeps outside any collective while the others wait in
                   all_reduce; "stop": HANG_RANK stops itself (SIGSTOP); "skip": HANG_RANK skips
                   an all_reduce and waits in a barrier the others never reach; "busy": every rank
-                  computes silently for BUSY seconds (never a stall); "" : no hang
+                  computes silently for BUSY seconds (never a stall); "write": HANG_RANK writes
+                  a checkpoint slowly for WRITE seconds (64 KiB every 0.25 s, then fsync: little
+                  CPU, no output) while the others wait in all_reduce (never a stall); "" : no hang
     HANG_RANK     the rank that hangs (default 1)
     STEPS         all_reduce steps before the hang (default 3); each prints one line
     BUSY          seconds of silent computing for "busy" (default 40)
+    WRITE         seconds of slow checkpoint writing for "write" (default 40)
 """
 
 import os
@@ -38,8 +41,21 @@ def busy(seconds):
     return total
 
 
+def write_checkpoint_slowly(seconds):
+    path = f"/tmp/hang-checkpoint-{os.getpid()}.pt"
+    end = time.monotonic() + seconds
+    with open(path, "wb", buffering=0) as out:
+        while time.monotonic() < end:
+            out.write(b"\0" * 65536)
+            time.sleep(0.25)
+        os.fsync(out.fileno())
+    os.unlink(path)
+
+
 if mode == "busy":
     busy(float(os.environ.get("BUSY", "40")))
+elif rank == hang_rank and mode == "write":
+    write_checkpoint_slowly(float(os.environ.get("WRITE", "40")))
 elif rank == hang_rank and mode == "sleep":
     sleep_outside_collectives()
 elif rank == hang_rank and mode == "stop":

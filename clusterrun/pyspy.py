@@ -1,10 +1,12 @@
-"""The controller's py-spy binary (the `clusterrun[stacks]` extra), shipped to hosts lacking one.
+"""The controller's py-spy binary (a dependency of clusterrun), shipped to hosts lacking one.
 
 py-spy is one static binary: a host of the same system and CPU as that binary runs the same
 file, so nothing needs installing on the hosts. Which system and CPU is read from the file's
 own header, not from this machine: a macOS controller's py-spy is a Mach-O program that no Linux
 host runs, whatever the CPU. A host's own py-spy (in its Python's bin/ or on PATH) always wins;
-a shipped copy is kept under ``<workdir>/runs/.tools/`` for next time.
+a shipped copy is kept under ``<workdir>/runs/.tools/`` for next time. Where pip has no py-spy
+for the controller's platform, clusterrun installs without it (pyproject.toml's marker) and only
+hosts with their own py-spy can be read.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-INSTALL = "pip install 'clusterrun[stacks]'"
+INSTALL = "pip install py-spy"
 
 # ELF e_machine values (the System V ABI's registry), named as Linux's `uname -m` names them.
 ELF_MACHINES = {3: "i686", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64",
