@@ -15,11 +15,11 @@ from clusterrun.sandbox.cluster import (
     partition,
     pids,
     regenerate_host_key,
-    require_support,
     restore_host_key,
     up,
 )
 from clusterrun.sandbox.logins import logins
+from clusterrun.sandbox.support import require_support
 
 __all__ = ["PARTITION_TABLE", "Sandbox", "SandboxHost", "SandboxNetwork", "SandboxNic",
            "add_network", "down", "exec_in", "heal", "load", "logins", "partition", "pids",

@@ -2,7 +2,7 @@
 
 Each host is a network namespace on a shared bridge, running its own OpenSSH sshd inside private
 UTS and mount namespaces, so it has its own hostname, /tmp, /etc/hosts and /etc/resolv.conf.
-Needs Linux and root; `require_support()` says what is missing.
+Needs Linux and root; `support.require_support()` says what is missing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import daemons, neighbours, net, sshd
+from clusterrun.sandbox import daemons, dockerd, neighbours, net, sshd
+from clusterrun.sandbox.support import require_support
 
 STATE_FILE = "sandbox.json"
 PARTITION_TABLE = "clusterrun_partition"
@@ -78,32 +79,6 @@ class Sandbox:
         raise SandboxError(f"no host {name!r} in the sandbox at {self.root} (hosts: {names})")
 
 
-def require_support() -> None:
-    """Raise SandboxError saying exactly what to do when this machine cannot host a sandbox."""
-    if not sys.platform.startswith("linux"):
-        raise SandboxError(
-            f"clusterrun sandbox needs Linux network namespaces, and this is {sys.platform}. "
-            "Run it on a Linux machine or VM where you are root."
-        )
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("it must run as root (it creates network namespaces and bridges and "
-                        "starts sshd): rerun it with sudo")
-    if not os.path.exists("/proc/self/ns/net"):
-        problems.append("this kernel has no network namespaces (CONFIG_NET_NS)")
-    if not os.access(sshd.SSHD, os.X_OK):
-        problems.append(f"{sshd.SSHD} is missing: `apt-get install openssh-server`")
-    for tools, package in (
-        (("ip",), "iproute2"), (("unshare", "nsenter", "mount"), "util-linux"),
-        (("ssh-keygen",), "openssh-client"),
-    ):
-        missing = [tool for tool in tools if shutil.which(tool) is None]
-        if missing:
-            problems.append(f"{'/'.join(missing)} missing: `apt-get install {package}`")
-    if problems:
-        raise SandboxError("clusterrun sandbox cannot run here: " + "; ".join(problems) + ".")
-
-
 def up(n: int, root: Path, *, decoy: bool = False, python: str = sys.executable,
        rc_file: Path | None = None) -> Sandbox:
     """Build an n-host sandbox under root (new or empty; made 0700) and return it; ``rc_file``:
@@ -138,9 +113,7 @@ def down(root: Path) -> None:
     for network in state["networks"]:
         links += [network["bridge"]] + [nic["veth"] for nic in network["nics"]]
     spaces = {h["netns"] for h in state["hosts"]}
-    from clusterrun.sandbox import docker  # it builds on this module
-
-    errors = docker.stop(root, state["hosts"], state.get("docker", {"hosts": {}}))
+    errors = dockerd.stop(state["hosts"], state.get("docker", {"hosts": {}}), state["view"])
     enabled = set(state.get("containers", {}).get("hosts", []))  # see sandbox.containers
     sshd.remove_containers(root, [h for h in state["hosts"] if h["name"] in enabled])
     errors += daemons.stop(state.get("slurm", {}).get("daemons", []))  # see sandbox.slurm

@@ -15,26 +15,21 @@ daemon; the sandbox state records each daemon (clusterrun.sandbox.daemons).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import cluster, containers, daemons, net, sshd
+from clusterrun.sandbox import cluster, containers, daemons, dockerd, net, sshd
 
 IMAGE = containers.IMAGE  # docker names an imported image NAME:TAG, no localhost/ in front
 PACKAGE = "docker.io"
 TOOLS = ("dockerd", "docker", "containerd", "runc")
-HOME = "docker"  # in a host's directory
 ROOTFS = "docker-rootfs.tar"  # under the sandbox root, imported by every daemon
 READY_TIMEOUT = 30.0
-DOCKER_TIMEOUT = 60.0
 # vfs, as for podman: the image is a few KB, and overlay on overlay fails in container-based CI.
 DRIVER = "vfs"
 
@@ -46,11 +41,6 @@ def require_docker() -> None:
         raise SandboxError(f"docker in the sandbox needs {', '.join(missing)}: "
                            f"`apt-get install -y {PACKAGE}` (with a policy-rc.d that exits 101, "
                            "so that the package starts no daemon of the machine's own)")
-
-
-def socket_path(view: str, host: str) -> str:
-    """Where the host's dockerd listens, as the host sees it."""
-    return f"{view}/{host}/{HOME}/docker.sock"
 
 
 def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
@@ -71,7 +61,7 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
         if not rootfs.exists():
             rootfs.write_bytes(containers.rootfs())
         for name in new:
-            home = sb.root / name / HOME
+            home = sb.root / name / dockerd.HOME
             (home / "etc").mkdir(parents=True, exist_ok=True)
             # Nothing read from the machine's /etc/docker/daemon.json: every machine's alike.
             (home / "daemon.json").write_text("{}\n")
@@ -91,7 +81,8 @@ def disable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
     names = [name for name in hosts if name in entry["hosts"]]
     for name in names:
         (sb.root / name / sshd.CONFIG).write_text("")
-    errors = stop(sb.root, [h for h in state["hosts"] if h["name"] in names], entry)
+    errors = dockerd.stop([h for h in state["hosts"] if h["name"] in names], entry,
+                          state["view"])
 
     def restart(name: str) -> None:
         host = sb.host(name)
@@ -127,37 +118,11 @@ def docker(sb: cluster.Sandbox, host: str, *args: str,
     """Run the docker client on the host, as an SSH session there would (DOCKER_HOST set)."""
     _enabled(sb, host)
     view = cluster.read_state(sb.root)["view"]
-    return _client(sb.host(host).sshd_pid, host, view, list(args), check=check)
+    return dockerd.client(sb.host(host).sshd_pid, host, view, list(args), check=check)
 
 
 def enabled_hosts(sb: cluster.Sandbox) -> list[str]:
     return list(cluster.read_state(sb.root).get("docker", {}).get("hosts", {}))
-
-
-def stop(root: Path, hosts: Sequence[dict[str, Any]], entry: dict[str, Any]) -> list[str]:
-    """Remove the containers of these hosts (state entries) while each host's sshd lives, then
-    stop their daemons and remove their cgroups; return what survived, as error messages.
-    sandbox.down() calls it before it kills the hosts' processes: a container killed with its
-    host's processes, not removed, would leave its state and cgroups behind."""
-    records = [(h, entry["hosts"][h["name"]]) for h in hosts if h["name"] in entry["hosts"]]
-    view = cluster.read_state(root)["view"]
-
-    def remove_all(host: dict[str, Any]) -> None:
-        if host["sshd_pid"] not in net.netns_pids(host["netns"]):
-            return  # a crashed host: stopping its daemon stops what is left
-        with contextlib.suppress(SandboxError):  # best effort: the daemon's stop follows
-            names = _client(host["sshd_pid"], host["name"], view, ["ps", "-aq"],
-                            check=False).stdout.split()
-            if names:
-                _client(host["sshd_pid"], host["name"], view, ["rm", "--force", *names],
-                        check=False)
-
-    alive = [(h, r) for h, r in records if daemons.alive(r["daemon"])]
-    net.parallel(remove_all, [h for h, _ in alive])
-    errors = daemons.stop([[r["daemon"] for _, r in records]])
-    for _, record in records:
-        _remove_cgroups(record["cgroup"])
-    return errors
 
 
 # ---------------------------------------------------------------- internals
@@ -185,11 +150,11 @@ def _start(sb: cluster.Sandbox, host: str, view: str) -> dict[str, Any]:
     the sandbox's view (under /run) is bound back through a descriptor opened before, since its
     source, the sandbox root, may lie under /tmp, which the host's own /tmp hides.
     """
-    home = f"{view}/{host}/{HOME}"
+    home = f"{view}/{host}/{dockerd.HOME}"
     q = shlex.quote
-    dockerd = ["dockerd", "--config-file", f"{home}/daemon.json", "--data-root", f"{home}/data",
+    argv = ["dockerd", "--config-file", f"{home}/daemon.json", "--data-root", f"{home}/data",
                "--exec-root", f"{home}/run", "--pidfile", f"{home}/docker.pid",
-               "-H", f"unix://{socket_path(view, host)}", "--storage-driver", DRIVER,
+               "-H", f"unix://{dockerd.socket_path(view, host)}", "--storage-driver", DRIVER,
                # No bridge and no firewall rules: containers use the host's network, and the
                # machine's nftables and forwarding stay as they are.
                "--bridge", "none", "--iptables=false", "--ip6tables=false",
@@ -203,24 +168,25 @@ def _start(sb: cluster.Sandbox, host: str, view: str) -> dict[str, Any]:
         f"mkdir -p {q(view)}",
         # --no-canonicalize: mount must not turn fd 3 back into the (now hidden) path
         f"mount --no-canonicalize --bind /proc/self/fd/3 {q(view)}", "exec 3<&-",
-        f"exec {shlex.join(dockerd)}"])
+        f"exec {shlex.join(argv)}"])
     # The environment of an SSH session there, not this process's (a TMPDIR or DOCKER_*
     # here would point dockerd at the machine's state); `env` and nsenter exec, keeping the pid.
     session = [f"{key}={value}" for key, value in sshd.SESSION_ENV.items()]
-    argv = ["env", "-i", *session, "nsenter", "-t", str(sb.host(host).sshd_pid), "-m", "-u",
+    entered = ["env", "-i", *session, "nsenter", "-t", str(sb.host(host).sshd_pid), "-m", "-u",
             "-n", "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-    return daemons.start(f"dockerd of {host}", argv, sb.root / host / HOME / "dockerd.log")
+    return daemons.start(f"dockerd of {host}", entered,
+                         sb.root / host / dockerd.HOME / "dockerd.log")
 
 
 def _wait_ready(sb: cluster.Sandbox, host: str, record: dict[str, Any]) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
-    log = sb.root / host / HOME / "dockerd.log"
+    log = sb.root / host / dockerd.HOME / "dockerd.log"
     view = cluster.read_state(sb.root)["view"]
     while True:
         if not daemons.alive(record):
             raise SandboxError(f"start dockerd on {host}: it exited with status "
                                f"{daemons.exit_status(record)}; {sshd.log_tail(log)}")
-        cp = _client(sb.host(host).sshd_pid, host, view,
+        cp = dockerd.client(sb.host(host).sshd_pid, host, view,
                      ["version", "--format", "{{.Server.Version}}"], check=False)
         if cp.returncode == 0:
             return
@@ -232,39 +198,10 @@ def _wait_ready(sb: cluster.Sandbox, host: str, record: dict[str, Any]) -> None:
 
 def _prepare(sb: cluster.Sandbox, host: str, view: str) -> None:
     """Import IMAGE into the host's daemon, then let its SSH sessions find the daemon."""
-    _client(sb.host(host).sshd_pid, host, view, ["import", f"{view}/{ROOTFS}", IMAGE],
+    dockerd.client(sb.host(host).sshd_pid, host, view, ["import", f"{view}/{ROOTFS}", IMAGE],
             check=True)
     with net.step(f"give the SSH sessions of {host} DOCKER_HOST"):
         (sb.root / host / sshd.CONFIG).write_text(
-            f"SetEnv DOCKER_HOST=unix://{socket_path(view, host)}\n")
+            f"SetEnv DOCKER_HOST=unix://{dockerd.socket_path(view, host)}\n")
     h = sb.host(host)
     sshd.restart(sb.root / host, h.netns, h.sshd_pid, h.address)
-
-
-def _client(sshd_pid: int, host: str, view: str, args: list[str], *,
-            check: bool) -> subprocess.CompletedProcess[str]:
-    argv = ["docker", *args]
-    env = {**sshd.SESSION_ENV, "DOCKER_HOST": f"unix://{socket_path(view, host)}"}
-    try:
-        cp = subprocess.run(["nsenter", "-t", str(sshd_pid), "-m", "-u", "-n", "--", *argv],
-                            capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env,
-                            check=False)
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} did not finish within "
-                           f"{DOCKER_TIMEOUT:g} s") from None
-    if check and cp.returncode != 0:
-        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} failed with exit status "
-                           f"{cp.returncode}: {detail}")
-    return cp
-
-
-def _remove_cgroups(name: str) -> None:
-    """Remove the host's cgroup parent in every hierarchy, innermost first (what a container
-    killed without its daemon left): only ever this name, and only what is empty."""
-    for top in [Path("/sys/fs/cgroup") / name, *Path("/sys/fs/cgroup").glob(f"*/{name}")]:
-        if not top.is_dir():
-            continue
-        for path, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
-            with contextlib.suppress(OSError):
-                os.rmdir(path)

@@ -1,0 +1,78 @@
+"""The sandbox's docker daemons from outside any Sandbox: their socket, their client inside a
+host, and their teardown. sandbox.down() calls stop() before it kills the hosts' processes, so
+this module does not import sandbox.cluster (sandbox/docker.py, which starts them, does)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clusterrun.errors import SandboxError
+from clusterrun.sandbox import daemons, net, sshd
+
+HOME = "docker"  # in a host's directory
+DOCKER_TIMEOUT = 60.0
+
+
+def socket_path(view: str, host: str) -> str:
+    """Where the host's dockerd listens, as the host sees it."""
+    return f"{view}/{host}/{HOME}/docker.sock"
+
+
+def stop(hosts: Sequence[dict[str, Any]], entry: dict[str, Any], view: str) -> list[str]:
+    """Remove the containers of these hosts (state entries) while each host's sshd lives, then
+    stop their daemons and remove their cgroups; return what survived, as error messages.
+    sandbox.down() calls it before it kills the hosts' processes: a container killed with its
+    host's processes, not removed, would leave its state and cgroups behind."""
+    records = [(h, entry["hosts"][h["name"]]) for h in hosts if h["name"] in entry["hosts"]]
+
+    def remove_all(host: dict[str, Any]) -> None:
+        if host["sshd_pid"] not in net.netns_pids(host["netns"]):
+            return  # a crashed host: stopping its daemon stops what is left
+        with contextlib.suppress(SandboxError):  # best effort: the daemon's stop follows
+            names = client(host["sshd_pid"], host["name"], view, ["ps", "-aq"],
+                            check=False).stdout.split()
+            if names:
+                client(host["sshd_pid"], host["name"], view, ["rm", "--force", *names],
+                        check=False)
+
+    alive = [(h, r) for h, r in records if daemons.alive(r["daemon"])]
+    net.parallel(remove_all, [h for h, _ in alive])
+    errors = daemons.stop([[r["daemon"] for _, r in records]])
+    for _, record in records:
+        remove_cgroups(record["cgroup"])
+    return errors
+
+
+def client(sshd_pid: int, host: str, view: str, args: list[str], *,
+            check: bool) -> subprocess.CompletedProcess[str]:
+    argv = ["docker", *args]
+    env = {**sshd.SESSION_ENV, "DOCKER_HOST": f"unix://{socket_path(view, host)}"}
+    try:
+        cp = subprocess.run(["nsenter", "-t", str(sshd_pid), "-m", "-u", "-n", "--", *argv],
+                            capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env,
+                            check=False)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{shlex.join(argv)}` on {host} did not finish within "
+                           f"{DOCKER_TIMEOUT:g} s") from None
+    if check and cp.returncode != 0:
+        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
+        raise SandboxError(f"`{shlex.join(argv)}` on {host} failed with exit status "
+                           f"{cp.returncode}: {detail}")
+    return cp
+
+
+def remove_cgroups(name: str) -> None:
+    """Remove the host's cgroup parent in every hierarchy, innermost first (what a container
+    killed without its daemon left): only ever this name, and only what is empty."""
+    for top in [Path("/sys/fs/cgroup") / name, *Path("/sys/fs/cgroup").glob(f"*/{name}")]:
+        if not top.is_dir():
+            continue
+        for path, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
