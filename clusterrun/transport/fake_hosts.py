@@ -4,6 +4,7 @@ scripted replies (see that module for how they are played)."""
 from __future__ import annotations
 
 import ipaddress
+import platform
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -134,8 +135,9 @@ class FakeHost:
             "infiniband": None,  # no /sys/class/infiniband
             "env": {},
             "machine": self.machine(),
+            # The controller's CPU: its py-spy is the one shipped there.
             "ptrace": {"scope": 1, "root": self.user == "root", "cap_sys_ptrace": False,
-                       "pyspy": None},
+                       "pyspy": None, "machine": platform.machine()},
         }
         facts.update(self.facts)
         return facts
