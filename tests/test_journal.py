@@ -16,6 +16,7 @@ import pytest
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import notify, store
 from clusterrun.runs.journal import Journal, RunRecord, events
+from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from tests.conftest import REPO, run_cli
 
@@ -181,3 +182,35 @@ def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
         "started", "attempt_begun", "detached", "stalled", "resumed", "attempt_ended",
         "finished"], kinds
     assert kinds.count("first_line") == 2
+
+
+def test_every_writer_of_a_run_masks_its_secrets_and_no_file_holds_them(tmp_path: Path) -> None:
+    """The launch keeps the secrets' masks in the run's folder, so a later writer (the
+    watcher of a detached run, `ps`, `stacks --profile`) masks what the job said alike; the
+    values themselves are in no file of the run."""
+    token = "hf_" + "q7" * 12
+    masks = Masks.of_env([("HF_TOKEN", token), ("LR", "0.1"), ("DB_PASS", "abc")])
+    journal = Journal.start(tmp_path, RunRecord(RUN_ID, "train", ("a",), "inv.yaml"),
+                            {"run_id": RUN_ID}, masks=masks)
+    heard: list[dict[str, object]] = []
+    later = Journal(journal.run, (heard.append,))  # another process: only the folder
+    later.attempt_begun(1, ["a"], {})
+    later.first_line(1, "a", 0, f"logged in with {token}; lr 0.1")
+    later.stalled(1, {"ranks": [{"last": [f"got {token}x", "abc"]}]})
+    later.attempt_ended(1, status=1, root={"node": "a", "rank": 0, "code": 1, "lost": False,
+                                           "detail": f"rank 0 said {token}"})
+    later.finished(RunState.FAILED, status=1, summary={"root_cause": {"detail": token}})
+    first = next(e for e in events(journal.run) if e["event"] == "first_line")
+    assert first["line"] == "logged in with ******; lr 0.1"
+    assert journal.run.state["stall"] == {"ranks": [{"last": ["got ******x", "abc"]}]}
+    assert heard == events(journal.run)[1:]
+    for path in journal.run.path.rglob("*"):
+        assert token not in path.read_text(), path
+    assert "******" in journal.run.file("summary.json").read_text()
+    assert journal.run.file("masks.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_masks_take_the_longest_value_and_leave_short_ones() -> None:
+    masks = Masks.of(["secret-long-value", "secret", "ab"])
+    assert masks.text("x secret-long-value y secret z ab") == "x ****** y ****** z ab"
+    assert masks.text("") == "" and Masks().text("API_KEY: v1") == "API_KEY: ******"

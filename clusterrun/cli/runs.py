@@ -142,7 +142,7 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     is stopped on the hosts of its current attempt.
     """
     from clusterrun.logs.settle import settle
-    from clusterrun.runs import attempts, lifecycle, notify
+    from clusterrun.runs import attempts, lifecycle
     from clusterrun.runs import remote as remote_runs
     from clusterrun.runs.journal import Journal
 
@@ -172,8 +172,8 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
         return Result()
     state = settle(run, ssh)
     if not state.final:  # every host answered that it stopped: nothing of it is left
-        with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=note) as hooks:
-            state = Journal(run, hooks).finished(lifecycle.RunState.STOPPED,
+        with Journal.of(run, note) as journal:
+            state = journal.finished(lifecycle.RunState.STOPPED,
                                                  status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")
     return Result()

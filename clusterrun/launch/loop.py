@@ -30,8 +30,9 @@ from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.runs import notify, store
+from clusterrun.runs import notify
 from clusterrun.runs.journal import Journal, RunRecord
+from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
@@ -84,15 +85,13 @@ class AttemptLoop:
 
     def run(self, plan: LaunchPlan, report: CheckReport, home: Path) -> Result:
         """Run ``plan`` (attempt 1, checked as ``report``) and the attempts that follow it."""
-        folder = store.runs_root(home) / plan.run_id
-        secrets = notify.secret_values(kv for n in plan.nodes for kv in n.env)
-        with notify.hooks(self.opts.notify, folder / "notify.log", secrets=secrets,
-                          say=self.say) as hooks:
-            journal = Journal.start(home, RunRecord(
-                id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
-                inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
-                max_restarts=self.opts.max_restarts, notify=self.opts.notify),
-                self._public(plan), hooks)
+        record = RunRecord(
+            id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
+            inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
+            max_restarts=self.opts.max_restarts, notify=self.opts.notify)
+        # The secret values the ranks get (every attempt's plan has the same environment).
+        masks = Masks.of_env(kv for n in plan.nodes for kv in n.env)
+        with Journal.launching(home, record, self._public(plan), masks, self.say) as journal:
             lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
             try:
                 with Interrupts(self.say) as interrupts:

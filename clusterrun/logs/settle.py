@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
-from clusterrun.runs import attempts, lifecycle, notify, remote
+from clusterrun.runs import attempts, lifecycle, remote
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
@@ -59,8 +59,7 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     status = exit_status(state, root)
     ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
-    with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=say) as hooks:
-        journal = Journal(run, hooks)
+    with Journal.of(run, say) as journal:
         journal.attempt_ended(attempt.attempt, status=status,
                               root=root.public() if root else None,
                               summary=summary if attempt != run else None, seen=state,
@@ -74,8 +73,8 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
 def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:
     """A detached run's hub keeps its stall report in its state (remote/watchdog.py): the run
     is recorded stalled while a host says so, and running again once none does."""
-    with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:
-        record_stall(Journal(run, hooks), attempt.attempt, per_node.values())
+    with Journal.of(run) as journal:
+        record_stall(journal, attempt.attempt, per_node.values())
 
 
 def record_stall(journal: Journal, k: int, states: Iterable[dict[str, Any]]) -> None:

@@ -13,7 +13,7 @@ from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.settle import Stalls, settle
 from clusterrun.logs.view import Filter, LogView
-from clusterrun.runs import attempts, lifecycle, notify, ps
+from clusterrun.runs import attempts, lifecycle, ps
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
@@ -39,11 +39,9 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
     k = attempt or attempts.count(run)
     try:
         # The one fetching a run nobody watches records its ranks' first lines (events).
-        with notify.hooks(run.state.get("notify") if lock is not None else None,
-                          run.file("notify.log"), say=say) as hooks:
-            journal = Journal(run, hooks) if lock is not None else None
+        with Journal.of(run, say, hooks=lock is not None) as journal:
             _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-                  lock=lock, journal=journal)
+                  lock=lock, journal=journal if lock is not None else None)
     finally:
         if lock is not None:
             os.close(lock)

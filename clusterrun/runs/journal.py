@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import attempts, notify, store
+from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState, merge
 from clusterrun.runs.store import RunDir
 
@@ -66,19 +67,48 @@ class AttemptRecord:
 
 class Journal:
     """The writer of one run's files. ``listeners`` hear every event after it is written (the
-    `--notify` hook); a listener never changes what is recorded."""
+    `--notify` hook); a listener never changes what is recorded. ``masks``: the run's secrets
+    (default: as its folder keeps them), masked in every event, stall report, root cause and
+    summary it writes, so every writer of a run masks alike."""
 
-    def __init__(self, run: RunDir, listeners: tuple[Listener, ...] = ()) -> None:
+    def __init__(self, run: RunDir, listeners: tuple[Listener, ...] = (),
+                 masks: Optional[Masks] = None) -> None:
         self.run = attempts.top(run)
         self.listeners = listeners
+        self.masks = masks if masks is not None else Masks.load(self.run)
+
+    # -- built with its hooks, once per command ---------------------------------------------
+
+    @classmethod
+    @contextmanager
+    def launching(cls, home: Path, record: RunRecord, plan: dict[str, Any], masks: Masks,
+                  say: Optional[Callable[[str], None]] = None) -> Iterator[Journal]:
+        """A new run's journal (``start``) with the run's `--notify` hook, for the launch;
+        on leaving, the hook's queued events are delivered."""
+        log = store.runs_root(home) / record.id / "notify.log"
+        with notify.hooks(record.notify, log, say=say) as listeners:
+            yield cls.start(home, record, plan, listeners, masks)
+
+    @classmethod
+    @contextmanager
+    def of(cls, run: RunDir, say: Optional[Callable[[str], None]] = None, *,
+           hooks: bool = True) -> Iterator[Journal]:
+        """The journal of a run that exists, with the hook its launch was given (``hooks``:
+        False for a process that only reads) and the secrets its launch kept."""
+        run = attempts.top(run)
+        command = run.state.get("notify") if hooks else None
+        with notify.hooks(command, run.file("notify.log"), say=say) as listeners:
+            yield cls(run, listeners)
 
     # -- a run's life ----------------------------------------------------------------------
 
     @classmethod
     def start(cls, home: Path, record: RunRecord, plan: dict[str, Any],
-              listeners: tuple[Listener, ...] = ()) -> Journal:
-        """A new run folder with its plan and its first state (running)."""
-        journal = cls(store.create(home, record.id), listeners)
+              listeners: tuple[Listener, ...] = (), masks: Optional[Masks] = None) -> Journal:
+        """A new run folder with its plan, its secrets' masks and its first state (running)."""
+        masks = masks or Masks()
+        journal = cls(store.create(home, record.id), listeners, masks)
+        masks.save(journal.run)  # before any event: whoever writes next masks the same way
         store.write_json(journal.run.file("plan.json"), plan)
         with journal._changing() as change:
             change.state.update(asdict(record), hosts=list(record.hosts),
@@ -118,8 +148,9 @@ class Journal:
         first knew it best. ``root``: the root cause as RootCause.public() gives it."""
         folder = attempts.attempt_dir(self.run, k)
         ended_at = ended_at or store.now()
+        root = self.masks.json(root)  # a rank's own words may be in its detail
         if summary is not None:
-            store.write_json(folder.file("summary.json"), summary)
+            store.write_json(folder.file("summary.json"), self.masks.json(summary))
         if k > 1 and seen is not None:
             self._record(folder, seen, {"exit_status": status, "ended_at": ended_at})
         with self._changing() as change:
@@ -157,6 +188,7 @@ class Journal:
             if RunState.parse(change.state.get("state")) is not RunState.RUNNING:
                 change.keep = True
                 return False
+            report = self.masks.json(report)  # the ranks' last lines and stacks
             change.state.update(state=RunState.STALLED.value, stall=report)
             change.event("stalled", attempt=k, report=report)
             return True
@@ -189,10 +221,10 @@ class Journal:
         if summary is not None:
             stall = self.run.state.get("stall")  # the last stall report (#21), if there was one
             summary = dict(summary, stall=stall) if stall and "stall" not in summary else summary
-            store.write_json(self.run.file("summary.json"), summary)
+            store.write_json(self.run.file("summary.json"), self.masks.json(summary))
         return self._record(self.run, seen,
                             {"exit_status": status, "ended_at": ended_at or store.now(),
-                             **fields})
+                             **self.masks.json(fields)})
 
     # -- what it has recorded ---------------------------------------------------------------
 
@@ -226,7 +258,7 @@ class Journal:
         back with the change's events appended, unless the change keeps it as it was."""
         folder = folder or self.run
         with self.run.locked("state.lock"):
-            change = _Change(self.run.id, folder.state)
+            change = _Change(self.run.id, folder.state, self.masks)
             yield change
             if change.keep:
                 return
@@ -248,6 +280,7 @@ class _Change:
 
     run_id: str
     state: dict[str, Any]
+    masks: Masks
     events: list[dict[str, Any]] = field(default_factory=list)
     keep: bool = False  # True: write nothing after all
 
@@ -258,7 +291,7 @@ class _Change:
         self.state["events"] = seq
         # Text from the job (a first line, a stall report's last lines) may hold a secret.
         self.events.append({"event": kind, "run": self.run_id, "seq": seq, "at": store.now(),
-                            **notify.masked(fields)})
+                            **self.masks.json(fields)})
 
     def root_event(self, k: int, root: Optional[dict[str, Any]]) -> None:
         if root:
