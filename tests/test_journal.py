@@ -214,3 +214,32 @@ def test_masks_take_the_longest_value_and_leave_short_ones() -> None:
     masks = Masks.of(["secret-long-value", "secret", "ab"])
     assert masks.text("x secret-long-value y secret z ab") == "x ****** y ****** z ab"
     assert masks.text("") == "" and Masks().text("API_KEY: v1") == "API_KEY: ******"
+
+
+def test_every_end_of_a_run_closes_its_attempt(tmp_path: Path) -> None:
+    """A run that ends before its attempt had a summary (its copy or its detached start
+    failed) closes the attempt's entry as a run that ran to its end does."""
+    journal = started(tmp_path)
+    journal.attempt_begun(1, ["a", "b"], {})
+    assert journal.ended(1, RunState.FAILED, status=6, reason="copying the code failed") \
+        is RunState.FAILED
+    assert kinds(journal) == ["started", "attempt_begun", "attempt_ended", "finished"]
+    [entry] = journal.attempts()
+    assert entry["exit_status"] == 6 and entry["ended_at"] is not None
+    assert journal.run.state["reason"] == "copying the code failed"
+    assert not journal.run.file("summary.json").exists()
+
+
+def test_a_run_ends_only_through_the_journals_one_end() -> None:
+    """Nothing outside the journal records a run's end but ``Journal.ended``: the attempt
+    and the run are closed together (an attempt that another follows ends on its own)."""
+    callers = []
+    for path in sorted((REPO / "clusterrun").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "clusterrun/runs/journal.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "finished":
+                callers.append(f"{rel}:{node.lineno}")
+    assert callers == []

@@ -173,7 +173,7 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     state = settle(run, ssh)
     if not state.final:  # every host answered that it stopped: nothing of it is left
         with Journal.of(run, note) as journal:
-            state = journal.finished(lifecycle.RunState.STOPPED,
-                                                 status=int(ExitStatus.SIGTERM))
+            state = journal.ended(attempts.count(run), lifecycle.RunState.STOPPED,
+                                  status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")
     return Result()

@@ -135,7 +135,7 @@ class AttemptLoop:
             self._code_on_hosts(plan, report, head=self.head if plan.attempt == 1 else None)
         except ClusterrunError as exc:  # a copy failed, the script is missing, a host went away
             reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
-            journal.finished(RunState.FAILED, status=exc.exit_status, reason=reason)
+            journal.ended(plan.attempt, RunState.FAILED, status=exc.exit_status, reason=reason)
             raise
         mirror = Mirror(folder, first_line=journal.first_line_of(plan.attempt))
         view = LogView(Printer(self.out))
@@ -181,8 +181,8 @@ class AttemptLoop:
         for node in lost:
             self.say(f"{node.plan.name}: {node.lost}")
         stopped = session.stop_started()
-        journal.finished(RunState.FAILED, status=int(ExitStatus.NODE_LOST),
-                         reason="a node did not start")
+        journal.ended(plan.attempt, RunState.FAILED, status=int(ExitStatus.NODE_LOST),
+                      reason="a node did not start")
         if stopped:
             self.say(f"the run did not start everywhere; stopped it on {', '.join(stopped)}")
         else:
@@ -233,22 +233,18 @@ class AttemptLoop:
         summary, logs = outcome.attempt_summary(ended.folder, ended.nodes, root=ended.root,
                                                 status=status, interrupted=ended.interrupted)
         k = ended.plan.attempt
-        journal.attempt_ended(k, status=status, root=ended.root.public() if ended.root else None,
-                              summary=summary if k > 1 else None, seen=ended.state)
-        history = {"attempts": journal.attempts(), "quarantined": journal.quarantined()}
-        if k > 1:
-            summary = dict(summary, attempt=k, **history)
-        state = journal.finished(ended.state, status=status, summary=summary)
+        state = journal.ended(k, ended.state, status=status, summary=summary,
+                              root=ended.root.public() if ended.root else None)
         if status != 0 and not reported:  # a failed attempt's root cause is said when it ends
             for line in outcome.report(ended.folder, list(ended.nodes), ended.root,
                                        ended.interrupted, ended.stopped):
                 self.say(line)
         if k > 1:
-            for entry in history["attempts"]:
+            for entry in journal.attempts():
                 what = entry.get("root_cause") or (
                     "succeeded" if entry.get("exit_status") == 0 else "stopped")
                 self.say(f"attempt {entry['attempt']}: {what} (exit {entry.get('exit_status')})")
-            for q in history["quarantined"]:
+            for q in journal.quarantined():
                 self.say(f"quarantined: {q['host']} ({q['reason']}, attempt {q['attempt']})")
         if logs["differ"]:
             self.say(f"logs: {len(logs['differ'])} file(s) differ from the hosts' copies: "

@@ -60,14 +60,8 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
     with Journal.of(run, say) as journal:
-        journal.attempt_ended(attempt.attempt, status=status,
-                              root=root.public() if root else None,
-                              summary=summary if attempt != run else None, seen=state,
-                              ended_at=ended)
-        if attempts.entries(run) or attempts.quarantined(run):
-            summary = dict(summary, attempts=attempts.entries(run),
-                           quarantined=attempts.quarantined(run))
-        return journal.finished(state, status=status, summary=summary, ended_at=ended)
+        return journal.ended(attempt.attempt, state, status=status, summary=summary,
+                             root=root.public() if root else None, ended_at=ended)
 
 
 def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:

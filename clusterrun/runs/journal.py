@@ -214,6 +214,21 @@ class Journal:
             change.event("straggler", attempt=k, ranks=ranks, wait_share=shares)
             return True
 
+    def ended(self, k: int, seen: RunState, *, status: int,
+              root: Optional[dict[str, Any]] = None, summary: Optional[dict[str, Any]] = None,
+              ended_at: Optional[float] = None, **fields: Any) -> RunState:
+        """The one end of a run, however it ends (it succeeded or failed, its copy or its
+        detached start failed, Ctrl-C, a stopped stall, `stop`): attempt k, its last, is closed
+        (``summary``: the attempt's, kept in its folder too), then the run, whose summary adds
+        the run's attempts and quarantined hosts. Returns the state the run ended with."""
+        ended_at = ended_at or store.now()
+        self.attempt_ended(k, status=status, root=root, summary=summary if k > 1 else None,
+                           seen=seen, ended_at=ended_at)
+        if summary is not None:
+            summary = dict(summary, **({"attempt": k} if k > 1 else {}),
+                           attempts=self.attempts(), quarantined=self.quarantined())
+        return self.finished(seen, status=status, summary=summary, ended_at=ended_at, **fields)
+
     def finished(self, seen: RunState, *, status: int, summary: Optional[dict[str, Any]] = None,
                  ended_at: Optional[float] = None, **fields: Any) -> RunState:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it
