@@ -113,7 +113,8 @@ class AttemptLoop:
             ended = self._attempt(journal, plan, report, folder, interrupts)
             if isinstance(ended, Detached):
                 return ended.result
-            step = restarts.next_step(ended, self.opts.max_restarts)
+            step = restarts.next_step(ended, self.opts.max_restarts,
+                                      spare=bool(self.slots.spares))
             if step is None:
                 break
             self._attempt_failed(journal, ended)

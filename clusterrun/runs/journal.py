@@ -24,11 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import attempts, notify, store
 from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState, merge
 from clusterrun.runs.store import RunDir
+from clusterrun.wire import root_cause
 
 EVENTS = "events.jsonl"
 
@@ -222,6 +224,10 @@ class Journal:
         (``summary``: the attempt's, kept in its folder too), then the run, whose summary adds
         the run's attempts and quarantined hosts. Returns the state the run ended with."""
         ended_at = ended_at or store.now()
+        stall = stopped_stall(root)
+        if stall is not None:  # not "failed" like a rank that exits 7: it stalled
+            fields.update(stall)
+            summary = dict(summary, **stall) if summary is not None else None
         self.attempt_ended(k, status=status, root=root, summary=summary if k > 1 else None,
                            seen=seen, ended_at=ended_at)
         if summary is not None:
@@ -312,6 +318,18 @@ class _Change:
         if root:
             self.event("host_lost" if root.get("lost") else "rank_failed", attempt=k,
                        root_cause=root)
+
+
+def stopped_stall(root: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """What state.json and summary.json add for a run that `--on-stall stop` ended:
+    ``{"outcome": "stalled", "stalled": {"node": blamed host, "rank": blamed rank or None}}``;
+    None for any other end. (The run's state stays ``failed``: it has ended, and the one
+    run-state rule knows a stall only as a run still going.)"""
+    cause = root_cause(root)
+    if cause is None or not cause.stalled:
+        return None
+    return {"outcome": Outcome.STALLED.label,
+            "stalled": {"node": cause.node, "rank": cause.blamed_rank}}
 
 
 def events(run: RunDir) -> list[dict[str, Any]]:

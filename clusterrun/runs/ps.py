@@ -28,7 +28,8 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
             "detached": bool(state.get("detached")), "attempt": attempts.count(run),
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
             "quarantined": attempts.quarantined(run), "root_cause": root_cause(run),
-            "nccl": nccl_summary(run)})
+            "nccl": nccl_summary(run), "outcome": state.get("outcome"),
+            "stalled": state.get("stalled")})
     return rows
 
 
@@ -88,10 +89,12 @@ def cause_line(row: dict[str, Any]) -> str:
 
 
 def state_text(row: dict[str, Any]) -> str:
-    """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted."""
+    """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted;
+    ``stalled (stopped)`` for a run that `--on-stall stop` ended (recorded ``failed``: ended)."""
+    state = "stalled (stopped)" if row.get("outcome") == "stalled" else str(row["state"])
     if row["attempt"] > 1:
-        return f"{row['state']} (attempt {row['attempt']}/{row['max_attempts']})"
-    return str(row["state"])
+        return f"{state} (attempt {row['attempt']}/{row['max_attempts']})"
+    return state
 
 
 def quarantine_line(row: dict[str, Any]) -> str:
