@@ -17,6 +17,7 @@ from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import notify, store
 from clusterrun.runs.journal import Journal, RunRecord, events
 from clusterrun.runs.masking import Masks
+from clusterrun.runs.records import Event, EventKind
 from clusterrun.runs.state import RunState
 from tests.conftest import REPO, run_cli
 
@@ -243,3 +244,17 @@ def test_a_run_ends_only_through_the_journals_one_end() -> None:
                     and node.func.attr == "finished":
                 callers.append(f"{rel}:{node.lineno}")
     assert callers == []
+
+
+def test_the_events_table_in_the_docs_is_the_event_kinds() -> None:
+    """docs/observability.md's table of events and EventKind cannot drift: each kind has a
+    row, and each row names kinds that exist; the journal writes no kind by a bare string."""
+    text = (REPO / "docs" / "observability.md").read_text()
+    table = text[text.index("| event | when | fields |"):].split("\n\n", 1)[0]
+    documented = [name for row in table.splitlines()[2:]
+                  for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+    assert sorted(documented) == sorted(k.value for k in EventKind)
+    source = (REPO / "clusterrun" / "runs" / "journal.py").read_text()
+    assert not re.search(r"\.event\(\s*\"", source)
+    assert Event.from_json(Event(EventKind.FIRST_LINE, "r", 3, 1.5, {"line": "x"}).to_json()) \
+        == Event(EventKind.FIRST_LINE, "r", 3, 1.5, {"line": "x"})

@@ -14,8 +14,10 @@ from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.runs import attempts, lifecycle, remote
 from clusterrun.runs.journal import Journal
+from clusterrun.runs.records import Json
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
+from clusterrun.runs.summary import SETTLED, NodeSummary, Summary
 from clusterrun.transport import SshOptions
 from clusterrun.wire import RootCause, root_cause
 
@@ -108,21 +110,18 @@ def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:
 
 
 def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list[str], *,
-             root: Optional[RootCause], status: int, checks: dict[str, Any]) -> dict[str, Any]:
-    """summary.json for a run (one attempt's folder) whose controller was not there at the end
-    (same shape as the one an attached launch writes; nothing here holds environment values)."""
+             root: Optional[RootCause], status: int, checks: Json) -> Json:
+    """summary.json (runs/summary.py) for a run (one attempt's folder) whose controller was
+    not there at the end: each node as its host's state file says."""
     plan_nodes = {n["name"]: n for n in run.plan.get("nodes", [])}
     nodes = []
     for name, state in per_node.items():
         node = plan_nodes.get(name, {})
         lost = name in unreachable
-        nodes.append({
-            "name": name, "node_rank": node.get("node_rank"), "ranks": node.get("ranks"),
-            "state": "lost" if lost else state.get("state"),
-            "exit_code": None if lost else state.get("exit_code"),
-            "reason": state.get("reason") or (state.get("error") if lost else None),
-            "rank_exits": {str(r): c for r, c in sorted((state.get("ranks") or {}).items())},
-        })
-    return {"run_id": run.id, "exit_status": status, "interrupted": None,
-            "root_cause": root.public() if root else None, "nodes": nodes, "logs": checks,
-            "settled_by": "a later clusterrun command"}
+        nodes.append(NodeSummary(
+            name, node.get("node_rank"), node.get("ranks"),
+            "lost" if lost else state.get("state"), None if lost else state.get("exit_code"),
+            state.get("reason") or (state.get("error") if lost else None),
+            {str(r): c for r, c in sorted((state.get("ranks") or {}).items())}))
+    return Summary(run.id, status, None, root, tuple(nodes), checks,
+                   settled_by=SETTLED).to_json()

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 from clusterrun.runs import store
 from clusterrun.runs.masking import Masks
+from clusterrun.runs.records import Json
 from clusterrun.runs.store import RunDir
 
 TIMEOUT = 30.0  # seconds one run of the hook may take
@@ -53,12 +54,12 @@ class Notifier:
         self.command = command
         self.log = log
         self.say = say
-        self._queue: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self._queue: queue.Queue[Optional[Json]] = queue.Queue()
         self._failed = False
         self._thread = threading.Thread(target=self._work, name="notify", daemon=True)
         self._thread.start()
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def __call__(self, event: Json) -> None:
         self._queue.put(event)  # masked already: the journal masks what it writes and tells
 
     def close(self, wait: float = DRAIN) -> None:
@@ -73,7 +74,7 @@ class Notifier:
                 return
             self._deliver(event)
 
-    def _deliver(self, event: dict[str, Any]) -> None:
+    def _deliver(self, event: Json) -> None:
         data = json.dumps(event, sort_keys=True) + "\n"
         try:
             # The user's own command line, for the user's own shell: as they typed it.
@@ -95,7 +96,7 @@ class Notifier:
 
 @contextmanager
 def hooks(command: Optional[str], log: Path, *, say: Optional[Callable[[str], None]] = None
-          ) -> Iterator[tuple[Callable[[dict[str, Any]], None], ...]]:
+          ) -> Iterator[tuple[Callable[[Json], None], ...]]:
     """The listeners a journal calls for ``command`` (none without one); on leaving, the
     queued events are delivered, for at most ``DRAIN`` seconds."""
     if not command:
