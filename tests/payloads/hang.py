@@ -5,12 +5,14 @@
                   an all_reduce and waits in a barrier the others never reach; "busy": every rank
                   computes silently for BUSY seconds (never a stall); "" : no hang
     HANG_RANK     the rank that hangs (default 1)
+    HANG_HOST     only there (its hostname): a spare that takes its place does not hang
     STEPS         all_reduce steps before the hang (default 3); each prints one line
     BUSY          seconds of silent computing for "busy" (default 40)
 """
 
 import os
 import signal
+import socket
 import time
 
 import torch
@@ -18,6 +20,8 @@ import torch.distributed as dist
 
 mode = os.environ.get("HANG", "")
 hang_rank = int(os.environ.get("HANG_RANK", "1"))
+if os.environ.get("HANG_HOST", socket.gethostname()) != socket.gethostname():
+    mode = ""
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 tensor = torch.ones(4)
