@@ -170,9 +170,9 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     if lifecycle.watched(run):
         click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
         return Result()
-    state = settle(run, ssh)
-    if not state.final:  # every host answered that it stopped: nothing of it is left
-        with Journal.of(run, note) as journal:
+    with Journal.of(run, note) as journal:
+        state = settle(run, ssh, journal=journal)
+        if not state.final:  # every host answered that it stopped: nothing of it is left
             state = journal.ended(attempts.count(run), lifecycle.RunState.STOPPED,
                                   status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from clusterrun.logs import follow as following
@@ -24,9 +25,11 @@ from clusterrun.wire import RootCause, root_cause
 Say = Callable[[str], None]
 
 
-def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
+def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None,
+           journal: Optional[Journal] = None) -> RunState:
     """For a run this machine last saw going, with no controller watching it: its state now,
-    recorded as final (with its summaries) once every node has ended."""
+    recorded as final (with its summaries) once every node has ended. ``journal``: the run's
+    journal as the command built it (default: one built here, if anything is recorded)."""
     run = attempts.top(run)  # the run's state and locks live in the run folder
     if not lifecycle.live(run) or lifecycle.watched(run):
         return lifecycle.recorded(run) or RunState.RUNNING
@@ -34,19 +37,21 @@ def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
     if lock is None:  # another clusterrun process is writing the mirrors right now
         return RunState.RUNNING
     try:
-        return _settle(run, attempts.current(run), ssh, say or (lambda _text: None))
+        return _settle(run, attempts.current(run), ssh, say or (lambda _text: None), journal)
     finally:
         os.close(lock)
 
 
-def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState:
+def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say,
+            given: Optional[Journal]) -> RunState:
     per_node = remote.status(attempt, ssh)
     # A host that could not be asked (crashed, partitioned, sshd gone) has no state.
     unreachable = [name for name, s in per_node.items() if s.get("unreachable")]
     states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
     state = combine(states, unreachable=unreachable)
     if not state.final:
-        _stall(run, attempt, per_node)
+        with _journal(run, given, say) as journal:
+            record_stall(journal, attempt.attempt, per_node.values())
         return lifecycle.recorded(run) or state
     root = _root_cause(per_node)
     if root is not None:
@@ -61,21 +66,23 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     status = exit_status(state, root)
     ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
-    with Journal.of(run, say) as journal:
+    with _journal(run, given, say) as journal:
         return journal.ended(attempt.attempt, state, status=status, summary=summary,
                              root=root.public() if root else None, ended_at=ended)
 
 
-def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:
-    """A detached run's hub keeps its stall report in its state (remote/watchdog.py): the run
-    is recorded stalled while a host says so, and running again once none does."""
-    with Journal.of(run) as journal:
-        record_stall(journal, attempt.attempt, per_node.values())
+@contextmanager
+def _journal(run: RunDir, given: Optional[Journal], say: Say) -> Iterator[Journal]:
+    if given is not None:
+        yield given
+        return
+    with Journal.of(run, say) as journal:
+        yield journal
 
 
 def record_stall(journal: Journal, k: int, states: Iterable[dict[str, Any]]) -> None:
-    """Attempt k is stalled while a host's state says so (with the hub's report), and running
-    again once none does."""
+    """Attempt k is stalled while a host's state says so (a detached run's hub keeps its
+    report there: remote/watchdog.py, with the report), and running again once none does."""
     found = [s.get("stall") or {} for s in states if s.get("state") == "stalled"]
     if found:
         journal.stalled(k, dict(found[0]))
