@@ -10,12 +10,16 @@ clocks (see launch/outcome.py for how they are put on this machine's clock).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from clusterrun.errors import ExitStatus
 from clusterrun.remote import protocol
 from clusterrun.transport import Process
+
+_ODD = re.compile(r"odd one out: rank (\d+) on ")  # a stall report's line (remote/watchdog.py)
 
 
 class ProtocolError(Exception):
@@ -41,6 +45,19 @@ class RootCause:
     @property
     def lost(self) -> bool:
         return self.code is None
+
+    @property
+    def stalled(self) -> bool:
+        """A stall that `--on-stall stop` ended: the blamed node's own failure, with the stall
+        status and no rank (remote/watchdog.py records it so; a rank that exits 7 has a rank)."""
+        return (self.rank is None and self.code == ExitStatus.STALLED
+                and self.detail.partition(": ")[2].startswith("stalled"))
+
+    @property
+    def blamed_rank(self) -> Optional[int]:
+        """The rank a stopped stall blamed (its odd one out), when one stood out."""
+        found = _ODD.search(self.detail) if self.stalled else None
+        return int(found.group(1)) if found else None
 
     def public(self) -> dict[str, Any]:
         return {"node": self.node, "rank": self.rank, "code": self.code, "signal": self.signal,

@@ -16,6 +16,8 @@ import pytest
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import notify, store
 from clusterrun.runs.journal import Journal, RunRecord, events
+from clusterrun.runs.masking import Masks
+from clusterrun.runs.records import Event, EventKind
 from clusterrun.runs.state import RunState
 from tests.conftest import REPO, run_cli
 
@@ -203,3 +205,78 @@ def test_a_detached_runs_watcher_tells_the_hook_of_its_stall_and_end(home: Path,
         "started", "attempt_begun", "detached", "stalled", "resumed", "attempt_ended",
         "finished"], kinds
     assert kinds.count("first_line") == 2
+
+
+def test_every_writer_of_a_run_masks_its_secrets_and_no_file_holds_them(tmp_path: Path) -> None:
+    """The launch keeps the secrets' masks in the run's folder, so a later writer (the
+    watcher of a detached run, `ps`, `stacks --profile`) masks what the job said alike; the
+    values themselves are in no file of the run."""
+    token = "hf_" + "q7" * 12
+    masks = Masks.of_env([("HF_TOKEN", token), ("LR", "0.1"), ("DB_PASS", "abc")])
+    journal = Journal.start(tmp_path, RunRecord(RUN_ID, "train", ("a",), "inv.yaml"),
+                            {"run_id": RUN_ID}, masks=masks)
+    heard: list[dict[str, object]] = []
+    later = Journal(journal.run, (heard.append,))  # another process: only the folder
+    later.attempt_begun(1, ["a"], {})
+    later.first_line(1, "a", 0, f"logged in with {token}; lr 0.1")
+    later.stalled(1, {"ranks": [{"last": [f"got {token}x", "abc"]}]})
+    later.attempt_ended(1, status=1, root={"node": "a", "rank": 0, "code": 1, "lost": False,
+                                           "detail": f"rank 0 said {token}"})
+    later.finished(RunState.FAILED, status=1, summary={"root_cause": {"detail": token}})
+    first = next(e for e in events(journal.run) if e["event"] == "first_line")
+    assert first["line"] == "logged in with ******; lr 0.1"
+    assert journal.run.state["stall"] == {"ranks": [{"last": ["got ******x", "abc"]}]}
+    assert heard == events(journal.run)[1:]
+    for path in journal.run.path.rglob("*"):
+        assert token not in path.read_text(), path
+    assert "******" in journal.run.file("summary.json").read_text()
+    assert journal.run.file("masks.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_masks_take_the_longest_value_and_leave_short_ones() -> None:
+    masks = Masks.of(["secret-long-value", "secret", "ab"])
+    assert masks.text("x secret-long-value y secret z ab") == "x ****** y ****** z ab"
+    assert masks.text("") == "" and Masks().text("API_KEY: v1") == "API_KEY: ******"
+
+
+def test_every_end_of_a_run_closes_its_attempt(tmp_path: Path) -> None:
+    """A run that ends before its attempt had a summary (its copy or its detached start
+    failed) closes the attempt's entry as a run that ran to its end does."""
+    journal = started(tmp_path)
+    journal.attempt_begun(1, ["a", "b"], {})
+    assert journal.ended(1, RunState.FAILED, status=6, reason="copying the code failed") \
+        is RunState.FAILED
+    assert kinds(journal) == ["started", "attempt_begun", "attempt_ended", "finished"]
+    [entry] = journal.attempts()
+    assert entry["exit_status"] == 6 and entry["ended_at"] is not None
+    assert journal.run.state["reason"] == "copying the code failed"
+    assert not journal.run.file("summary.json").exists()
+
+
+def test_a_run_ends_only_through_the_journals_one_end() -> None:
+    """Nothing outside the journal records a run's end but ``Journal.ended``: the attempt
+    and the run are closed together (an attempt that another follows ends on its own)."""
+    callers = []
+    for path in sorted((REPO / "clusterrun").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "clusterrun/runs/journal.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "finished":
+                callers.append(f"{rel}:{node.lineno}")
+    assert callers == []
+
+
+def test_the_events_table_in_the_docs_is_the_event_kinds() -> None:
+    """docs/observability.md's table of events and EventKind cannot drift: each kind has a
+    row, and each row names kinds that exist; the journal writes no kind by a bare string."""
+    text = (REPO / "docs" / "observability.md").read_text()
+    table = text[text.index("| event | when | fields |"):].split("\n\n", 1)[0]
+    documented = [name for row in table.splitlines()[2:]
+                  for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+    assert sorted(documented) == sorted(k.value for k in EventKind)
+    source = (REPO / "clusterrun" / "runs" / "journal.py").read_text()
+    assert not re.search(r"\.event\(\s*\"", source)
+    assert Event.from_json(Event(EventKind.FIRST_LINE, "r", 3, 1.5, {"line": "x"}).to_json()) \
+        == Event(EventKind.FIRST_LINE, "r", 3, 1.5, {"line": "x"})

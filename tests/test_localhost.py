@@ -7,6 +7,7 @@ nodes' workdir follows it), so nothing is written to the user's own ~/.clusterru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -68,6 +69,15 @@ def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None
     assert re.search(r"stall: ranks 0-1 \(node\[0-1\]\) wait in <module> \(job\.py:3\)",
                      cp.stderr), cp.stderr
     assert "Traceback" not in cp.stderr
+    # Recorded as a stall, not as a rank that exits 7: no rank stood out, the master is blamed.
+    ps = run_cli("ps", "--json")
+    [row] = json.loads(ps.stdout)
+    blamed = {"node": "node0", "rank": None}
+    assert (row["state"], row["exit_status"], row["outcome"], row["stalled"]) == (
+        "failed", 7, "stalled", blamed), row
+    summary = json.loads((home / "runs" / row["id"] / "summary.json").read_text())
+    assert (summary["outcome"], summary["stalled"]) == ("stalled", blamed)
+    assert re.search(rf"^{row['id']} +stalled \(stopped\) ", run_cli("ps").stdout, re.M)
 
 
 def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:

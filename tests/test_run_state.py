@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from clusterrun.runs import lifecycle, store
-from clusterrun.runs.journal import Journal
-from clusterrun.runs.state import RunState, combine, from_outcome, merge
+from clusterrun.errors import ExitStatus, Outcome
+from clusterrun.launch.restarts import AttemptResult, next_step
+from clusterrun.runs import lifecycle, ps, store
+from clusterrun.runs.journal import Journal, RunRecord
+from clusterrun.runs.state import RunState, combine, exit_status, from_outcome, merge, result
+from clusterrun.wire import RootCause
 
 FINAL = [s for s in RunState if s.final]
 
@@ -76,3 +80,55 @@ def test_every_state_written_is_one_the_rule_knows() -> None:
                                            "stopped", "lost"}
     assert not RunState.STALLED.final
     assert RunState.parse("starting") is None
+
+
+STALL_DETAIL = ("node2: stalled, odd one out: rank 3 on node2 (pid 77) in sleep (job.py:3); "
+                "last line: 'step 2'")
+
+
+def test_a_stopped_stall_is_the_stalled_outcome_not_a_rank_that_exits_7() -> None:
+    """`--on-stall stop` fails the blamed node with 7 and no rank (remote/watchdog.py): the
+    run comes to Outcome.STALLED; a rank that exits 7 is the job's own failure."""
+    stall = RootCause("node2", None, 7, STALL_DETAIL)
+    rank7 = RootCause("node2", 3, 7, "node2 rank 3 exited with code 7")
+    assert stall.stalled and stall.blamed_rank == 3
+    assert not rank7.stalled and rank7.blamed_rank is None
+    assert result(RunState.FAILED, stall).cause is Outcome.STALLED
+    assert result(RunState.FAILED, rank7).cause is Outcome.JOB_FAILED
+    assert exit_status(RunState.FAILED, stall) == ExitStatus.STALLED
+    # No rank stood out: the master is blamed, no rank.
+    master = RootCause("node0", None, 7, "node0: stalled, stall: no rank made progress for 3 s")
+    assert master.stalled and master.blamed_rank is None
+
+
+def test_a_stopped_stall_is_recorded_stalled_with_the_blamed_host_and_rank(
+        tmp_path: Path) -> None:
+    journal = Journal.start(tmp_path, RunRecord("20260101-000000-x-0000", "x",
+                                                ("node0", "node2"), "inv.yaml"), {})
+    run = journal.run
+    journal.attempt_begun(1, ["node0", "node2"], {})
+    stall = RootCause("node2", None, 7, STALL_DETAIL)
+    journal.ended(1, RunState.FAILED, status=7, root=stall.public(),
+                  summary={"exit_status": 7})
+    state = run.state
+    blamed = {"node": "node2", "rank": 3}
+    assert (state["state"], state["outcome"], state["stalled"]) == ("failed", "stalled", blamed)
+    summary = store.read_json(run.file("summary.json"))
+    assert (summary["outcome"], summary["stalled"]) == ("stalled", blamed)
+    row = next(r for r in ps.ps_rows(tmp_path) if r["id"] == run.id)
+    assert (row["outcome"], row["stalled"]) == ("stalled", blamed)
+    assert ps.state_text(row) == "stalled (stopped)"
+
+
+def test_a_stopped_stall_with_a_spare_left_leaves_the_blamed_host_out() -> None:
+    plan = SimpleNamespace(attempt=1)
+    nodes = (SimpleNamespace(plan=SimpleNamespace(name="node0"), lost=None),
+             SimpleNamespace(plan=SimpleNamespace(name="node2"), lost=None))
+    stalled = AttemptResult(plan, None, nodes, RootCause("node2", None, 7,  # type: ignore[arg-type]
+                                                         STALL_DETAIL))
+    step = next_step(stalled, 1, spare=True)
+    assert step is not None and step.leave_out == (("node2", "blamed by the stall watchdog"),)
+    step = next_step(stalled, 1, spare=False)  # no spare: the same hosts again
+    assert step is not None and step.leave_out == ()
+    failed = AttemptResult(plan, None, nodes, RootCause("node2", 3, 7, "rank 3"))  # type: ignore[arg-type]
+    assert next_step(failed, 1, spare=True).leave_out == ()  # type: ignore[union-attr]

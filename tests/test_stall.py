@@ -59,6 +59,11 @@ def test_a_stopped_stall_names_the_hung_rank_and_exits_7(cluster: Cluster, home:
     assert "clusterrun: stall: odd one out: rank 4 on node15" in logs.stdout
     summary = json.loads((home / "runs" / run_id.group(1) / "state.json").read_text())
     assert summary["state"] == "failed" and summary["exit_status"] == 7
+    # A stall, not a rank that exited 7: the blamed host and its odd rank out.
+    blamed = {"node": "node15", "rank": 4}
+    assert (summary["outcome"], summary["stalled"]) == ("stalled", blamed), summary
+    ended = json.loads((home / "runs" / run_id.group(1) / "summary.json").read_text())
+    assert (ended["outcome"], ended["stalled"]) == ("stalled", blamed)
     events = (home / "runs" / run_id.group(1) / "events.jsonl").read_text()
     assert '"event": "stalled"' in events
 
@@ -84,6 +89,33 @@ def test_a_dataloader_worker_hang_names_the_users_line_and_the_worker(
                      r"\(loader_hang.py:29\) in `Shards.__getitem__`", where), where
     assert re.search(r"stall: ranks 0,2 \(node\[13,15\]\) wait in all_reduce", cp.stderr)
     assert cluster.wait_no_processes(HOSTS, 20) == {}
+
+
+def test_a_stopped_stall_restarts_on_a_spare_in_the_blamed_hosts_place(
+        cluster: Cluster, home: Path, tmp_path: Path, strays: None) -> None:
+    """`--on-stall stop --max-restarts 1` with a spare: the host of the odd rank out is left
+    out, the spare takes its node rank, and the second attempt (where nothing hangs) succeeds;
+    the first attempt is recorded as a stall, not as a rank that exited 7."""
+    spare = "node16"
+    inv = cluster.inventory(tmp_path / "inv.yaml", [*HOSTS, spare],
+                            hosts={spare: {"spare": True}})
+    script = copy_payload(tmp_path, "hang.py")
+    hang_host = cluster.run_on(HOSTS[2], "hostname").strip()
+    cp = run_cli("launch", "--nproc-per-node", "2", "--grace", "2", "--stall-timeout",
+                 str(TIMEOUT), "--on-stall", "stop", "--max-restarts", "1", "--env", "HANG=sleep",
+                 "--env", "HANG_RANK=4", "--env", f"HANG_HOST={hang_host}", str(inv),
+                 str(script), timeout=300)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert re.search(rf"attempt 2/2: {HOSTS[2]} blamed by the stall watchdog; replaced by "
+                     rf"spare {spare}", cp.stderr), cp.stderr[-3000:]
+    ps = run_cli("ps", "--json")
+    [row] = json.loads(ps.stdout)
+    assert (row["state"], row["exit_status"], row["outcome"]) == ("succeeded", 0, None), row
+    first = row["attempts"][0]
+    assert first["exit_status"] == 7 and "stalled" in first["root_cause"], first
+    assert [q["host"] for q in row["quarantined"]] == [HOSTS[2]]
+    assert row["hosts"] == [*HOSTS[:2], spare]
+    assert cluster.wait_no_processes([*HOSTS, spare], 20) == {}
 
 
 def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path: Path,

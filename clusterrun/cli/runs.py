@@ -142,7 +142,7 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     is stopped on the hosts of its current attempt.
     """
     from clusterrun.logs.settle import settle
-    from clusterrun.runs import attempts, lifecycle, notify
+    from clusterrun.runs import attempts, lifecycle
     from clusterrun.runs import remote as remote_runs
     from clusterrun.runs.journal import Journal
 
@@ -170,10 +170,10 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     if lifecycle.watched(run):
         click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
         return Result()
-    state = settle(run, ssh)
-    if not state.final:  # every host answered that it stopped: nothing of it is left
-        with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=note) as hooks:
-            state = Journal(run, hooks).finished(lifecycle.RunState.STOPPED,
-                                                 status=int(ExitStatus.SIGTERM))
+    with Journal.of(run, note) as journal:
+        state = settle(run, ssh, journal=journal)
+        if not state.final:  # every host answered that it stopped: nothing of it is left
+            state = journal.ended(attempts.count(run), lifecycle.RunState.STOPPED,
+                                  status=int(ExitStatus.SIGTERM))
     click.echo(f"run {run.id} {state.value}")
     return Result()

@@ -30,8 +30,9 @@ from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.runs import notify, store
+from clusterrun.runs import notify
 from clusterrun.runs.journal import Journal, RunRecord
+from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
@@ -84,15 +85,13 @@ class AttemptLoop:
 
     def run(self, plan: LaunchPlan, report: CheckReport, home: Path) -> Result:
         """Run ``plan`` (attempt 1, checked as ``report``) and the attempts that follow it."""
-        folder = store.runs_root(home) / plan.run_id
-        secrets = notify.secret_values(kv for n in plan.nodes for kv in n.env)
-        with notify.hooks(self.opts.notify, folder / "notify.log", secrets=secrets,
-                          say=self.say) as hooks:
-            journal = Journal.start(home, RunRecord(
-                id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
-                inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
-                max_restarts=self.opts.max_restarts, notify=self.opts.notify),
-                self._public(plan), hooks)
+        record = RunRecord(
+            id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
+            inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
+            max_restarts=self.opts.max_restarts, notify=self.opts.notify)
+        # The secret values the ranks get (every attempt's plan has the same environment).
+        masks = Masks.of_env(kv for n in plan.nodes for kv in n.env)
+        with Journal.launching(home, record, self._public(plan), masks, self.say) as journal:
             lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
             try:
                 with Interrupts(self.say) as interrupts:
@@ -114,7 +113,8 @@ class AttemptLoop:
             ended = self._attempt(journal, plan, report, folder, interrupts)
             if isinstance(ended, Detached):
                 return ended.result
-            step = restarts.next_step(ended, self.opts.max_restarts)
+            step = restarts.next_step(ended, self.opts.max_restarts,
+                                      spare=bool(self.slots.spares))
             if step is None:
                 break
             self._attempt_failed(journal, ended)
@@ -136,7 +136,7 @@ class AttemptLoop:
             self._code_on_hosts(plan, report, head=self.head if plan.attempt == 1 else None)
         except ClusterrunError as exc:  # a copy failed, the script is missing, a host went away
             reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
-            journal.finished(RunState.FAILED, status=exc.exit_status, reason=reason)
+            journal.ended(plan.attempt, RunState.FAILED, status=exc.exit_status, reason=reason)
             raise
         mirror = Mirror(folder, first_line=journal.first_line_of(plan.attempt))
         view = LogView(Printer(self.out))
@@ -182,8 +182,8 @@ class AttemptLoop:
         for node in lost:
             self.say(f"{node.plan.name}: {node.lost}")
         stopped = session.stop_started()
-        journal.finished(RunState.FAILED, status=int(ExitStatus.NODE_LOST),
-                         reason="a node did not start")
+        journal.ended(plan.attempt, RunState.FAILED, status=int(ExitStatus.NODE_LOST),
+                      reason="a node did not start")
         if stopped:
             self.say(f"the run did not start everywhere; stopped it on {', '.join(stopped)}")
         else:
@@ -234,22 +234,18 @@ class AttemptLoop:
         summary, logs = outcome.attempt_summary(ended.folder, ended.nodes, root=ended.root,
                                                 status=status, interrupted=ended.interrupted)
         k = ended.plan.attempt
-        journal.attempt_ended(k, status=status, root=ended.root.public() if ended.root else None,
-                              summary=summary if k > 1 else None, seen=ended.state)
-        history = {"attempts": journal.attempts(), "quarantined": journal.quarantined()}
-        if k > 1:
-            summary = dict(summary, attempt=k, **history)
-        state = journal.finished(ended.state, status=status, summary=summary)
+        state = journal.ended(k, ended.state, status=status, summary=summary,
+                              root=ended.root.public() if ended.root else None)
         if status != 0 and not reported:  # a failed attempt's root cause is said when it ends
             for line in outcome.report(ended.folder, list(ended.nodes), ended.root,
                                        ended.interrupted, ended.stopped):
                 self.say(line)
         if k > 1:
-            for entry in history["attempts"]:
+            for entry in journal.attempts():
                 what = entry.get("root_cause") or (
                     "succeeded" if entry.get("exit_status") == 0 else "stopped")
                 self.say(f"attempt {entry['attempt']}: {what} (exit {entry.get('exit_status')})")
-            for q in history["quarantined"]:
+            for q in journal.quarantined():
                 self.say(f"quarantined: {q['host']} ({q['reason']}, attempt {q['attempt']})")
         if logs["differ"]:
             self.say(f"logs: {len(logs['differ'])} file(s) differ from the hosts' copies: "

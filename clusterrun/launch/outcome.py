@@ -23,7 +23,9 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
 from clusterrun.logs.mirror import verify
 from clusterrun.plan.model import NodePlan
+from clusterrun.runs.records import Json
 from clusterrun.runs.store import RunDir
+from clusterrun.runs.summary import NodeSummary, Summary
 from clusterrun.wire import (
     End,
     NcclReport,
@@ -202,38 +204,28 @@ def node_text(node: NodeOutcome, root: Optional[RootCause],
 
 
 def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[RootCause], status: int,
-            interrupted: Optional[int], checks: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: machine-readable, secrets never included (nothing here holds env). Each
-    node's state and exit code are its own (its supervisor's), never the controller's."""
-    return {
-        "run_id": run.id,
-        "exit_status": status,
-        "interrupted": signal.Signals(interrupted).name if interrupted else None,
-        "root_cause": None if root is None else root.public(),
-        "nodes": [_node_summary(n, root, interrupted) for n in nodes],
-        "logs": checks,
-        "nccl": nccl.summary([nccl.HostNccl(n.plan.name, n.plan.ranks, n.nccl) for n in nodes],
-                             sum(n.plan.nproc for n in nodes)),
-    }
+            interrupted: Optional[int], checks: Json) -> Json:
+    """summary.json (runs/summary.py): each node's state and exit code are its own (its
+    supervisor's), never the controller's."""
+    return Summary(
+        run.id, status, signal.Signals(interrupted).name if interrupted else None, root,
+        tuple(_node_summary(n, root, interrupted) for n in nodes), checks,
+        nccl=nccl.summary([nccl.HostNccl(n.plan.name, n.plan.ranks, n.nccl) for n in nodes],
+                          sum(n.plan.nproc for n in nodes))).to_json()
 
 
 def _node_summary(n: NodeOutcome, root: Optional[RootCause],
-                  interrupted: Optional[int]) -> dict[str, Any]:
-    code = n.end.exit_code if n.end is not None else None
-    return {
-        "name": n.plan.name, "node_rank": n.plan.node_rank,
-        "ranks": [n.plan.ranks.start, n.plan.ranks.stop - 1], "state": n.state,
-        "exit_code": code,
-        "signal": code - 128 if code is not None and code > 128 else None,
-        "reason": n.lost or (n.end.reason if n.end is not None else None),
-        "outcome": node_text(n, root, interrupted),
-        "rank_exits": {str(r): ev.code for r, ev in sorted(n.rank_exits.items())},
-    }
+                  interrupted: Optional[int]) -> NodeSummary:
+    return NodeSummary(
+        n.plan.name, n.plan.node_rank, [n.plan.ranks.start, n.plan.ranks.stop - 1], n.state,
+        n.end.exit_code if n.end is not None else None,
+        n.lost or (n.end.reason if n.end is not None else None),
+        {str(r): ev.code for r, ev in sorted(n.rank_exits.items())},
+        outcome=node_text(n, root, interrupted))
 
 
 def attempt_summary(folder: RunDir, nodes: Sequence[NodeOutcome], *, root: Optional[RootCause],
-                    status: int, interrupted: Optional[int]) -> tuple[dict[str, Any],
-                                                                     dict[str, Any]]:
+                    status: int, interrupted: Optional[int]) -> tuple[Json, dict[str, Any]]:
     """An attempt's summary.json content, and the check of its mirrors against the hosts'."""
     logs = verify(folder, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
     return summary(folder, list(nodes), root=root, status=status, interrupted=interrupted,

@@ -4,6 +4,7 @@ An attempt that failed on its own (a rank exited non-zero, a host was lost) is f
 another while `--max-restarts` allows, unless the user interrupted it. The hosts lost during it
 are left out of the next one (inventory/slots.py gives their slots to spares); a rank that
 failed on a host that still passes the check is the job's failure, so the same hosts run again.
+A stall that `--on-stall stop` ended blames one host: a spare, if one is left, takes its place.
 """
 
 from __future__ import annotations
@@ -64,10 +65,16 @@ class Restart:
     leave_out: tuple[tuple[str, str], ...]  # (host, why)
 
 
-def next_step(result: AttemptResult, max_restarts: int) -> Optional[Restart]:
-    """The next attempt after ``result``, or None: the run ends with it."""
+def next_step(result: AttemptResult, max_restarts: int, *,
+              spare: bool = False) -> Optional[Restart]:
+    """The next attempt after ``result``, or None: the run ends with it. ``spare``: a spare
+    is left to take the place of the host a stopped stall blamed (without one, the same hosts
+    run again, as after a rank's failure)."""
     if result.root is None or result.interrupted is not None \
             or result.plan.attempt > max_restarts:
         return None
     lost = tuple((n.plan.name, f"lost ({n.lost})") for n in result.nodes if n.lost is not None)
+    root = result.root
+    if root.stalled and spare and root.node not in (name for name, _why in lost):
+        lost += ((root.node, "blamed by the stall watchdog"),)
     return Restart(result.plan.attempt + 1, lost)

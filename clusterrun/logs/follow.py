@@ -12,6 +12,7 @@ from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
 from clusterrun.runs import attempts
+from clusterrun.runs.records import RunStatus
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
 from clusterrun.transport import SshOptions, Transport
@@ -86,10 +87,10 @@ def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int]
     while True:
         offset = replay_from(run, view, positions, offset)
         view.tick()
-        state = top.state
-        gone = not state.get("ended_at") and not pid_alive(state.get("controller_pid"))
+        status = RunStatus.of(top)
+        gone = not status.ended_at and not pid_alive(status.controller_pid)
         # The launch starts attempt K+1 only after attempt K's teardown: it has ended then.
-        over = state.get("ended_at") or gone or attempts.count(top) > run.attempt
+        over = status.ended_at or gone or status.attempt > run.attempt
         if over and not _growing(run, offset):
             replay_from(run, view, positions, offset)
             view.close()

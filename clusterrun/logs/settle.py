@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
-from clusterrun.runs import attempts, lifecycle, notify, remote
+from clusterrun.runs import attempts, lifecycle, remote
 from clusterrun.runs.journal import Journal
+from clusterrun.runs.records import Json
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
+from clusterrun.runs.summary import SETTLED, NodeSummary, Summary
 from clusterrun.transport import SshOptions
 from clusterrun.wire import RootCause, root_cause
 
 Say = Callable[[str], None]
 
 
-def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
+def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None,
+           journal: Optional[Journal] = None) -> RunState:
     """For a run this machine last saw going, with no controller watching it: its state now,
-    recorded as final (with its summaries) once every node has ended."""
+    recorded as final (with its summaries) once every node has ended. ``journal``: the run's
+    journal as the command built it (default: one built here, if anything is recorded)."""
     run = attempts.top(run)  # the run's state and locks live in the run folder
     if not lifecycle.live(run) or lifecycle.watched(run):
         return lifecycle.recorded(run) or RunState.RUNNING
@@ -32,19 +37,21 @@ def settle(run: RunDir, ssh: SshOptions, say: Optional[Say] = None) -> RunState:
     if lock is None:  # another clusterrun process is writing the mirrors right now
         return RunState.RUNNING
     try:
-        return _settle(run, attempts.current(run), ssh, say or (lambda _text: None))
+        return _settle(run, attempts.current(run), ssh, say or (lambda _text: None), journal)
     finally:
         os.close(lock)
 
 
-def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState:
+def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say,
+            given: Optional[Journal]) -> RunState:
     per_node = remote.status(attempt, ssh)
     # A host that could not be asked (crashed, partitioned, sshd gone) has no state.
     unreachable = [name for name, s in per_node.items() if s.get("unreachable")]
     states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
     state = combine(states, unreachable=unreachable)
     if not state.final:
-        _stall(run, attempt, per_node)
+        with _journal(run, given, say) as journal:
+            record_stall(journal, attempt.attempt, per_node.values())
         return lifecycle.recorded(run) or state
     root = _root_cause(per_node)
     if root is not None:
@@ -59,28 +66,23 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say) -> RunState
     status = exit_status(state, root)
     ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
-    with notify.hooks(run.state.get("notify"), run.file("notify.log"), say=say) as hooks:
-        journal = Journal(run, hooks)
-        journal.attempt_ended(attempt.attempt, status=status,
-                              root=root.public() if root else None,
-                              summary=summary if attempt != run else None, seen=state,
-                              ended_at=ended)
-        if attempts.entries(run) or attempts.quarantined(run):
-            summary = dict(summary, attempts=attempts.entries(run),
-                           quarantined=attempts.quarantined(run))
-        return journal.finished(state, status=status, summary=summary, ended_at=ended)
+    with _journal(run, given, say) as journal:
+        return journal.ended(attempt.attempt, state, status=status, summary=summary,
+                             root=root.public() if root else None, ended_at=ended)
 
 
-def _stall(run: RunDir, attempt: RunDir, per_node: dict[str, dict[str, Any]]) -> None:
-    """A detached run's hub keeps its stall report in its state (remote/watchdog.py): the run
-    is recorded stalled while a host says so, and running again once none does."""
-    with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:
-        record_stall(Journal(run, hooks), attempt.attempt, per_node.values())
+@contextmanager
+def _journal(run: RunDir, given: Optional[Journal], say: Say) -> Iterator[Journal]:
+    if given is not None:
+        yield given
+        return
+    with Journal.of(run, say) as journal:
+        yield journal
 
 
 def record_stall(journal: Journal, k: int, states: Iterable[dict[str, Any]]) -> None:
-    """Attempt k is stalled while a host's state says so (with the hub's report), and running
-    again once none does."""
+    """Attempt k is stalled while a host's state says so (a detached run's hub keeps its
+    report there: remote/watchdog.py, with the report), and running again once none does."""
     found = [s.get("stall") or {} for s in states if s.get("state") == "stalled"]
     if found:
         journal.stalled(k, dict(found[0]))
@@ -115,21 +117,18 @@ def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:
 
 
 def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list[str], *,
-             root: Optional[RootCause], status: int, checks: dict[str, Any]) -> dict[str, Any]:
-    """summary.json for a run (one attempt's folder) whose controller was not there at the end
-    (same shape as the one an attached launch writes; nothing here holds environment values)."""
+             root: Optional[RootCause], status: int, checks: Json) -> Json:
+    """summary.json (runs/summary.py) for a run (one attempt's folder) whose controller was
+    not there at the end: each node as its host's state file says."""
     plan_nodes = {n["name"]: n for n in run.plan.get("nodes", [])}
     nodes = []
     for name, state in per_node.items():
         node = plan_nodes.get(name, {})
         lost = name in unreachable
-        nodes.append({
-            "name": name, "node_rank": node.get("node_rank"), "ranks": node.get("ranks"),
-            "state": "lost" if lost else state.get("state"),
-            "exit_code": None if lost else state.get("exit_code"),
-            "reason": state.get("reason") or (state.get("error") if lost else None),
-            "rank_exits": {str(r): c for r, c in sorted((state.get("ranks") or {}).items())},
-        })
-    return {"run_id": run.id, "exit_status": status, "interrupted": None,
-            "root_cause": root.public() if root else None, "nodes": nodes, "logs": checks,
-            "settled_by": "a later clusterrun command"}
+        nodes.append(NodeSummary(
+            name, node.get("node_rank"), node.get("ranks"),
+            "lost" if lost else state.get("state"), None if lost else state.get("exit_code"),
+            state.get("reason") or (state.get("error") if lost else None),
+            {str(r): c for r, c in sorted((state.get("ranks") or {}).items())}))
+    return Summary(run.id, status, None, root, tuple(nodes), checks,
+                   settled_by=SETTLED).to_json()

@@ -13,7 +13,7 @@ from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.settle import Stalls, settle
 from clusterrun.logs.view import Filter, LogView
-from clusterrun.runs import attempts, lifecycle, notify, ps
+from clusterrun.runs import attempts, lifecycle, ps
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
@@ -25,9 +25,18 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
          printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None) -> Result:
     """Show attempt ``attempt`` of ``run`` (default: its current one)."""
     run = attempts.top(run)
+    with Journal.of(run, say) as journal:  # this command's one journal of the run
+        _shown(run, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
+               attempt=attempt, journal=journal)
+    return Result()  # shown: what the run came to is `ps`'s to say
+
+
+def _shown(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
+           printer: Printer, say: Callable[[str], None], attempt: Optional[int],
+           journal: Journal) -> None:
     # Whichever command looks first at a run nobody watches fetches what its hosts have; a
     # finished one is then verified, summarised and recorded (logs.settle).
-    settle(run, ssh, say)
+    settle(run, ssh, say, journal)
     # What NCCL chose on each host, kept in the summary, above the lines (the launch said it
     # as the ranks initialised: a detached run's or an earlier terminal's nobody saw).
     for line in ps.nccl_lines(ps.nccl_summary(run, attempt)):
@@ -39,21 +48,17 @@ def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: Ss
     k = attempt or attempts.count(run)
     try:
         # The one fetching a run nobody watches records its ranks' first lines (events).
-        with notify.hooks(run.state.get("notify") if lock is not None else None,
-                          run.file("notify.log"), say=say) as hooks:
-            journal = Journal(run, hooks) if lock is not None else None
-            _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-                  lock=lock, journal=journal)
+        _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
+              lock=lock, journal=journal if lock is not None else None)
     finally:
         if lock is not None:
             os.close(lock)
     if follow and lock is not None:  # followed to its end from the hosts: record how it ended
-        state = settle(run, ssh, say)
+        state = settle(run, ssh, say, journal)
         _say_root_cause(run, say)
         say(f"run {run.id} {state.value}")
     elif not lifecycle.live(run):
         _say_root_cause(run, say)
-    return Result()  # shown: what the run came to is `ps`'s to say
 
 
 def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:

@@ -18,7 +18,7 @@ from clusterrun.errors import ClusterrunError
 from clusterrun.inventory import HostSpec
 from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, RankSample, flag_ranks
 from clusterrun.remote import protocol
-from clusterrun.runs import attempts
+from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import Process, SshOptions, Transport, connect, shell
@@ -203,7 +203,8 @@ class Watch:
             hosts.append(host)
         ranks.sort(key=lambda r: r.rank)
         flag_ranks(ranks)
-        state = str(attempts.top(self.run).state.get("state") or "unknown")
+        recorded = lifecycle.recorded(self.run)
+        state = recorded.value if recorded is not None else "unknown"
         if state == "running" and any(h.node_state == "stalled" for h in hosts):
             state = "stalled"  # a detached run's hub found the stall (remote/watchdog.py)
         return Frame(run=self.run.id, run_state=state, interval=self.interval, hosts=hosts,

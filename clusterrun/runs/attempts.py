@@ -7,8 +7,8 @@ attempt is the current one (``attempt``, absent: 1) and keeps the ``attempts`` a
 from __future__ import annotations
 
 import os
-from typing import Any
 
+from clusterrun.runs.records import AttemptRecord, Json, RunStatus
 from clusterrun.runs.store import RunDir
 
 
@@ -36,8 +36,7 @@ def create_attempt(run: RunDir, k: int) -> RunDir:
 
 def count(run: RunDir) -> int:
     """How many attempts the run has had so far (the current one included)."""
-    value = top(run).state.get("attempt")
-    return value if isinstance(value, int) and value >= 1 else 1
+    return RunStatus.of(top(run)).attempt
 
 
 def current(run: RunDir) -> RunDir:
@@ -47,21 +46,23 @@ def current(run: RunDir) -> RunDir:
 
 def most(run: RunDir) -> int:
     """How many attempts the run may have at most (``--max-restarts`` + 1)."""
-    restarts = top(run).state.get("max_restarts")
-    allowed = restarts + 1 if isinstance(restarts, int) and restarts >= 0 else 1
-    return max(allowed, count(run))
+    status = RunStatus.of(top(run))
+    return max(status.max_restarts + 1, status.attempt)
 
 
-def entries(run: RunDir) -> list[dict[str, Any]]:
-    """The run's ``attempts`` list as its state holds it (empty for a run from before
-    restarts, or one whose launcher has not written it)."""
-    found = top(run).state.get("attempts")
-    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+def records(run: RunDir) -> tuple[AttemptRecord, ...]:
+    """The run's attempts as its state lists them (none for a run from before restarts, or
+    one whose launcher has not written them)."""
+    return RunStatus.of(top(run)).attempts
 
 
-def quarantined(run: RunDir) -> list[dict[str, Any]]:
-    found = top(run).state.get("quarantined")
-    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+def entries(run: RunDir) -> list[Json]:
+    """The run's ``attempts`` list as JSON (``ps --json``, summary.json)."""
+    return [e.to_json() for e in records(run)]
+
+
+def quarantined(run: RunDir) -> list[Json]:
+    return list(RunStatus.of(top(run)).quarantined)
 
 
 def hosts(run: RunDir, k: int) -> list[str]:
@@ -69,13 +70,13 @@ def hosts(run: RunDir, k: int) -> list[str]:
     nodes = attempt_dir(run, k).plan.get("nodes") or []
     if nodes:
         return [str(n.get("name")) for n in nodes]
-    for entry in entries(run):
-        if entry.get("attempt") == k:
-            return [str(h) for h in entry.get("hosts") or []]
+    for entry in records(run):
+        if entry.attempt == k:
+            return list(entry.hosts)
     return []
 
 
-def quarantine_text(entry: dict[str, Any]) -> str:
+def quarantine_text(entry: Json) -> str:
     """``gpu-c (lost (no word for 30 s), attempt 1)``"""
     details = [str(entry["reason"])] if entry.get("reason") else []
     if entry.get("attempt") is not None:
@@ -88,7 +89,7 @@ def started_text(run: RunDir, k: int) -> str:
     """What `logs -f` says when it moves on to attempt k:
     ``attempt 2/3 started: gpu-a, gpu-b, gpu-e (attempt 1: gpu-c lost (no word for 30 s))``"""
     text = f"attempt {k}/{most(run)} started: {', '.join(hosts(run, k)) or 'no hosts yet'}"
-    earlier = next((e for e in entries(run) if e.get("attempt") == k - 1), {})
-    if earlier.get("root_cause"):
-        text += f" (attempt {k - 1}: {earlier['root_cause']})"
+    earlier = next((e for e in records(run) if e.attempt == k - 1), None)
+    if earlier is not None and earlier.root_cause:
+        text += f" (attempt {k - 1}: {earlier.root_cause})"
     return text

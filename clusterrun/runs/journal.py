@@ -24,14 +24,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import attempts, notify, store
+from clusterrun.runs.masking import Masks
+from clusterrun.runs.records import AttemptRecord, Event, EventKind, Json, RunStatus
 from clusterrun.runs.state import RunState, merge
 from clusterrun.runs.store import RunDir
+from clusterrun.wire import root_cause
 
 EVENTS = "events.jsonl"
 
-Listener = Callable[[dict[str, Any]], None]
+Listener = Callable[[Json], None]
 
 
 @dataclass(frozen=True)
@@ -49,44 +53,58 @@ class RunRecord:
     started_at: float = field(default_factory=store.now)
 
 
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One entry of the run's ``attempts`` list (``ps --json``, summary.json)."""
-
-    attempt: int
-    hosts: tuple[str, ...]
-    started_at: float
-    exit_status: Optional[int] = None
-    root_cause: Optional[str] = None  # the root cause's detail, in words
-    ended_at: Optional[float] = None
-
-    def public(self) -> dict[str, Any]:
-        return dict(asdict(self), hosts=list(self.hosts))
-
-
 class Journal:
     """The writer of one run's files. ``listeners`` hear every event after it is written (the
-    `--notify` hook); a listener never changes what is recorded."""
+    `--notify` hook); a listener never changes what is recorded. ``masks``: the run's secrets
+    (default: as its folder keeps them), masked in every event, stall report, root cause and
+    summary it writes, so every writer of a run masks alike."""
 
-    def __init__(self, run: RunDir, listeners: tuple[Listener, ...] = ()) -> None:
+    def __init__(self, run: RunDir, listeners: tuple[Listener, ...] = (),
+                 masks: Optional[Masks] = None) -> None:
         self.run = attempts.top(run)
         self.listeners = listeners
+        self.masks = masks if masks is not None else Masks.load(self.run)
+
+    # -- built with its hooks, once per command ---------------------------------------------
+
+    @classmethod
+    @contextmanager
+    def launching(cls, home: Path, record: RunRecord, plan: Json, masks: Masks,
+                  say: Optional[Callable[[str], None]] = None) -> Iterator[Journal]:
+        """A new run's journal (``start``) with the run's `--notify` hook, for the launch;
+        on leaving, the hook's queued events are delivered."""
+        log = store.runs_root(home) / record.id / "notify.log"
+        with notify.hooks(record.notify, log, say=say) as listeners:
+            yield cls.start(home, record, plan, listeners, masks)
+
+    @classmethod
+    @contextmanager
+    def of(cls, run: RunDir, say: Optional[Callable[[str], None]] = None, *,
+           hooks: bool = True) -> Iterator[Journal]:
+        """The journal of a run that exists, with the hook its launch was given (``hooks``:
+        False for a process that only reads) and the secrets its launch kept."""
+        run = attempts.top(run)
+        command = RunStatus.of(run).notify if hooks else None
+        with notify.hooks(command, run.file("notify.log"), say=say) as listeners:
+            yield cls(run, listeners)
 
     # -- a run's life ----------------------------------------------------------------------
 
     @classmethod
-    def start(cls, home: Path, record: RunRecord, plan: dict[str, Any],
-              listeners: tuple[Listener, ...] = ()) -> Journal:
-        """A new run folder with its plan and its first state (running)."""
-        journal = cls(store.create(home, record.id), listeners)
+    def start(cls, home: Path, record: RunRecord, plan: Json,
+              listeners: tuple[Listener, ...] = (), masks: Optional[Masks] = None) -> Journal:
+        """A new run folder with its plan, its secrets' masks and its first state (running)."""
+        masks = masks or Masks()
+        journal = cls(store.create(home, record.id), listeners, masks)
+        masks.save(journal.run)  # before any event: whoever writes next masks the same way
         store.write_json(journal.run.file("plan.json"), plan)
         with journal._changing() as change:
             change.state.update(asdict(record), hosts=list(record.hosts),
                                 state=RunState.RUNNING.value, attempts=[], quarantined=[])
-            change.event("started", hosts=list(record.hosts), detached=record.detached)
+            change.event(EventKind.STARTED, hosts=list(record.hosts), detached=record.detached)
         return journal
 
-    def attempt_begun(self, k: int, hosts: list[str], plan: dict[str, Any]) -> RunDir:
+    def attempt_begun(self, k: int, hosts: list[str], plan: Json) -> RunDir:
         """Attempt k starts on ``hosts``: its folder (attempt 1: the run folder itself, whose
         plan.json is written already), listed in the run's state as the current attempt."""
         folder = attempts.attempt_dir(self.run, k)
@@ -100,17 +118,18 @@ class Journal:
         entry = AttemptRecord(k, tuple(hosts), store.now())
         with self._changing() as change:
             change.state["attempt"] = k
-            change.state.setdefault("attempts", []).append(entry.public())
-            change.event("restarted" if k > 1 else "attempt_begun", attempt=k, hosts=hosts)
+            change.state.setdefault("attempts", []).append(entry.to_json())
+            change.event(EventKind.RESTARTED if k > 1 else EventKind.ATTEMPT_BEGUN, attempt=k,
+                         hosts=hosts)
         return folder
 
     def host_quarantined(self, entry: Quarantine) -> None:
         with self._changing() as change:
             change.state.setdefault("quarantined", []).append(entry.public())
-            change.event("host_quarantined", **entry.public())
+            change.event(EventKind.HOST_QUARANTINED, **entry.public())
 
-    def attempt_ended(self, k: int, *, status: int, root: Optional[dict[str, Any]],
-                      summary: Optional[dict[str, Any]] = None,
+    def attempt_ended(self, k: int, *, status: int, root: Optional[Json],
+                      summary: Optional[Json] = None,
                       seen: Optional[RunState] = None, ended_at: Optional[float] = None) -> None:
         """Attempt k is over: its summary (in its folder), its own state (attempt folders only:
         attempt 1's state is the run's), and its entry in the attempts list. An entry that has
@@ -118,8 +137,9 @@ class Journal:
         first knew it best. ``root``: the root cause as RootCause.public() gives it."""
         folder = attempts.attempt_dir(self.run, k)
         ended_at = ended_at or store.now()
+        root = self.masks.json(root)  # a rank's own words may be in its detail
         if summary is not None:
-            store.write_json(folder.file("summary.json"), summary)
+            store.write_json(folder.file("summary.json"), self.masks.json(summary))
         if k > 1 and seen is not None:
             self._record(folder, seen, {"exit_status": status, "ended_at": ended_at})
         with self._changing() as change:
@@ -131,7 +151,7 @@ class Journal:
                                  root_cause=root.get("detail") if root else None)
                     change.keep = False
                     change.root_event(k, root)
-                    change.event("attempt_ended", attempt=k, exit_status=status)
+                    change.event(EventKind.ATTEMPT_ENDED, attempt=k, exit_status=status)
                     break
 
     def first_line_of(self, k: int) -> Callable[[str, int, str], None]:
@@ -141,15 +161,15 @@ class Journal:
     def first_line(self, k: int, node: str, rank: int, line: str) -> None:
         """A rank of attempt k printed its first line: it is up (an event, no state)."""
         with self._changing() as change:
-            change.event("first_line", attempt=k, node=node, rank=rank, line=line)
+            change.event(EventKind.FIRST_LINE, attempt=k, node=node, rank=rank, line=line)
 
     def detached(self) -> None:
         """Every node started and the launching process leaves: nobody watches the run now."""
         with self._changing() as change:
             change.state["controller_pid"] = None
-            change.event("detached")
+            change.event(EventKind.DETACHED)
 
-    def stalled(self, k: int, report: dict[str, Any]) -> bool:
+    def stalled(self, k: int, report: Json) -> bool:
         """No rank of attempt k has made progress for the stall timeout (#21): the run is
         ``stalled`` until it moves again; the report is kept in the state. False when the run
         has ended or is stalled already (one report per stall)."""
@@ -157,8 +177,9 @@ class Journal:
             if RunState.parse(change.state.get("state")) is not RunState.RUNNING:
                 change.keep = True
                 return False
+            report = self.masks.json(report)  # the ranks' last lines and stacks
             change.state.update(state=RunState.STALLED.value, stall=report)
-            change.event("stalled", attempt=k, report=report)
+            change.event(EventKind.STALLED, attempt=k, report=report)
             return True
 
     def resumed(self, k: int) -> bool:
@@ -168,7 +189,7 @@ class Journal:
                 change.keep = True
                 return False
             change.state["state"] = RunState.RUNNING.value
-            change.event("resumed", attempt=k)
+            change.event(EventKind.RESUMED, attempt=k)
             return True
 
     def stragglers(self, k: int, ranks: list[int], shares: dict[str, float]) -> bool:
@@ -179,32 +200,51 @@ class Journal:
                 change.keep = True
                 return False
             change.state["stragglers"] = ranks
-            change.event("straggler", attempt=k, ranks=ranks, wait_share=shares)
+            change.event(EventKind.STRAGGLER, attempt=k, ranks=ranks, wait_share=shares)
             return True
 
-    def finished(self, seen: RunState, *, status: int, summary: Optional[dict[str, Any]] = None,
-                 ended_at: Optional[float] = None, **fields: Any) -> RunState:
+    def ended(self, k: int, seen: RunState, *, status: int,
+              root: Optional[Json] = None, summary: Optional[Json] = None,
+              ended_at: Optional[float] = None, **fields: object) -> RunState:
+        """The one end of a run, however it ends (it succeeded or failed, its copy or its
+        detached start failed, Ctrl-C, a stopped stall, `stop`): attempt k, its last, is closed
+        (``summary``: the attempt's, kept in its folder too), then the run, whose summary adds
+        the run's attempts and quarantined hosts. Returns the state the run ended with."""
+        ended_at = ended_at or store.now()
+        stall = stopped_stall(root)
+        if stall is not None:  # not "failed" like a rank that exits 7: it stalled
+            fields.update(stall)
+            summary = dict(summary, **stall) if summary is not None else None
+        self.attempt_ended(k, status=status, root=root, summary=summary if k > 1 else None,
+                           seen=seen, ended_at=ended_at)
+        if summary is not None:
+            summary = dict(summary, **({"attempt": k} if k > 1 else {}),
+                           attempts=self.attempts(), quarantined=self.quarantined())
+        return self.finished(seen, status=status, summary=summary, ended_at=ended_at, **fields)
+
+    def finished(self, seen: RunState, *, status: int, summary: Optional[Json] = None,
+                 ended_at: Optional[float] = None, **fields: object) -> RunState:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it
         ended with: the one recorded first, when someone saw the end before."""
         if summary is not None:
             stall = self.run.state.get("stall")  # the last stall report (#21), if there was one
             summary = dict(summary, stall=stall) if stall and "stall" not in summary else summary
-            store.write_json(self.run.file("summary.json"), summary)
+            store.write_json(self.run.file("summary.json"), self.masks.json(summary))
         return self._record(self.run, seen,
                             {"exit_status": status, "ended_at": ended_at or store.now(),
-                             **fields})
+                             **self.masks.json(fields)})
 
     # -- what it has recorded ---------------------------------------------------------------
 
-    def attempts(self) -> list[dict[str, Any]]:
+    def attempts(self) -> list[Json]:
         return attempts.entries(self.run)
 
-    def quarantined(self) -> list[dict[str, Any]]:
+    def quarantined(self) -> list[Json]:
         return attempts.quarantined(self.run)
 
     # -- the writing itself ----------------------------------------------------------------
 
-    def _record(self, folder: RunDir, seen: RunState, fields: dict[str, Any]) -> RunState:
+    def _record(self, folder: RunDir, seen: RunState, fields: Json) -> RunState:
         """``seen`` in ``folder``'s state by the one rule; the run folder's end is an event."""
         with self._changing(folder) as change:
             recorded = RunState.parse(change.state.get("state"))
@@ -216,7 +256,7 @@ class Journal:
             if seen.final:
                 change.state.setdefault("ended_at", store.now())
                 if folder == self.run:
-                    change.event("finished", state=seen.value,
+                    change.event(EventKind.FINISHED, state=seen.value,
                                  exit_status=fields.get("exit_status"))
             return now
 
@@ -226,7 +266,7 @@ class Journal:
         back with the change's events appended, unless the change keeps it as it was."""
         folder = folder or self.run
         with self.run.locked("state.lock"):
-            change = _Change(self.run.id, folder.state)
+            change = _Change(self.run.id, folder.state, self.masks)
             yield change
             if change.keep:
                 return
@@ -248,25 +288,38 @@ class _Change:
 
     run_id: str
     state: dict[str, Any]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    masks: Masks
+    events: list[Json] = field(default_factory=list)
     keep: bool = False  # True: write nothing after all
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: EventKind, **fields: object) -> None:
         """An event of this change. ``seq`` counts the run's events, so a reader can tell a
         repeated delivery from a new event."""
         seq = int(self.state.get("events") or 0) + 1
         self.state["events"] = seq
         # Text from the job (a first line, a stall report's last lines) may hold a secret.
-        self.events.append({"event": kind, "run": self.run_id, "seq": seq, "at": store.now(),
-                            **notify.masked(fields)})
+        self.events.append(Event(kind, self.run_id, seq, store.now(),
+                                 self.masks.json(fields)).to_json())
 
-    def root_event(self, k: int, root: Optional[dict[str, Any]]) -> None:
+    def root_event(self, k: int, root: Optional[Json]) -> None:
         if root:
-            self.event("host_lost" if root.get("lost") else "rank_failed", attempt=k,
-                       root_cause=root)
+            kind = EventKind.HOST_LOST if root.get("lost") else EventKind.RANK_FAILED
+            self.event(kind, attempt=k, root_cause=root)
 
 
-def events(run: RunDir) -> list[dict[str, Any]]:
+def stopped_stall(root: Optional[Json]) -> Optional[Json]:
+    """What state.json and summary.json add for a run that `--on-stall stop` ended:
+    ``{"outcome": "stalled", "stalled": {"node": blamed host, "rank": blamed rank or None}}``;
+    None for any other end. (The run's state stays ``failed``: it has ended, and the one
+    run-state rule knows a stall only as a run still going.)"""
+    cause = root_cause(root)
+    if cause is None or not cause.stalled:
+        return None
+    return {"outcome": Outcome.STALLED.label,
+            "stalled": {"node": cause.node, "rank": cause.blamed_rank}}
+
+
+def events(run: RunDir) -> list[Json]:
     """The run's events in the order they were written (a torn last line is left out)."""
     try:
         text = attempts.top(run).file(EVENTS).read_text()

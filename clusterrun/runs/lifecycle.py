@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from clusterrun.runs import attempts, store
+from clusterrun.runs.records import RunStatus
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 
@@ -15,7 +16,7 @@ __all__ = ["RunState", "live", "recorded", "watched"]
 def recorded(run: RunDir) -> Optional[RunState]:
     """The run's state as this machine recorded it (the run folder's, also when given one of
     its attempts: an attempt ending is not the run ending)."""
-    return RunState.parse(attempts.top(run).state.get("state"))
+    return RunStatus.of(attempts.top(run)).state
 
 
 def live(run: RunDir) -> bool:
@@ -26,5 +27,5 @@ def live(run: RunDir) -> bool:
 
 def watched(run: RunDir) -> bool:
     """An attached launch is still streaming this run (its controller holds the mirrors)."""
-    state = attempts.top(run).state
-    return not state.get("detached") and store.pid_alive(state.get("controller_pid"))
+    status = RunStatus.of(attempts.top(run))
+    return not status.detached and store.pid_alive(status.controller_pid)

@@ -4,11 +4,11 @@ JSON on its stdin (one event per run of CMD, in the order of events.jsonl).
 CMD runs through this user's shell, one event at a time on a thread of its own, so a slow hook
 never holds up the run or its journal, and for at most ``TIMEOUT`` seconds (then it is killed).
 A hook that fails is said once and otherwise ignored: the run's outcome never depends on it.
-Its output goes to the run's notify.log. Secrets are masked in what it receives: values of
-variables whose names are secrets (plan/secrets.py), as ``NAME=value`` text and wherever a value
-the launch knows appears.
+Its output goes to the run's notify.log. What it receives is masked already: the run's journal
+masks every event before it writes it or hands it on (runs/masking.py).
 
-Who runs it: the clusterrun process that records the event (runs/journal.py). For an attached
+Who runs it: the clusterrun process that records the event (runs/journal.py builds the hooks
+with the journal, the one place they are built). For an attached
 run that is the launch; for a detached run, the launch records its start, and a watcher it
 leaves on this machine (`clusterrun logs -f RUN` with no output, started in its own session)
 records the rest as the hosts report it, also after the launching terminal is gone.
@@ -19,62 +19,48 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterrun.plan.secrets import MASK, is_secret
 from clusterrun.runs import store
+from clusterrun.runs.masking import Masks
+from clusterrun.runs.records import Json
 from clusterrun.runs.store import RunDir
 
 TIMEOUT = 30.0  # seconds one run of the hook may take
 DRAIN = 30.0  # seconds a finishing command waits for its queued hooks
 
-_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)(\s*[=:]\s*)(\S+)")
-
 
 def mask_text(text: str, values: tuple[str, ...] = ()) -> str:
-    """``text`` with every known secret value and every ``SECRET_NAME=value`` masked."""
-    for value in values:
-        if len(value) >= 4:  # shorter values would mask ordinary words
-            text = text.replace(value, MASK)
-    return _ASSIGNMENT.sub(
-        lambda m: m.group(1) + m.group(2) + (MASK if is_secret(m.group(1)) else m.group(3)),
-        text)
+    """``text`` with every one of ``values`` and every ``SECRET_NAME=value`` masked."""
+    return Masks.of(values).text(text)
 
 
 def masked(obj: Any, values: tuple[str, ...] = ()) -> Any:
     """A JSON value with every string in it masked (``mask_text``)."""
-    if isinstance(obj, str):
-        return mask_text(obj, values)
-    if isinstance(obj, dict):
-        return {k: masked(v, values) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [masked(v, values) for v in obj]
-    return obj
+    return Masks.of(values).json(obj)
 
 
 class Notifier:
     """Runs ``command`` for each event it is given, in order, on one thread."""
 
-    def __init__(self, command: str, log: Path, *, secrets: tuple[str, ...] = (),
+    def __init__(self, command: str, log: Path, *,
                  say: Optional[Callable[[str], None]] = None) -> None:
         self.command = command
         self.log = log
-        self.secrets = secrets
         self.say = say
-        self._queue: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self._queue: queue.Queue[Optional[Json]] = queue.Queue()
         self._failed = False
         self._thread = threading.Thread(target=self._work, name="notify", daemon=True)
         self._thread.start()
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        self._queue.put(masked(event, self.secrets))
+    def __call__(self, event: Json) -> None:
+        self._queue.put(event)  # masked already: the journal masks what it writes and tells
 
     def close(self, wait: float = DRAIN) -> None:
         """Deliver what is queued (for at most ``wait`` seconds), then stop."""
@@ -88,7 +74,7 @@ class Notifier:
                 return
             self._deliver(event)
 
-    def _deliver(self, event: dict[str, Any]) -> None:
+    def _deliver(self, event: Json) -> None:
         data = json.dumps(event, sort_keys=True) + "\n"
         try:
             # The user's own command line, for the user's own shell: as they typed it.
@@ -109,24 +95,18 @@ class Notifier:
 
 
 @contextmanager
-def hooks(command: Optional[str], log: Path, *, secrets: tuple[str, ...] = (),
-          say: Optional[Callable[[str], None]] = None
-          ) -> Iterator[tuple[Callable[[dict[str, Any]], None], ...]]:
+def hooks(command: Optional[str], log: Path, *, say: Optional[Callable[[str], None]] = None
+          ) -> Iterator[tuple[Callable[[Json], None], ...]]:
     """The listeners a journal calls for ``command`` (none without one); on leaving, the
     queued events are delivered, for at most ``DRAIN`` seconds."""
     if not command:
         yield ()
         return
-    notifier = Notifier(command, log, secrets=secrets, say=say)
+    notifier = Notifier(command, log, say=say)
     try:
         yield (notifier,)
     finally:
         notifier.close()
-
-
-def secret_values(env: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    """The values of the secret variables among ``env``: masked wherever they show."""
-    return tuple(sorted({v for k, v in env if is_secret(k) and v}))
 
 
 def watch(run: RunDir, say: Callable[[str], None]) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.runs import attempts, lifecycle, store
+from clusterrun.runs.records import RunStatus
 
 
 def ps_rows(home: Any) -> list[dict[str, Any]]:
@@ -16,19 +17,20 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
     run that never restarted)."""
     rows = []
     for run in store.all_runs(home):
-        state = run.state
+        status = RunStatus.of(run)
         plan = run.plan
-        started = state.get("started_at") or plan.get("created")
-        ended = state.get("ended_at")
+        started = status.started_at or plan.get("created")
+        ended = status.ended_at
         rows.append({
-            "id": run.id, "name": plan.get("name"), "state": state.get("state", "unknown"),
-            "hosts": attempts.hosts(run, attempts.count(run)), "started_at": started,
+            "id": run.id, "name": plan.get("name"),
+            "state": status.state.value if status.state is not None else "unknown",
+            "hosts": attempts.hosts(run, status.attempt), "started_at": started,
             "ended_at": ended, "duration": round((ended or time.time()) - started, 1)
-            if started else None, "exit_status": state.get("exit_status"),
-            "detached": bool(state.get("detached")), "attempt": attempts.count(run),
+            if started else None, "exit_status": status.exit_status,
+            "detached": status.detached, "attempt": status.attempt,
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
-            "quarantined": attempts.quarantined(run), "root_cause": root_cause(run),
-            "nccl": nccl_summary(run)})
+            "quarantined": list(status.quarantined), "root_cause": root_cause(run),
+            "nccl": nccl_summary(run), "outcome": status.outcome, "stalled": status.stalled})
     return rows
 
 
@@ -88,10 +90,12 @@ def cause_line(row: dict[str, Any]) -> str:
 
 
 def state_text(row: dict[str, Any]) -> str:
-    """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted."""
+    """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted;
+    ``stalled (stopped)`` for a run that `--on-stall stop` ended (recorded ``failed``: ended)."""
+    state = "stalled (stopped)" if row.get("outcome") == "stalled" else str(row["state"])
     if row["attempt"] > 1:
-        return f"{row['state']} (attempt {row['attempt']}/{row['max_attempts']})"
-    return str(row["state"])
+        return f"{state} (attempt {row['attempt']}/{row['max_attempts']})"
+    return state
 
 
 def quarantine_line(row: dict[str, Any]) -> str:

@@ -89,7 +89,8 @@ def result(state: RunState, root: Optional[RootCause],
     cause (its hosts kept none) is a job failure without a status of its own: 1."""
     cause: Optional[Outcome]
     if root is not None:
-        cause = Outcome.NODE_LOST if root.lost else Outcome.JOB_FAILED
+        cause = (Outcome.NODE_LOST if root.lost else Outcome.STALLED if root.stalled
+                 else Outcome.JOB_FAILED)
     else:
         cause = {RunState.LOST: Outcome.NODE_LOST,
                  RunState.FAILED: Outcome.JOB_FAILED}.get(state)

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
-from clusterrun.runs import attempts, notify
+from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
@@ -136,5 +136,5 @@ def _record(run: RunDir, k: int, found: Collected) -> None:
     if found.problems or not found.ranks or not all(judged(r) for r in found.ranks):
         return
     shares = {str(r.rank): r.wait_share for r in found.ranks if r.wait_share is not None}
-    with notify.hooks(run.state.get("notify"), run.file("notify.log")) as hooks:
-        Journal(run, hooks).stragglers(k, found.stragglers or [], shares)
+    with Journal.of(run) as journal:
+        journal.stragglers(k, found.stragglers or [], shares)

@@ -7,6 +7,7 @@
                   a checkpoint slowly for WRITE seconds (64 KiB every 0.25 s, then fsync: little
                   CPU, no output) while the others wait in all_reduce (never a stall); "" : no hang
     HANG_RANK     the rank that hangs (default 1)
+    HANG_HOST     only there (its hostname): a spare that takes its place does not hang
     STEPS         all_reduce steps before the hang (default 3); each prints one line
     BUSY          seconds of silent computing for "busy" (default 40)
     WRITE         seconds of slow checkpoint writing for "write" (default 40)
@@ -14,6 +15,7 @@
 
 import os
 import signal
+import socket
 import time
 
 import torch
@@ -21,6 +23,8 @@ import torch.distributed as dist
 
 mode = os.environ.get("HANG", "")
 hang_rank = int(os.environ.get("HANG_RANK", "1"))
+if os.environ.get("HANG_HOST", socket.gethostname()) != socket.gethostname():
+    mode = ""
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 tensor = torch.ones(4)

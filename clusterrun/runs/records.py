@@ -1,0 +1,148 @@
+"""A run's records as types: what its state.json says, each entry of its attempts list, and
+each event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is
+what users and tests read: its shape is the one docs/observability.md describes).
+
+runs.journal is their one writer; everything outside runs/ reads a run through these types
+(``RunStatus.of(run)``), never through the raw dict.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from clusterrun.runs.state import RunState
+from clusterrun.runs.store import RunDir
+
+Json = dict[str, object]
+
+
+class EventKind(str, enum.Enum):
+    """Every kind of event a run's journal writes (the table in docs/observability.md)."""
+
+    STARTED = "started"
+    ATTEMPT_BEGUN = "attempt_begun"
+    FIRST_LINE = "first_line"
+    DETACHED = "detached"
+    STALLED = "stalled"
+    RESUMED = "resumed"
+    STRAGGLER = "straggler"
+    RANK_FAILED = "rank_failed"
+    HOST_LOST = "host_lost"
+    ATTEMPT_ENDED = "attempt_ended"
+    HOST_QUARANTINED = "host_quarantined"
+    RESTARTED = "restarted"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of events.jsonl: its kind, the run, its number in the run, when (this
+    machine's clock), and what it is about (``fields``, masked by the journal)."""
+
+    kind: EventKind
+    run: str
+    seq: int
+    at: float
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> Json:
+        return {"event": self.kind.value, "run": self.run, "seq": self.seq, "at": self.at,
+                **self.fields}
+
+    @classmethod
+    def from_json(cls, raw: object) -> Optional[Event]:
+        """An event as written; None for a line that is not one (or of an unknown kind)."""
+        if not isinstance(raw, dict):
+            return None
+        try:
+            kind = EventKind(raw.get("event"))
+            seq, at = int(raw["seq"]), float(raw["at"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        rest = {k: v for k, v in raw.items() if k not in ("event", "run", "seq", "at")}
+        return cls(kind, str(raw.get("run") or ""), seq, at, rest)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One entry of the run's ``attempts`` list (``ps --json``, summary.json)."""
+
+    attempt: int
+    hosts: tuple[str, ...]
+    started_at: float
+    exit_status: Optional[int] = None
+    root_cause: Optional[str] = None  # the root cause's detail, in words
+    ended_at: Optional[float] = None
+
+    def to_json(self) -> Json:
+        return dict(asdict(self), hosts=list(self.hosts))
+
+    @classmethod
+    def from_json(cls, raw: object) -> Optional[AttemptRecord]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("attempt"), int):
+            return None
+        return cls(raw["attempt"], tuple(str(h) for h in raw.get("hosts") or ()),
+                   _float(raw.get("started_at")) or 0.0, _int(raw.get("exit_status")),
+                   _str(raw.get("root_cause")), _float(raw.get("ended_at")))
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state.json as read: how it stands, who watches it, its attempts."""
+
+    state: Optional[RunState] = None  # None: not recorded (yet), or not a state the rule knows
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    exit_status: Optional[int] = None
+    detached: bool = False
+    controller_pid: Optional[int] = None
+    notify: Optional[str] = None  # `launch --notify CMD`
+    attempt: int = 1  # the current attempt
+    max_restarts: int = 0
+    attempts: tuple[AttemptRecord, ...] = ()
+    quarantined: tuple[Json, ...] = ()  # Quarantine.public() entries
+    outcome: Optional[str] = None  # "stalled": `--on-stall stop` ended it
+    stalled: Optional[Json] = None  # then: the blamed host and rank
+
+    @classmethod
+    def from_json(cls, raw: object) -> RunStatus:
+        if not isinstance(raw, dict):
+            return cls()
+        attempt, restarts = raw.get("attempt"), raw.get("max_restarts")
+        found = raw.get("attempts")
+        entries = [AttemptRecord.from_json(e) for e in found] if isinstance(found, list) else []
+        quarantined = raw.get("quarantined")
+        stalled = raw.get("stalled")
+        return cls(
+            state=RunState.parse(raw.get("state")), started_at=_float(raw.get("started_at")),
+            ended_at=_float(raw.get("ended_at")), exit_status=_int(raw.get("exit_status")),
+            detached=bool(raw.get("detached")), controller_pid=_int(raw.get("controller_pid")),
+            notify=_str(raw.get("notify")),
+            attempt=attempt if isinstance(attempt, int) and attempt >= 1 else 1,
+            max_restarts=restarts if isinstance(restarts, int) and restarts >= 0 else 0,
+            attempts=tuple(e for e in entries if e is not None),
+            quarantined=tuple(q for q in quarantined if isinstance(q, dict))
+            if isinstance(quarantined, list) else (),
+            outcome=_str(raw.get("outcome")),
+            stalled=stalled if isinstance(stalled, dict) else None)
+
+    @classmethod
+    def of(cls, run: RunDir) -> RunStatus:
+        """The state of ``run`` (a run's folder or an attempt's) as its folder keeps it."""
+        return cls.from_json(run.state)
+
+
+def _int(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: object) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def _str(value: object) -> Optional[str]:
+    return value if isinstance(value, str) else None
