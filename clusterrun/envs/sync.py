@@ -97,6 +97,11 @@ class EnvReport:
     def ok(self) -> bool:
         return all(h.ok for h in self.hosts)
 
+    @property
+    def lock(self) -> Optional[str]:
+        """The lock's hash (summary.json); several, comma-separated, when hosts differ."""
+        return ",".join(sorted({h.env.digest for h in self.hosts})) or None
+
     def by_name(self) -> dict[str, HostEnv]:
         return {h.spec.name: h for h in self.hosts}
 

@@ -62,6 +62,7 @@ class AttemptLoop:
     out: TextIO
     err: TextIO
     head: Optional[HeadStart] = None  # the first attempt's manifests, read during its preflight
+    environment: Optional[str] = None  # the `environment:` lock's hash, for summary.json
 
     # -- before an attempt -----------------------------------------------------------------
 
@@ -239,6 +240,8 @@ class AttemptLoop:
         history = {"attempts": journal.attempts(), "quarantined": journal.quarantined()}
         if k > 1:
             summary = dict(summary, attempt=k, **history)
+        if self.environment:  # the lock's hash every host ran (`environment:`)
+            summary = dict(summary, environment=self.environment)
         state = journal.finished(ended.state, status=status, summary=summary)
         if status != 0 and not reported:  # a failed attempt's root cause is said when it ends
             for line in outcome.report(ended.folder, list(ended.nodes), ended.root,
