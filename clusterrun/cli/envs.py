@@ -56,12 +56,10 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
 
     state = home(write=True)
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
-        try:
-            worker = envsync.Sync(inv, pool, state, say=note)
-            report = worker.run(build=not check_only)
-            if prune and report.ok:
-                worker.prune()
-        finally:
+        worker = envsync.Sync(inv, pool, state, say=note)
+        report = worker.run(build=not check_only)
+        if prune and report.ok:
+            worker.prune()
             programs.release(*pool.transports.values())
     (view.render_json if as_json else view.render_plain)(report, sys.stdout)
     if any(h.disk_full for h in report.hosts):

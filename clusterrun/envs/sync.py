@@ -218,7 +218,17 @@ class Sync:
                                                       else DRIFT)
 
     def run(self, *, build: bool) -> EnvReport:
-        """Status and wheels; with ``build``, every host not ready made so."""
+        """Status and wheels; with ``build``, every host not ready made so. The base
+        interpreters this left parked on the connections are ended: the command's next program
+        on a host (preflight's probe) must start in the environment's interpreter, not in one
+        of them."""
+        try:
+            return self._run(build=build)
+        finally:
+            programs.release(*(self.pool.get(h.spec) for h in self.hosts
+                               if self.pool.connected(h.spec.name)))
+
+    def _run(self, *, build: bool) -> EnvReport:
         self.status()
         self.resolve()
         report = EnvReport(self.hosts)
