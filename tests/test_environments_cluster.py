@@ -81,9 +81,16 @@ def test_environment_built_once_trained_in_and_kept_identical(
         env_dir = f"{workdir}/envs/{lock}"
         assert cluster.run_on("node2", "ls", f"{workdir}/envs").split() == [lock]  # no .tmp-
 
+        # The dry run shows each host's environment and the command that runs in it.
+        payload = copy_payload(tmp_path, "env_ddp.py")
+        dry = run_cli("launch", "--dry-run", str(inv), str(payload), timeout=120)
+        assert dry.returncode == 0, dry.stderr
+        assert f"{env_dir}/bin/python -m torch.distributed.run" in dry.stdout
+        for name in HOSTS3:
+            assert f"{name}: {env_dir}  ready" in dry.stdout
+
         # A launch with the environment ready: nothing moves, nothing builds; DDP trains in it.
         test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
-        payload = copy_payload(tmp_path, "env_ddp.py")
         cp = run_cli("launch", "--nproc-per-node", "2", "--env", f"TEST_DIR={test_dir}",
                      str(inv), str(payload), timeout=300)
         assert cp.returncode == 0, cp.stderr
