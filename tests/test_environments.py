@@ -157,3 +157,16 @@ def test_drift_is_named_package_by_package() -> None:
         "built for Python 3.11.2, the host's is 3.11.7"]
     assert sync.differences(["numpy==2.3.4"], "3.11.2", None) == ["not built"]
     assert sync.env_hash(found) != sync.env_hash({**found, "python": "3.11.3"})
+
+
+def test_a_host_that_cannot_be_reached_is_named_with_exit_4(
+        tmp_path: Path, listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "req.lock").write_text("numpy==2.3.4\n")
+    (tmp_path / "known_hosts").write_text("")
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"defaults:\n  environment: req.lock\n  known_hosts: {tmp_path}/known_hosts\n"
+                    f"hosts:\n  - host: {LISTEN_HOST}\n    name: far\n"
+                    f"    port: {listener.getsockname()[1]}\n")
+    code, out, _err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
+    assert code == 4
+    assert out.startswith("far (") and "no SSH answer" in out

@@ -41,7 +41,7 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
     only the wheels a host lacks move, and they cross this machine's link once (the master
     serves them to the others). A host already holding the lock's environment is left as it
     is. Exits 0 when every host holds the lock's environment, 3 when one differs (--check) or
-    cannot get it, 6 when a host's disk is full.
+    cannot get it, 4 when a host cannot be reached, 6 when a host's disk is full.
     """
     if check_only and prune:
         raise UsageError("--check changes nothing and --prune removes environments: give one.")
@@ -62,6 +62,7 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
             worker.prune()
             programs.release(*pool.transports.values())
     (view.render_json if as_json else view.render_plain)(report, sys.stdout)
-    if any(h.disk_full for h in report.hosts):
+    if any(h.disk_full for h in report.hosts) and not any(h.unreachable for h in report.hosts):
         report.raise_if_failed()  # exit 6, as for a payload that does not fit
-    return Result(failed_check=not report.ok)
+    return Result(unreachable=any(h.unreachable for h in report.hosts),
+                  failed_check=not report.ok)

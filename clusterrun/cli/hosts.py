@@ -61,7 +61,8 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
                 from clusterrun.envs import view as envview
 
                 envview.render_plain(envs, sys.stderr)
-                return Result(failed_check=True)
+                return Result(unreachable=any(h.unreachable for h in envs.hosts),
+                              failed_check=True)
             inv = envs.inventory(inv)
         report = preflight.run(inv, pool, bandwidth=bandwidth, allow_busy_gpus=allow_busy_gpus)
         if as_json:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 from clusterrun.envs import platforms, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import Wheel
-from clusterrun.errors import ClusterrunError, PreflightError, SyncError
+from clusterrun.errors import ClusterrunError, PreflightError, SyncError, UnreachableError
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
 from clusterrun.remote import protocol
@@ -54,6 +54,7 @@ class HostEnv:
     missing: list[str] = field(default_factory=list)  # sha256s its store lacks
     drift: list[str] = field(default_factory=list)
     problem: Optional[str] = None
+    unreachable: bool = False  # the host could not be reached, authenticated or trusted
     disk_full: Optional[str] = None
     received: int = 0  # bytes from the controller
     fetched: int = 0  # bytes from the master
@@ -118,6 +119,8 @@ class EnvReport:
         if not bad:
             return
         lines = [line for h in bad for line in describe_problem(h)]
+        if any(h.unreachable for h in bad):
+            raise UnreachableError("\n".join(lines))
         if any(h.disk_full for h in bad):
             raise SyncError("\n".join(lines))
         raise PreflightError("\n".join(lines))
@@ -190,6 +193,7 @@ class Sync:
         result = parallel.run(fn, list(hosts), deadline, name=lambda h: h.spec.name)
         for item in result.failed:
             item.item.state = FAILED
+            item.item.unreachable = bool(item.failure and not item.failure.outcome.reached)
             item.item.problem = item.item.problem or (item.failure.message if item.failure
                                                       else None)
 
