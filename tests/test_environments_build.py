@@ -147,3 +147,17 @@ def test_a_wheel_that_arrives_changed_is_not_stored(request_: dict[str, Any],
     reply = answer(proc)
     assert "another sha256" in reply["error"]
     assert not (Path(request_["workdir"]) / "wheels" / item["sha"] / item["name"]).exists()
+
+
+def test_prune_keeps_the_current_and_the_previous(request_: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    envs = Path(request_["workdir"]) / "envs"
+    base = time.time() - 100
+    for i, lock in enumerate(("a" * 16, "b" * 16, "c" * 16)):
+        assert answer(start(dict(request_, lock=lock), tmp_path))["built"] is True
+        os.utime(envs / lock, (base + i, base + i))  # built one after the other, a second apart
+    reply = answer(start({"op": "prune", "workdir": request_["workdir"], "lock": "c" * 16,
+                          "keep": ["c" * 16]}, tmp_path))
+    assert reply["removed"] == ["a" * 16]
+    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == [
+        "b" * 16, "c" * 16]
