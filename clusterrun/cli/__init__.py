@@ -10,7 +10,7 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import hosts, launch, observe, runs, sandbox, stacks
+from clusterrun.cli import envs, hosts, launch, observe, runs, sandbox, stacks
 from clusterrun.cli.common import CONTEXT
 from clusterrun.errors import ClusterrunError, ExitStatus, Result, exit_status
 from clusterrun.home import home as state_home
@@ -29,7 +29,7 @@ def cli() -> None:
 
 
 for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
-                runs.stop, stacks.stacks, observe.top, sandbox.sandbox):
+                runs.stop, stacks.stacks, observe.top, envs.env, sandbox.sandbox):
     cli.add_command(command)
 
 

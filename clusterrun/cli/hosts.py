@@ -51,6 +51,19 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
 
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
+        if any(h.environment for h in inv.hosts):
+            # `environment:`: each host's must be the lock's (check builds nothing; `clusterrun
+            # env` does), and preflight then looks at that environment's interpreter.
+            from clusterrun.envs import sync as envsync
+
+            envs = envsync.sync(inv, pool, home(write=True), build=False)
+            if not envs.ok:
+                from clusterrun.envs import view as envview
+
+                envview.render_plain(envs, sys.stderr)
+                return Result(unreachable=any(h.unreachable for h in envs.hosts),
+                              failed_check=True)
+            inv = envs.inventory(inv)
         report = preflight.run(inv, pool, bandwidth=bandwidth, allow_busy_gpus=allow_busy_gpus)
         if as_json:
             checkview.render_json(report, sys.stdout)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from clusterrun.home import home_setting
+from clusterrun.inventory.pylock import PythonEnv
 
 AUTO = "auto"
 
@@ -29,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "container_engine": None,  # None: docker if the host has it, else podman
     "container_user": None,  # None: the container's own user
     "proxy_jump": None,  # [user@]host[:port] of a bastion every connection goes through
+    "environment": None,  # a PythonEnv: the lock every host builds (docs/environments.md)
 }
 
 
@@ -70,6 +72,7 @@ class HostSpec:
     transport: str = "ssh"  # or "srun": a node of the Slurm job `slurm_job`, reached by job steps
     slurm_job: Optional[str] = None
     spare: bool = False  # kept out of the first attempt; takes a failed host's place on a restart
+    environment: Optional[PythonEnv] = None  # `environment:`: built under <workdir>/envs/
 
     @property
     def jump(self) -> Optional[tuple[Optional[str], str, Optional[int]]]:

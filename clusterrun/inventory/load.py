@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, ranges, slurm, values, yaml_lines
+from clusterrun.inventory import hostfile, lockfile, ranges, slurm, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
@@ -40,6 +40,7 @@ _HOST_SETTINGS = (
     "container_engine",
     "container_user",
     "proxy_jump",
+    "environment",
 )
 _HOST_ONLY = ("host", "name", "master", "gpus", "spare")
 _TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile", "transport")
@@ -79,6 +80,7 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
                                            values.CONTAINER_RULE),
         "container_engine": lambda v: values.engine(chk, v),
         "proxy_jump": lambda v: _jump(chk, v),
+        "environment": lambda v: lockfile.parse(chk, v),
         "container_user": lambda v: values.text(chk, v, "container_user",
                                                 values.CONTAINER_USER_RE,
                                                 "give a user name or uid, optionally :group."),

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
+from clusterrun.envs.sync import EnvReport
 from clusterrun.errors import PreflightError, Result, UnreachableError, UsageError
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.slots import Slots
@@ -69,6 +70,20 @@ def _judge(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport
     return report  # --no-check: the problems are shown, the launch goes on
 
 
+def _environments(inv: Inventory, pool: Connections, home: Path, *, dry_run: bool,
+                  err: TextIO) -> Optional[EnvReport]:
+    """The hosts' `environment:` made the lock's before anything is checked or started (a dry
+    run only looks); a host that cannot hold it stops the launch (exit 3, 6 for a full disk)."""
+    if not any(h.environment for h in inv.hosts):
+        return None
+    from clusterrun.envs import sync as envsync
+
+    found = envsync.sync(inv, pool, home, build=not dry_run, say=_sayer(err))
+    if not dry_run:
+        found.raise_if_failed()
+    return found
+
+
 def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
         out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> Result:
     """Check the hosts, plan, and run the attempts (or, with --dry-run, print the plan)."""
@@ -79,19 +94,29 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         environment.read_env_file(sources.env_file)
     if opts.master_port is not None:
         inv = dataclasses.replace(inv, master_port=opts.master_port)
-    slots = Slots.initial(inv, opts.min_nodes)
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
+        envs = _environments(inv, pool, home, dry_run=opts.dry_run, err=err)
+        if envs is not None:
+            inv = envs.inventory(inv)  # each host's `python:`: its environment's interpreter
+        slots = Slots.initial(inv, opts.min_nodes)
         # Each host's manifest of the code is read as soon as its facts are in (read only;
         # a dry run copies nothing and needs none).
         head = None if opts.dry_run or not opts.sync else HeadStart(
             job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
         loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out or sys.stdout,
                            err, head)
+        loop.environment = envs.lock if envs is not None else None
         report = _judge(loop.check(1, on_facts=head.read if head else None), opts, err)
         plan = loop.plan(1, report, None)
         if opts.dry_run:
             loop.out.write("\n".join(planview.dry_run(plan, [h.name for h in inv.spares])) + "\n")
+            if envs is not None:
+                from clusterrun.envs import view as envview
+
+                loop.out.write("\nenvironments (`environment:`, built by launch where not "
+                               "ready):\n")
+                envview.render_plain(envs, loop.out)
             return Result()
         return loop.run(plan, report, home)
 

@@ -63,6 +63,7 @@ class AttemptLoop:
     out: TextIO
     err: TextIO
     head: Optional[HeadStart] = None  # the first attempt's manifests, read during its preflight
+    environment: Optional[str] = None  # the `environment:` lock's hash, for summary.json
 
     # -- before an attempt -----------------------------------------------------------------
 
@@ -234,6 +235,8 @@ class AttemptLoop:
         summary, logs = outcome.attempt_summary(ended.folder, ended.nodes, root=ended.root,
                                                 status=status, interrupted=ended.interrupted)
         k = ended.plan.attempt
+        if self.environment:  # the lock's hash every host ran (`environment:`)
+            summary = dict(summary, environment=self.environment)
         state = journal.ended(k, ended.state, status=status, summary=summary,
                               root=ended.root.public() if ended.root else None)
         if status != 0 and not reported:  # a failed attempt's root cause is said when it ends

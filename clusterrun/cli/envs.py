@@ -1,0 +1,68 @@
+"""`clusterrun env`: build, refresh, check or prune every host's `environment:`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from clusterrun.cli.common import (
+    CONTEXT,
+    home,
+    load_inventory,
+    make_options,
+    note,
+    selection_options,
+    ssh_options,
+)
+from clusterrun.errors import Result, UsageError
+
+
+@click.command("env", context_settings=CONTEXT)
+@click.argument("inventory_path", metavar="INVENTORY")
+@click.option("--check", "check_only", is_flag=True,
+              help="Only report each host's drift from the lock, package by package; change "
+                   "nothing.")
+@click.option("--prune", is_flag=True,
+              help="Afterwards remove every environment but the current and the previous one "
+                   "on each host.")
+@click.option("--json", "as_json", is_flag=True,
+              help='One object: {"ok", "sent_bytes", "hosts": [{"name", "state", "lock", '
+                   '"path", "platform", "hash", "drift", "problem", ...}]}.')
+@selection_options
+@ssh_options
+def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
+        connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
+        exclude_hosts: Optional[str]) -> Result:
+    """Build or refresh the inventory's `environment:` on every host, without launching.
+
+    Each host gets <workdir>/envs/<lock hash>, built offline with uv from the lock's wheels;
+    only the wheels a host lacks move, and they cross this machine's link once (the master
+    serves them to the others). A host already holding the lock's environment is left as it
+    is. Exits 0 when every host holds the lock's environment, 3 when one differs (--check) or
+    cannot get it, 4 when a host cannot be reached, 6 when a host's disk is full.
+    """
+    if check_only and prune:
+        raise UsageError("--check changes nothing and --prune removes environments: give one.")
+    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
+    if not any(h.environment for h in inv.hosts):
+        raise UsageError(f"{inventory_path}: no host has an `environment:`; add one (a lock "
+                         "file with == pins) to `defaults:` or to the hosts that need it.")
+    from clusterrun.envs import sync as envsync
+    from clusterrun.envs import view
+    from clusterrun.transport import programs
+    from clusterrun.transport.pool import Connections
+
+    state = home(write=True)
+    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
+        worker = envsync.Sync(inv, pool, state, say=note)
+        report = worker.run(build=not check_only)
+        if prune and report.ok:
+            worker.prune()
+            programs.release(*pool.transports.values())
+    (view.render_json if as_json else view.render_plain)(report, sys.stdout)
+    if any(h.disk_full for h in report.hosts) and not any(h.unreachable for h in report.hosts):
+        report.raise_if_failed()  # exit 6, as for a payload that does not fit
+    return Result(unreachable=any(h.unreachable for h in report.hosts),
+                  failed_check=not report.ok)

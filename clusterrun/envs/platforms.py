@@ -1,0 +1,71 @@
+"""Which wheels fit a host: its Python (major.minor), CPU and glibc, as its status reports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from clusterrun.errors import ClusterrunError, Outcome
+
+# manylinux2014 and older names (PEP 599/571/513) stand for glibc 2.17, 2.12 and 2.5.
+_LEGACY = (("manylinux2014", 17, ("x86_64", "i686", "aarch64", "armv7l", "ppc64", "ppc64le",
+                                  "s390x")),
+           ("manylinux2010", 12, ("x86_64", "i686")),
+           ("manylinux1", 5, ("x86_64", "i686")))
+
+
+class PlatformError(ClusterrunError):
+    """A host whose platform clusterrun cannot gather wheels for (not glibc Linux)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, outcome=Outcome.PROBE_FAILED)
+
+
+@dataclass(frozen=True, order=True)
+class Platform:
+    python: str  # major.minor: 3.11
+    machine: str  # uname -m: x86_64, aarch64
+    glibc: tuple[int, int]
+
+    @property
+    def label(self) -> str:
+        """In words, for messages: cp311 manylinux x86_64 (glibc 2.36)."""
+        return (f"cp{self.python.replace('.', '')} manylinux {self.machine} "
+                f"(glibc {self.glibc[0]}.{self.glibc[1]})")
+
+    @property
+    def key(self) -> str:
+        major, minor = self.glibc
+        return f"cp{self.python.replace('.', '')}-{self.machine}-glibc{major}.{minor}"
+
+    def tags(self) -> list[str]:
+        """Every platform tag whose wheels run here, newest first: pip's --platform takes only
+        the tags it is given, not the older manylinux ones a glibc also runs."""
+        major, minor = self.glibc
+        tags = [f"manylinux_{major}_{m}_{self.machine}" for m in range(minor, 4, -1)]
+        tags += [name + "_" + self.machine for name, at, cpus in _LEGACY
+                 if minor >= at and self.machine in cpus]
+        return tags
+
+    def pip_args(self) -> list[str]:
+        out = ["--only-binary=:all:", "--no-deps", "--implementation", "cp",
+               "--python-version", self.python]
+        for tag in self.tags():
+            out += ["--platform", tag]
+        return out
+
+
+def from_status(name: str, status: dict[str, Any]) -> Platform:
+    """The platform a host's pyenv.py status reports; a host not on glibc Linux is refused."""
+    libc: Optional[str] = status.get("libc")
+    python = ".".join(str(status.get("python", "")).split(".")[:2])
+    if status.get("system") != "Linux" or not libc or not libc.startswith("glibc "):
+        raise PlatformError(
+            f"{name}: `environment:` needs a glibc Linux host (manylinux wheels); this one is "
+            f"{status.get('system')} with {libc or 'no glibc'}. Leave `environment:` out for it "
+            "and install its packages there.")
+    try:
+        major, minor = (int(x) for x in libc.split()[1].split(".")[:2])
+    except ValueError:
+        raise PlatformError(f"{name}: cannot read its glibc version ({libc!r}).") from None
+    return Platform(python, str(status.get("machine")), (major, minor))

@@ -1,0 +1,384 @@
+"""Every host's `environment:` made the lock's, or found to differ.
+
+1. status (one round trip): each host's platform and its environment as built there. A host
+   whose environment is the lock's (the wheels' exact name==version, the same interpreter) is
+   done: a cache hit moves nothing and builds nothing.
+2. wheels: for each platform of the hosts left, the lock's wheels from the controller's cache
+   (pip fills it), and which of them each host's store lacks.
+3. shipped once: the controller sends the master what any host lacks; the master serves its
+   store on its data address (wheelserve.py: a fresh port, a random token, for this sync only)
+   and the other hosts fetch from it over the cluster's own network.
+4. built: uv on each host, offline, from its store; then each reports its environment again,
+   which must be the lock's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from clusterrun.envs import platforms, wheels
+from clusterrun.envs.platforms import Platform
+from clusterrun.envs.wheels import Wheel
+from clusterrun.errors import ClusterrunError, PreflightError, SyncError, UnreachableError
+from clusterrun.inventory import AUTO, HostSpec, Inventory
+from clusterrun.inventory.pylock import PythonEnv
+from clusterrun.remote import protocol
+from clusterrun.transport import parallel, programs
+from clusterrun.transport.pool import Connections
+
+STATUS_SECONDS = 30.0
+MOVE_SECONDS = 1800.0  # wheels of a CUDA torch are GBs; a slow link takes its time
+BUILD_SECONDS = 1800.0
+
+READY, BUILT, DRIFT, MISSING, FAILED = "ready", "built", "drift", "missing", "failed"
+
+
+@dataclass
+class HostEnv:
+    """One host's environment: where it is, what it holds, what this sync did."""
+
+    spec: HostSpec  # as the inventory says (its `python:` is the base interpreter)
+    state: str = FAILED
+    status: dict[str, Any] = field(default_factory=dict)
+    platform: Optional[Platform] = None
+    wheels: list[Wheel] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # sha256s its store lacks
+    drift: list[str] = field(default_factory=list)
+    problem: Optional[str] = None
+    unreachable: bool = False  # the host could not be reached, authenticated or trusted
+    disk_full: Optional[str] = None
+    received: int = 0  # bytes from the controller
+    fetched: int = 0  # bytes from the master
+    seconds: Optional[float] = None  # the build's
+
+    @property
+    def env(self) -> PythonEnv:
+        assert self.spec.environment is not None
+        return self.spec.environment
+
+    @property
+    def path(self) -> str:
+        workdir = self.status.get("workdir") or self.spec.workdir
+        return f"{workdir}/envs/{self.env.digest}"
+
+    @property
+    def python(self) -> str:
+        return f"{self.path}/bin/python"
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (READY, BUILT)
+
+    def expected(self) -> list[str]:
+        return sorted(w.dist for w in self.wheels if w.name != wheels.UV.name)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.spec.name, "state": self.state, "lock": self.env.digest,
+                "path": self.path, "platform": self.platform.label if self.platform else None,
+                "hash": env_hash(self.status.get("env")), "drift": self.drift,
+                "problem": self.problem, "received_bytes": self.received,
+                "fetched_bytes": self.fetched, "build_seconds": self.seconds}
+
+
+@dataclass
+class EnvReport:
+    hosts: list[HostEnv]
+    sent: int = 0  # bytes of wheels over the controller's own link
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts)
+
+    @property
+    def lock(self) -> Optional[str]:
+        """The lock's hash (summary.json); several, comma-separated, when hosts differ."""
+        return ",".join(sorted({h.env.digest for h in self.hosts})) or None
+
+    def by_name(self) -> dict[str, HostEnv]:
+        return {h.spec.name: h for h in self.hosts}
+
+    def inventory(self, inv: Inventory) -> Inventory:
+        """``inv`` with each host's `python:` its environment's interpreter: what preflight
+        checks and the ranks run."""
+        found = self.by_name()
+        hosts = tuple(dataclasses.replace(h, python=found[h.name].python)
+                      if h.name in found else h for h in inv.hosts)
+        return dataclasses.replace(inv, hosts=hosts)
+
+    def raise_if_failed(self) -> None:
+        bad = [h for h in self.hosts if not h.ok]
+        if not bad:
+            return
+        lines = [line for h in bad for line in describe_problem(h)]
+        if any(h.unreachable for h in bad):
+            raise UnreachableError("\n".join(lines))
+        if any(h.disk_full for h in bad):
+            raise SyncError("\n".join(lines))
+        raise PreflightError("\n".join(lines))
+
+
+def env_hash(found: Optional[dict[str, Any]]) -> Optional[str]:
+    """An environment's hash: every installed distribution (name==version) and the interpreter."""
+    if not found:
+        return None
+    body = "\n".join([*sorted(found.get("dists") or []), f"python=={found.get('python')}"])
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def differences(expected: Sequence[str], python: str, found: Optional[dict[str, Any]]) -> list[str]:
+    """What differs between the lock's distributions and a host's, package by package."""
+    if not found:
+        return ["not built"]
+    want = dict(d.split("==", 1) for d in expected)
+    have = dict(d.split("==", 1) for d in found.get("dists") or [])
+    out = []
+    if found.get("python") != python:
+        out.append(f"built for Python {found.get('python')}, the host's is {python}")
+    for name in sorted(set(want) | set(have)):
+        if name not in have:
+            out.append(f"{name}=={want[name]} missing")
+        elif name not in want:
+            out.append(f"{name}=={have[name]} not in the lock")
+        elif want[name] != have[name]:
+            out.append(f"{name} {have[name]} instead of {want[name]}")
+    return out
+
+
+def describe_problem(host: HostEnv) -> list[str]:
+    name = host.spec.name
+    if host.disk_full:
+        return [f"{name}: no space left in {host.disk_full}; free some there (clusterrun env "
+                "INVENTORY --prune removes old environments) and run again."]
+    if host.problem:
+        return [host.problem]
+    return [f"{name}: its environment {host.path} differs from the lock "
+            f"({host.env.lock}): " + "; ".join(host.drift)
+            + ". Run `clusterrun env INVENTORY` to rebuild it."]
+
+
+class Sync:
+    """One sync of the inventory's `environment:` hosts over ``pool``."""
+
+    def __init__(self, inv: Inventory, pool: Connections, home: Path, *,
+                 say: Callable[[str], None] = lambda _text: None) -> None:
+        self.inv = inv
+        self.pool = pool
+        self.cache = wheels.Cache(home / "wheels")
+        self.say = say
+        self.hosts = [HostEnv(h) for h in inv.hosts if h.environment is not None]
+
+    def _call(self, host: HostEnv, request: dict[str, Any], timeout: float,
+              payload: Any = ()) -> dict[str, Any]:
+        spec = host.spec
+        request = {"workdir": spec.workdir, "lock": host.env.digest, **request}
+        reply = programs.call(self.pool.get(spec), spec, "pyenv.py", request, timeout,
+                              payload=payload, site=False)
+        if reply.get("error"):
+            host.disk_full = reply.get("disk_full")
+            raise ClusterrunError(f"{spec.name}: {reply['error']}")
+        return reply
+
+    def _each(self, fn: Callable[[HostEnv], None], hosts: Sequence[HostEnv],
+              deadline: float) -> None:
+        """``fn`` on every host at once; a host that fails keeps its reason."""
+        result = parallel.run(fn, list(hosts), deadline, name=lambda h: h.spec.name)
+        for item in result.failed:
+            item.item.state = FAILED
+            item.item.unreachable = bool(item.failure and not item.failure.outcome.reached)
+            item.item.problem = item.item.problem or (item.failure.message if item.failure
+                                                      else None)
+
+    # 1. status
+    def status(self) -> None:
+        def one(host: HostEnv) -> None:
+            host.status = self._call(host, {"op": "status"}, STATUS_SECONDS)
+            host.platform = platforms.from_status(host.spec.name, host.status)
+
+        self._each(one, self.hosts, STATUS_SECONDS + 30)
+
+    # 2. wheels
+    def resolve(self) -> None:
+        groups: dict[tuple[str, Platform], list[HostEnv]] = {}
+        for host in self.hosts:
+            if host.platform is not None and host.problem is None:
+                groups.setdefault((host.env.lock, host.platform), []).append(host)
+        for (_lock, platform), members in sorted(groups.items(), key=lambda g: g[0][1]):
+            found = wheels.resolve(self.cache, members[0].env, platform,
+                                   [m.spec.name for m in members])
+            for host in members:
+                host.wheels = found
+                drift = differences(host.expected(), host.status["python"], host.status.get("env"))
+                host.drift = [] if drift == ["not built"] else drift
+                host.state = READY if not drift else (MISSING if drift == ["not built"]
+                                                      else DRIFT)
+
+    def run(self, *, build: bool) -> EnvReport:
+        """Status and wheels; with ``build``, every host not ready made so. The base
+        interpreters this left parked on the connections are ended: the command's next program
+        on a host (preflight's probe) must start in the environment's interpreter, not in one
+        of them."""
+        try:
+            return self._run(build=build)
+        finally:
+            programs.release(*(self.pool.get(h.spec) for h in self.hosts
+                               if self.pool.connected(h.spec.name)))
+
+    def _run(self, *, build: bool) -> EnvReport:
+        self.status()
+        self.resolve()
+        report = EnvReport(self.hosts)
+        todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
+        if build and todo:
+            self.say(f"environment {todo[0].env.digest}: building on "
+                     f"{len(todo)} of {len(self.hosts)} host(s)")
+            report.sent = self._ship(todo)
+            self._build([h for h in todo if h.problem is None])
+        return report
+
+    def prune(self) -> None:
+        """Every environment but the lock's and the most recently used other one, removed."""
+        def one(host: HostEnv) -> None:
+            reply = self._call(host, {"op": "prune", "keep": [host.env.digest]}, STATUS_SECONDS)
+            if reply.get("removed"):
+                self.say(f"{host.spec.name}: removed {', '.join(reply['removed'])}")
+
+        self._each(one, [h for h in self.hosts if h.ok], STATUS_SECONDS + 30)
+
+    # 3. shipped once
+    def _relay(self) -> HostEnv:
+        master = self.inv.master.name
+        return next((h for h in self.hosts if h.spec.name == master), self.hosts[0])
+
+    def _ship(self, todo: list[HostEnv]) -> int:
+        relay = self._relay()
+        everyone = todo if relay in todo else [relay, *todo]
+
+        def have(host: HostEnv) -> None:
+            want = todo_wheels if host is relay else host.wheels
+            reply = self._call(host, {"op": "status", "want": [w.item for w in want]},
+                               STATUS_SECONDS)
+            host.missing = reply["missing"]
+
+        todo_wheels = list({w.sha: w for h in todo for w in h.wheels}.values())
+        self._each(have, everyone, STATUS_SECONDS + 30)
+        if relay.problem:
+            for host in todo:
+                host.state, host.problem = FAILED, host.problem or relay.problem
+            return 0
+        workers = [h for h in todo if h is not relay and h.missing and h.problem is None]
+        needed = {sha for h in [relay, *workers] for sha in h.missing}
+        send = [w for w in todo_wheels if w.sha in needed and w.sha in relay.missing]
+        sent = self._send(relay, send) if send else 0
+        if relay.state == FAILED:  # what it could not take, the others cannot fetch
+            for host in workers:
+                host.state, host.problem = FAILED, host.problem or relay.problem
+        elif workers:
+            with self._serving(relay) as url:
+                self._each(lambda h: self._fetch(h, url), workers, MOVE_SECONDS)
+        return sent
+
+    def _send(self, relay: HostEnv, send: list[Wheel]) -> int:
+        total = sum(w.size for w in send)
+        self.say(f"sending {len(send)} wheel(s), {total / 2**20:.1f} MiB, to "
+                 f"{relay.spec.name} (once, for every host)")
+
+        def blocks() -> Iterator[bytes]:
+            for wheel in send:
+                with self.cache.path(wheel).open("rb") as handle:
+                    yield from iter(lambda: handle.read(1 << 20), b"")
+
+        def one(host: HostEnv) -> None:
+            self._call(host, {"op": "receive", "files": [w.item for w in send]}, MOVE_SECONDS,
+                       payload=blocks())
+            host.received = total
+
+        self._each(one, [relay], MOVE_SECONDS + 30)
+        return total if relay.problem is None else 0
+
+    def _bind(self, relay: HostEnv) -> str:
+        if self.inv.master_addr != AUTO:
+            return self.inv.master_addr
+        if relay.spec.local:
+            return "127.0.0.1"
+        return str(relay.status.get("ssh_server_address") or relay.spec.host)
+
+    @contextlib.contextmanager
+    def _serving(self, relay: HostEnv) -> Iterator[str]:
+        token = secrets.token_hex(16)
+        bind = self._bind(relay)
+        spec = relay.spec
+        interp = programs.start(self.pool.get(spec), spec, "wheelserve.py",
+                                {"workdir": spec.workdir, "bind": bind, "token": token},
+                                site=False)
+        try:
+            port = _first_reply(interp, STATUS_SECONDS).get("port")
+            if not port:
+                raise PreflightError(f"{spec.name}: could not serve its wheels to the other "
+                                     f"hosts on {bind}.")
+            host = f"[{bind}]" if ":" in bind else bind
+            self._token = token
+            yield f"http://{host}:{port}"
+        finally:
+            with contextlib.suppress(OSError, EOFError):
+                interp.proc.close_stdin()
+                interp.proc.wait(5)
+            interp.proc.close()
+
+    def _fetch(self, host: HostEnv, url: str) -> None:
+        files = [w.item for w in host.wheels if w.sha in host.missing]
+        reply = self._call(host, {"op": "fetch", "url": url, "token": self._token,
+                                  "files": files}, MOVE_SECONDS)
+        host.fetched = int(reply.get("fetched") or 0)
+
+    # 4. built
+    def _build(self, hosts: list[HostEnv]) -> None:
+        def one(host: HostEnv) -> None:
+            uv = next(w for w in host.wheels if w.name == wheels.UV.name)
+            lock = [w for w in host.wheels if w.name != wheels.UV.name]
+            started = time.monotonic()
+            reply = self._call(host, {
+                "op": "build", "requirements": host.env.requirements(),
+                "files": [w.item for w in lock], "uv": uv.item,
+                "expected": host.expected(), "python": host.status["python"],
+                "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)
+            host.status["env"] = reply.get("env")
+            host.drift = differences(host.expected(), host.status["python"], reply.get("env"))
+            host.state = DRIFT if host.drift else BUILT
+            host.seconds = reply.get("seconds", round(time.monotonic() - started, 2)) \
+                if reply.get("built") else None
+
+        self._each(one, hosts, BUILD_SECONDS + 60)
+
+
+def _first_reply(interp: programs.Interpreter, timeout: float) -> dict[str, Any]:
+    """The first JSON reply of a program that goes on running (wheelserve.py's port)."""
+    out = bytearray()
+    end = time.monotonic() + timeout
+    while b"\n" not in out and time.monotonic() < end:
+        chunk = interp.proc.recv(4096)
+        if not chunk:
+            break
+        out.extend(chunk)
+    line = bytes(out).split(b"\n", 1)[0]
+    if line.startswith(protocol.EVENT):
+        line = line[len(protocol.EVENT):]
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return {}
+    return reply if isinstance(reply, dict) else {}
+
+
+def sync(inv: Inventory, pool: Connections, home: Path, *, build: bool = True,
+         say: Callable[[str], None] = lambda _text: None) -> EnvReport:
+    """Every `environment:` host made the lock's (``build``), or only looked at."""
+    return Sync(inv, pool, home, say=say).run(build=build)

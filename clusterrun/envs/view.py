@@ -1,0 +1,40 @@
+"""What `clusterrun env` and `launch --dry-run` show of the hosts' environments."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def line(host: HostEnv) -> str:
+    """One host in a line: its environment's path and what was found or done."""
+    head = f"{host.spec.name}: {host.path}"
+    if host.state == "ready":
+        return f"{head}  ready (the lock's, nothing moved)"
+    if host.state == "built":
+        moved = host.received + host.fetched
+        took = f" in {host.seconds:g} s" if host.seconds is not None else ""
+        return f"{head}  built{took} ({_mib(moved)} of wheels moved here)"
+    if host.state == "missing":
+        return f"{head}  not built yet"
+    if host.state == "drift":
+        return f"{head}  differs from the lock: " + "; ".join(host.drift)
+    return "; ".join(describe_problem(host))
+
+
+def render_plain(report: EnvReport, out: TextIO) -> None:
+    for host in report.hosts:
+        out.write(line(host) + "\n")
+    if report.sent:
+        out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
+
+
+def render_json(report: EnvReport, out: TextIO) -> None:
+    out.write(json.dumps({"ok": report.ok, "sent_bytes": report.sent,
+                          "hosts": [h.as_json() for h in report.hosts]}) + "\n")

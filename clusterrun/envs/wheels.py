@@ -1,0 +1,157 @@
+"""The controller's wheels: a content-addressed cache under ``$CLUSTERRUN_HOME/wheels/``, filled by
+``pip download`` for one host platform at a time.
+
+pip is asked, not reimplemented: it honours this machine's pip configuration (an index, a
+find-links directory, certificates, a proxy), takes only wheels (``--only-binary=:all:``) for the
+host's platform, never the controller's, and nothing the lock does not name (``--no-deps``).
+Layout: ``<sha256>/<file name>`` per wheel, and ``resolved/<key>.json`` per (pin, platform,
+sources): which wheel pip chose, so a warm launch asks pip nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from clusterrun.envs.platforms import Platform
+from clusterrun.errors import PreflightError
+from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
+
+# uv builds each host's environment; it is a wheel like any other (one static binary inside).
+UV = Pin("uv", "0.13.9", 0)
+PIP_SECONDS = 1800.0
+_MISSING_RE = re.compile(r"No matching distribution found for (\S+)")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    name: str  # canonical
+    version: str  # as its file name says (2.13.0+cpu)
+    filename: str
+    sha: str
+    size: int
+
+    @property
+    def item(self) -> dict[str, Any]:
+        """As the host programs take it."""
+        return {"sha": self.sha, "name": self.filename, "size": self.size}
+
+    @property
+    def dist(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def parse_filename(filename: str) -> tuple[str, str]:
+    """(canonical name, version) from a wheel's file name (PEP 427)."""
+    parts = filename[:-4].split("-")
+    return canonical(parts[0]), parts[1]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Cache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, wheel: Wheel) -> Path:
+        return self.root / wheel.sha / wheel.filename
+
+    def _key(self, pin: Pin, platform: Platform, env: PythonEnv) -> Path:
+        body = json.dumps([pin.requirement, sorted(pin.hashes), platform.key,
+                           list(env.find_links), env.index_url])
+        return self.root / "resolved" / (hashlib.sha256(body.encode()).hexdigest()[:32] + ".json")
+
+    def known(self, pin: Pin, platform: Platform, env: PythonEnv) -> Optional[Wheel]:
+        try:
+            wheel = Wheel(**json.loads(self._key(pin, platform, env).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        return wheel if self.path(wheel).is_file() else None
+
+    def add(self, file: Path, pin: Pin, platform: Platform, env: PythonEnv) -> Wheel:
+        """A downloaded wheel into the cache (moved, under its sha256), remembered as the answer
+        for ``pin`` on ``platform``."""
+        name, version = parse_filename(file.name)
+        sha = sha256_of(file)
+        if pin.hashes and sha not in pin.hashes:
+            raise PreflightError(f"{file.name}'s sha256 ({sha}) is not one the lock "
+                                 f"({env.lock}, line {pin.line}) allows for {pin.requirement}.")
+        wheel = Wheel(name, version, file.name, sha, file.stat().st_size)
+        target = self.path(wheel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(file, target)
+        key = self._key(pin, platform, env)
+        key.parent.mkdir(parents=True, exist_ok=True)
+        tmp = key.with_suffix(f".tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(wheel)))
+        os.replace(tmp, key)
+        return wheel
+
+
+def resolve(cache: Cache, env: PythonEnv, platform: Platform, hosts: Sequence[str]) -> list[Wheel]:
+    """The lock's wheels for ``platform``, and uv's last: from the cache, else from pip."""
+    pins = [*env.pins, UV]
+    found = {p.name: cache.known(p, platform, env) for p in pins}
+    missing = [p for p in pins if found[p.name] is None]
+    if missing:
+        for pin, wheel in _download(cache, env, platform, missing, hosts).items():
+            found[pin] = wheel
+    return [w for w in found.values() if w is not None]
+
+
+def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
+              hosts: Sequence[str]) -> dict[str, Wheel]:
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache.root) as folder:
+        reqs = Path(folder) / "requirements.txt"
+        reqs.write_text("".join(f"{p.requirement}\n" for p in pins))
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                *platform.pip_args(), "-d", folder, "-r", str(reqs)]
+        for link in env.find_links:
+            argv += ["--find-links", link]
+        if env.index_url:
+            argv += ["--index-url", env.index_url]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_SECONDS,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PreflightError(f"pip download could not run here ({exc}); clusterrun gathers "
+                                 "the hosts' wheels with this Python's pip.") from None
+        files = {parse_filename(f.name)[0]: f for f in Path(folder).glob("*.whl")}
+        absent = [p for p in pins if p.name not in files]
+        if proc.returncode != 0 or absent:
+            raise PreflightError(_no_wheel(env, platform, pins, absent, said=proc.stderr,
+                                                 hosts=hosts))
+        return {p.name: cache.add(files[p.name], p, platform, env) for p in pins}
+
+
+def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[Pin], *,
+              said: str, hosts: Sequence[str]) -> str:
+    named = _MISSING_RE.search(said)
+    which = named.group(1) if named else (absent[0].requirement if absent else None)
+    pin = next((p for p in pins if which and p.requirement == which.strip("'\"")), None)
+    where = f" ({env.lock}, line {pin.line})" if pin and pin.line else ""
+    hosts_text = ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
+    if which:
+        head = f"no wheel of {which}{where} for {platform.label}, the platform of {hosts_text}"
+    else:
+        head = f"pip could not gather the wheels for {platform.label} ({hosts_text})"
+    tail = " | ".join(line.strip() for line in said.strip().splitlines()[-3:])
+    return (f"{head}. Put a directory holding one in the inventory's `environment: "
+            f"{{lock: ..., find_links: [DIR]}}` (or give an index_url: that has it)"
+            + (f"; pip said: {tail}" if tail and not named else "") + ".")

@@ -1,0 +1,172 @@
+"""Reading `environment:`: a pinned lock (a requirements file of `==` pins) and where its wheels
+come from.
+
+Read and checked with the inventory, before any host is contacted: every line that is not a pin
+is refused with the lock's own file and line, since a host builds exactly what the lock names,
+offline, and a range (`numpy>=2`) would let two hosts differ.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from clusterrun.inventory.checker import Checker
+from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
+from clusterrun.inventory.yaml_lines import Located
+
+KEYS = ("lock", "system_site_packages", "find_links", "index_url")
+# PEP 508 names; the lock's pin is `name[extras]==version`, nothing else.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_PIN_RE = re.compile(rf"^(?P<name>{_NAME})\s*(?:\[[A-Za-z0-9._,\s-]*\])?\s*"
+                     r"===?\s*(?P<version>[A-Za-z0-9.+!_-]+)$")
+_HASH_RE = re.compile(r"^--hash[=\s]\s*(?P<algo>sha256):(?P<digest>[0-9a-fA-F]{64})$")
+_URL_RE = re.compile(r"^(https?|file)://[^\s'\"\\]+$")
+FIX = ("a lock pins every distribution with `==` (pip freeze, pip-compile or `uv pip compile` "
+       "write one)")
+
+
+def parse(chk: Checker, loc: Located) -> Optional[PythonEnv]:
+    """`environment: PATH` or `environment: {lock: PATH, ...}`."""
+    if isinstance(loc.value, str):
+        path = _lock_path(chk, loc)
+        return _read(chk, loc, path) if path else None
+    if not isinstance(loc.value, dict):
+        chk.fail(loc.line, "environment: give the path of a lock file (relative to the "
+                 "inventory), or a mapping {lock: PATH, system_site_packages: true|false, "
+                 "find_links: [DIR], index_url: URL}.")
+        return None
+    found = chk.keys(loc, KEYS, "environment")
+    if "lock" not in found:
+        chk.fail(loc.line, "environment: missing `lock:` (the path of a lock file with == pins, "
+                 "relative to the inventory).")
+        return None
+    path = _lock_path(chk, found["lock"])
+    site = found.get("system_site_packages")
+    if site is not None and not isinstance(site.value, bool):
+        chk.fail(site.line, "environment.system_site_packages must be true or false.")
+    links = _find_links(chk, found["find_links"]) if "find_links" in found else ()
+    index = found.get("index_url")
+    if index is not None and not (isinstance(index.value, str) and _URL_RE.match(index.value)):
+        chk.fail(index.line, "environment.index_url must be an http(s):// or file:// URL "
+                 "(a package index with the simple API), without spaces or quotes.")
+        index = None
+    env = _read(chk, found["lock"], path) if path else None
+    if env is None:
+        return None
+    return PythonEnv(env.lock, env.pins, system_site_packages=bool(site and site.value is True),
+                     find_links=links or (), index_url=index.value if index else None)
+
+
+def _lock_path(chk: Checker, loc: Located) -> Optional[Path]:
+    value = loc.value
+    if not isinstance(value, str) or not value or "\0" in value or "\n" in value:
+        chk.fail(loc.line, "environment: the lock must be a path (a string), relative to the "
+                 "inventory's directory.")
+        return None
+    path = chk.path.parent / os.path.expanduser(value)
+    if path.name in {"uv.lock", "pyproject.toml"}:
+        chk.fail(loc.line, f"environment: {value!r}: uv projects are not read yet; export a "
+                 "pinned requirements file with `uv export --no-hashes --format "
+                 "requirements-txt > requirements.lock` and name that.")
+        return None
+    if not path.is_file():
+        chk.fail(loc.line, f"environment: {value!r}: no such file ({path}). The path is "
+                 "relative to the inventory's directory.")
+        return None
+    return path.resolve()
+
+
+def _find_links(chk: Checker, loc: Located) -> Optional[tuple[str, ...]]:
+    items = loc.value if isinstance(loc.value, list) else [loc]
+    out = []
+    for item in items:
+        if not isinstance(item.value, str) or not item.value:
+            chk.fail(item.line, "environment.find_links must be a list of directories holding "
+                     "wheels, relative to the inventory.")
+            return None
+        folder = chk.path.parent / os.path.expanduser(item.value)
+        if not folder.is_dir():
+            chk.fail(item.line, f"environment.find_links: {item.value!r}: no such directory "
+                     f"({folder}).")
+            return None
+        out.append(str(folder.resolve()))
+    return tuple(out)
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) with comments dropped and `\\` continuations joined."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        whole = (pending + line).strip()
+        pending = ""
+        if whole:
+            out.append((start, whole))
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
+
+
+def _read(chk: Checker, loc: Located, path: Path) -> Optional[PythonEnv]:
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        chk.fail(loc.line, f"environment: cannot read the lock {path}: {exc}.")
+        return None
+    pins: dict[str, Pin] = {}
+    bad = False
+    for number, line in _logical_lines(text):
+        pin = _pin(chk, where, number, line)
+        if pin is None:
+            bad = True
+            continue
+        if pin.name in pins:
+            chk.fail(number, f"{pin.name} is pinned twice (also on line {pins[pin.name].line}); "
+                     "keep one.", where)
+            bad = True
+            continue
+        pins[pin.name] = pin
+    if not pins and not bad:
+        chk.fail(loc.line, f"environment: the lock {path} pins nothing; {FIX}.")
+    if bad or not pins:
+        return None
+    return PythonEnv(str(path), tuple(sorted(pins.values(), key=lambda p: p.name)))
+
+
+def _pin(chk: Checker, where: str, number: int, line: str) -> Optional[Pin]:
+    words = line.split()
+    if words[0].startswith("-"):
+        chk.fail(number, f"`{words[0]}` options are not read in a lock; name wheel sources in the "
+                 "inventory (environment: {lock: ..., find_links: [DIR], index_url: URL}).",
+                 where)
+        return None
+    requirement, _, marker = line.partition(";")
+    if marker.strip():
+        chk.fail(number, f"`{line}`: environment markers are not supported; lock for the hosts' "
+                 "one platform (every host builds every line).", where)
+        return None
+    head, *options = requirement.split(" --")
+    match = _PIN_RE.match(head.strip())
+    if match is None:
+        shown = head.strip()
+        chk.fail(number, f"`{shown}` is not pinned: write NAME==VERSION; {FIX}.", where)
+        return None
+    hashes = []
+    for option in options:
+        found = _HASH_RE.match("--" + option.strip())
+        if found is None:
+            chk.fail(number, f"`--{option.strip()}`: only --hash=sha256:DIGEST may follow a pin.",
+                     where)
+            return None
+        hashes.append(found.group("digest").lower())
+    return Pin(canonical(match.group("name")), match.group("version"), number, tuple(hashes))

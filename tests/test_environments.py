@@ -1,0 +1,172 @@
+"""`environment:` without a cluster: the lock read and refused line by line (exit 2, before any
+SSH), which wheels fit which host, hosts grouped by platform, and drift named per package."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterrun import inventory
+from clusterrun.envs import platforms, sync
+from clusterrun.envs.platforms import Platform
+from clusterrun.envs.wheels import UV, Wheel
+from clusterrun.errors import InventoryError
+from tests.conftest import LISTEN_HOST, connection_attempted, run_main
+
+SHA = "ab" * 32
+
+
+def _inv(tmp_path: Path, lock: str, environment: str = "environment: req.lock") -> Path:
+    (tmp_path / "req.lock").write_text(lock)
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"defaults:\n  {environment}\nhosts:\n  - host: 10.0.0.1\n"
+                    "  - host: 10.0.0.2\n")
+    return path
+
+
+def test_a_lock_of_pins_is_read_with_its_hashes(tmp_path: Path) -> None:
+    lock = ("# pip freeze\nNumPy==2.3.4  # the array\n"
+            f"typing_extensions==4.16.0 \\\n    --hash=sha256:{SHA}\ntorch==2.13.0+cpu\n")
+    env = inventory.load(_inv(tmp_path, lock)).hosts[1].environment
+    assert env is not None
+    assert [(p.name, p.version, p.line) for p in env.pins] == [
+        ("numpy", "2.3.4", 2), ("torch", "2.13.0+cpu", 5), ("typing-extensions", "4.16.0", 3)]
+    assert env.pins[2].hashes == (SHA,)
+    assert f"typing-extensions==4.16.0 --hash=sha256:{SHA}\n" in env.requirements()
+    assert env.lock == str((tmp_path / "req.lock").resolve())
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("numpy>=2", ("`numpy>=2` is not pinned", "NAME==VERSION")),
+    ("numpy", ("`numpy` is not pinned",)),
+    ("-e ./mypkg", ("`-e` options", "find_links")),
+    ('numpy==2.3.4; python_version < "3.12"', ("environment markers",)),
+    ("numpy==2.3.4 --no-binary", ("only --hash=sha256",)),
+])
+def test_a_line_that_is_not_a_pin_is_refused_with_the_locks_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
+        words: tuple[str, ...]) -> None:
+    path = _inv(tmp_path, f"torch==2.13.0\n\n{line}\n")
+    code, _out, err = run_main(capsys, "hosts", str(path))
+    assert code == 2
+    assert f"{(tmp_path / 'req.lock').resolve()}:3: " in err
+    for word in words:
+        assert word in err
+    assert "Traceback" not in err
+
+
+def test_a_pin_twice_and_an_empty_lock_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r"req.lock:2: numpy is pinned twice .*line 1"):
+        inventory.load(_inv(tmp_path, "numpy==2.3.4\nnumpy==2.3.5\n"))
+    with pytest.raises(InventoryError, match=r"inv.yaml:2: environment: .* pins nothing"):
+        inventory.load(_inv(tmp_path, "# nothing\n"))
+
+
+def test_the_mapping_form_and_its_mistakes(tmp_path: Path) -> None:
+    (tmp_path / "wheels").mkdir()
+    good = inventory.load(_inv(tmp_path, "numpy==2.3.4\n", "environment: {lock: req.lock, "
+                               "system_site_packages: true, find_links: [wheels], "
+                               "index_url: 'file:///srv/simple'}"))
+    env = good.hosts[0].environment
+    assert env is not None and env.system_site_packages
+    assert env.find_links == (str((tmp_path / "wheels").resolve()),)
+    assert env.index_url == "file:///srv/simple"
+    plain = inventory.load(_inv(tmp_path, "numpy==2.3.4\n")).hosts[0].environment
+    assert plain is not None and plain.digest != env.digest  # what is built differs
+    for text, words in [
+        ("environment: {lock: req.lock, find_links: [nowhere]}", "find_links: 'nowhere'"),
+        ("environment: {lock: req.lock, index_url: 'ftp://x'}", "index_url must be"),
+        ("environment: {lock: req.lock, sites: true}", "unknown key `sites`"),
+        ("environment: {system_site_packages: true}", "missing `lock:`"),
+        ("environment: nope.lock", "no such file"),
+        ("environment: uv.lock", "uv projects are not read yet"),
+    ]:
+        (tmp_path / "uv.lock").write_text("version = 1\n")
+        with pytest.raises(InventoryError, match=r"inv.yaml:2: ") as found:
+            inventory.load(_inv(tmp_path, "numpy==2.3.4\n", text))
+        assert words in found.value.message
+
+
+def test_a_bad_lock_is_refused_before_any_ssh(tmp_path: Path, listener: socket.socket,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "req.lock").write_text("numpy>=2\n")
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"defaults:\n  environment: req.lock\nhosts:\n  - host: {LISTEN_HOST}\n"
+                    f"    port: {listener.getsockname()[1]}\n")
+    code, _out, err = run_main(capsys, "env", str(path))
+    assert code == 2 and "req.lock:1:" in err
+    assert not connection_attempted(listener)
+
+
+def test_platform_tags_cover_every_older_manylinux() -> None:
+    tags = Platform("3.11", "x86_64", (2, 36)).tags()
+    assert tags[0] == "manylinux_2_36_x86_64"
+    for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+                "manylinux2010_x86_64", "manylinux1_x86_64", "manylinux_2_5_x86_64"):
+        assert tag in tags
+    arm = Platform("3.12", "aarch64", (2, 31)).tags()
+    assert "manylinux2014_aarch64" in arm and not any("manylinux1" in t for t in arm)
+    assert "manylinux_2_32_aarch64" not in arm
+    args = Platform("3.12", "aarch64", (2, 31)).pip_args()
+    assert args[args.index("--python-version") + 1] == "3.12" and "--no-deps" in args
+
+
+def _status(python: str = "3.11.2", machine: str = "x86_64", libc: str = "glibc 2.36",
+            **more: Any) -> dict[str, Any]:
+    return {"python": python, "machine": machine, "libc": libc, "system": "Linux",
+            "workdir": "/w", **more}
+
+
+def test_a_host_that_is_not_glibc_linux_is_refused_by_name() -> None:
+    assert platforms.from_status("a", _status()) == Platform("3.11", "x86_64", (2, 36))
+    with pytest.raises(platforms.PlatformError, match="b: `environment:` needs a glibc"):
+        platforms.from_status("b", _status(libc=None))
+
+
+def test_hosts_are_grouped_by_platform_and_wheels_gathered_once_per_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "req.lock").write_text("numpy==2.3.4\n")
+    inv = inventory.load(_inv(tmp_path, "numpy==2.3.4\n"))
+    asked: list[tuple[Platform, list[str]]] = []
+
+    def resolve(_cache: Any, _env: Any, platform: Platform, hosts: list[str]) -> list[Wheel]:
+        asked.append((platform, hosts))
+        return [Wheel("numpy", "2.3.4", "numpy.whl", SHA, 1), Wheel(UV.name, UV.version,
+                                                                    "uv.whl", SHA, 1)]
+
+    monkeypatch.setattr("clusterrun.envs.wheels.resolve", resolve)
+    worker = sync.Sync(inv, None, tmp_path)  # type: ignore[arg-type]  # no host is asked
+    statuses = [_status(env={"python": "3.11.2", "dists": ["numpy==2.3.4"]}),
+                _status(python="3.12.1")]
+    for host, status in zip(worker.hosts, statuses):
+        host.status, host.platform = status, platforms.from_status(host.spec.name, status)
+    worker.resolve()
+    assert [a[0].python for a in asked] == ["3.11", "3.12"]
+    assert [h.state for h in worker.hosts] == [sync.READY, sync.MISSING]
+
+
+def test_drift_is_named_package_by_package() -> None:
+    found = {"python": "3.11.2", "dists": ["numpy==2.4.0", "six==1.16.0"]}
+    assert sync.differences(["numpy==2.3.4", "torch==2.13.0+cpu"], "3.11.2", found) == [
+        "numpy 2.4.0 instead of 2.3.4", "six==1.16.0 not in the lock", "torch==2.13.0+cpu missing"]
+    assert sync.differences(["numpy==2.3.4"], "3.11.7", {"python": "3.11.2",
+                                                          "dists": ["numpy==2.3.4"]}) == [
+        "built for Python 3.11.2, the host's is 3.11.7"]
+    assert sync.differences(["numpy==2.3.4"], "3.11.2", None) == ["not built"]
+    assert sync.env_hash(found) != sync.env_hash({**found, "python": "3.11.3"})
+
+
+def test_a_host_that_cannot_be_reached_is_named_with_exit_4(
+        tmp_path: Path, listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "req.lock").write_text("numpy==2.3.4\n")
+    (tmp_path / "known_hosts").write_text("")
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"defaults:\n  environment: req.lock\n  known_hosts: {tmp_path}/known_hosts\n"
+                    f"hosts:\n  - host: {LISTEN_HOST}\n    name: far\n"
+                    f"    port: {listener.getsockname()[1]}\n")
+    code, out, _err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
+    assert code == 4
+    assert out.startswith("far (") and "no SSH answer" in out
