@@ -26,7 +26,7 @@ from common import REPO, cluster  # puts the repository on sys.path
 
 from clusterrun import sandbox
 from clusterrun.sandbox import cluster as sandbox_cluster
-from clusterrun.sandbox import containers, docker, sshd
+from clusterrun.sandbox import containers, docker, dockerd, sshd
 
 HOST, BOX = "node1", "box"
 
@@ -64,7 +64,7 @@ def main() -> int:
         docker.run(sb, HOST, BOX)
         view = sandbox_cluster.read_state(sb.root)["view"]
         with_docker = {**sshd.SESSION_ENV,
-                       "DOCKER_HOST": f"unix://{docker.socket_path(view, HOST)}"}
+                       "DOCKER_HOST": f"unix://{dockerd.socket_path(view, HOST)}"}
         candidates = {
             "docker exec -i": (["docker", "exec", "-i", BOX, "true"], with_docker),
             "podman exec -i": (["podman", "exec", "-i", BOX, "true"], dict(sshd.SESSION_ENV)),

@@ -17,6 +17,7 @@ from clusterrun import sandbox
 from clusterrun.sandbox import cluster as sandbox_cluster
 from clusterrun.sandbox import containers as sandbox_containers
 from clusterrun.sandbox import docker as sandbox_docker
+from clusterrun.sandbox import dockerd as sandbox_dockerd
 from clusterrun.sandbox import net as sandbox_net
 from tests.conftest import Cluster, Containers
 
@@ -133,7 +134,7 @@ def test_a_hosts_own_dockerd_is_found_through_ssh_and_leaves_nothing(tmp_path: P
         sandbox_docker.docker(sb, "node1", "exec", "job", "touch", "/tmp/only-in-1")
         view = sandbox_cluster.read_state(sb.root)["view"]
         seen = ssh(sb, "node2", 'echo "$DOCKER_HOST"; docker exec job ls -a / /tmp').split()
-        assert seen[0] == f"unix://{sandbox_docker.socket_path(view, 'node2')}"
+        assert seen[0] == f"unix://{sandbox_dockerd.socket_path(view, 'node2')}"
         assert ".dockerenv" in seen and "only-in-1" not in seen
         entry = sandbox_cluster.read_state(sb.root)["docker"]["hosts"]
         daemons = {h: entry[h]["daemon"]["pid"] for h in ("node1", "node2")}

@@ -99,19 +99,21 @@ def cpu_ticks(pid):
 
 
 def io_bytes(pid):
-    """The bytes a process has moved through read/write calls and to or from storage, summed
-    (/proc/PID/io, its threads included); None if gone or not readable. ``rchar``/``wchar``
-    grow when a read or write call returns; ``read_bytes``/``write_bytes`` grow while one
-    runs, as pages are read in or dirtied, so a single large write to a slow filesystem (a
-    checkpoint on NFS, throttled to the writeback rate) shows as it goes."""
+    """The bytes a process has written through write calls and moved to or from storage,
+    summed (/proc/PID/io, its threads included); None if gone or not readable. ``wchar`` grows
+    when a write call returns; ``read_bytes``/``write_bytes`` grow while one runs, as pages are
+    read in or dirtied, so a single large write to a slow filesystem (a checkpoint on NFS,
+    throttled to the writeback rate) shows as it goes. ``rchar`` is left out: it grows with any
+    read served from the page cache, a pipe or a socket, and a job polling a small file for a
+    signal that never comes is waiting, not making progress (a slow read from NFS, which
+    read_bytes may not count, sits in uninterruptible sleep: in_io_wait)."""
     try:
         with open("/proc/%d/io" % pid) as handle:
             fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
     except (OSError, ValueError):
         return None
     try:
-        return sum(int(fields.get(k, "0")) for k in ("rchar", "wchar", "read_bytes",
-                                                      "write_bytes"))
+        return sum(int(fields.get(k, "0")) for k in ("wchar", "read_bytes", "write_bytes"))
     except ValueError:
         return None
 
