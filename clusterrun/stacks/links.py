@@ -182,6 +182,6 @@ def _pairs(name: str, mine: list[Blocked], links: Links) -> str:
 
 
 def stop_detail(line: str) -> str:
-    """The failure a stopped stall records when a host's links are to blame (wire.RootCause
-    reads a stall from "stalled" at its start)."""
-    return "stalled, " + line.replace("stall: ", "", 1)
+    """The failure a stopped stall records when a host's links are to blame: the root cause
+    line names the host already (wire.RootCause reads a stall from "stalled" at its start)."""
+    return "stalled, its links fail: " + line.partition("'s links fail: ")[2]
