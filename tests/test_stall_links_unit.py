@@ -3,6 +3,8 @@ stall on the host whose links fail (or says the links are fine), without a clust
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -114,3 +116,26 @@ def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
     sent, _said, retested = fire(monkeypatch, tmp_path, ranks, cut("node2"))
     assert not retested
     assert sent[-1][0] == "node3"
+
+
+def local_run(tmp_path: Path, addresses: dict[str, str]) -> RunDir:
+    """A run whose hosts are all this machine (no SSH), each using ``addresses[name]``."""
+    nodes = [{"name": name, "host": "localhost", "node_rank": i, "address": address,
+              "connection": {"python": sys.executable}}
+             for i, (name, address) in enumerate(addresses.items())]
+    (tmp_path / "plan.json").write_text(json.dumps({"nodes": nodes}))
+    return RunDir(tmp_path)
+
+
+def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
+        tmp_path: Path) -> None:
+    """remote/links.py as shipped, on this machine: two hosts on loopback addresses connect to
+    each other; a host whose address is not this machine's cannot listen and is not tested
+    (nor blamed)."""
+    found = links.retest(local_run(tmp_path, {"a": "127.0.0.1", "b": "127.0.0.2",
+                                              "c": "192.0.2.1"}), SshOptions())
+    assert (found.hosts, found.blocked) == (["a", "b"], [])
+    assert found.untested["c"].startswith("c: cannot listen on an ephemeral port of 192.0.2.1:")
+    lines, _record, blamed = links.judge(found)
+    assert blamed is None
+    assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines

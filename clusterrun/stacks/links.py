@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
@@ -28,7 +29,7 @@ from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
-from clusterrun.transport.programs import Interpreter, start
+from clusterrun.transport.programs import Interpreter, ProgramError, start
 
 PAIR_SECONDS = mesh.PAIR_SECONDS  # a connect that takes longer is a broken link, as in `check`
 LISTEN_SECONDS = 20.0  # the program's start on a host (its interpreter, over SSH)
@@ -78,13 +79,14 @@ class _Host:
         try:
             got = self.answers.get(timeout=timeout)
         except queue.Empty:
-            raise TimeoutError(f"{self.name}: no answer within {timeout:g} s") from None
+            raise ProgramError(Outcome.PROBE_TIMEOUT,
+                               f"{self.name}: no answer within {timeout:g} s") from None
         if got is None:
             err = self.interp.stderr.decode("utf-8", "replace").strip().splitlines()[-2:]
-            raise ConnectionError(f"{self.name}: the link test ended early"
-                                  + (": " + " | ".join(err) if err else ""))
+            raise ProgramError(Outcome.PROBE_FAILED, f"{self.name}: the link test ended early"
+                               + (": " + " | ".join(err) if err else ""))
         if key not in got:
-            raise ConnectionError(f"{self.name}: {got.get('error') or got}")
+            raise ProgramError(Outcome.PROBE_FAILED, f"{self.name}: {got.get('error') or got}")
         return got[key]
 
     def close(self) -> None:
