@@ -124,7 +124,8 @@ class Watchdog:
             self.say(line)
         # No odd rank out (all wait in one collective, or none could be seen): the hosts'
         # data path is tested again, and a host whose links fail is the root cause.
-        blamed = None
+        blamed: Optional[str] = None
+        more: list[str] = []
         if not record["odd"]:
             more, record["links"], blamed = links.judge(links.retest(self.run, self.ssh))
             for line in more:
@@ -137,10 +138,11 @@ class Watchdog:
         # stop there): the root cause names that host, so a restart replaces it if a spare is
         # left. Neither: the master.
         odd = record["odd"][0]["node"] if record["odd"] else blamed
-        detail = (links.stop_detail(next(x for x in lines if "root cause" in x)) if blamed
+        detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line comes first
                   else stall_detail(lines))  # type: ignore[no-untyped-call]
         if self.stop_run:
             self.to_node(odd, {"op": "stall", "fail": True, "detail": detail})
+
 
 def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,
                 send: Callable[[str, dict[str, Any]], None], ssh: SshOptions, *,
