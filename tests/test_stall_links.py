@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cluster, Reader, copy_payload, start_cli
+from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -79,3 +80,49 @@ def test_a_cut_data_path_is_named_as_the_root_cause_not_the_master(
                                                          {"node": CUT, "rank": None}), summary
     assert summary["stall"]["links"]["blamed"] == [CUT], summary["stall"]
     assert cluster.wait_no_processes(HOSTS, 20) == {}
+
+
+def test_the_detached_hub_names_the_cut_host_too(cluster: Cluster, home: Path, tmp_path: Path,
+                                                 strays: None) -> None:
+    """No controller: the hub (node13's supervisor) tests the links over the gang. node14's
+    gang connection is cut as well, so it cannot answer: the hub's pair to it fails, and the
+    stall is put on it, not on the master. A long lease keeps the gang's own loss detection
+    from ending the run first; the link comes back once the hub has decided, so its stop
+    reaches node14 and nothing is left there."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "ticker.py", "ticker")
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2", "--lease", "120",
+                 "--stall-timeout", "8", "--on-stall", "stop", "--env", "STEP_SLEEP=0.05",
+                 "--env", "WORK=2", "--env", "PRINT_EVERY=10", str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+    log = f"/tmp/clusterrun/runs/{run_id}/node15/rank-5.log"
+    deadline = time.monotonic() + 120
+    while "step 20 " not in cluster.run_on("node15", "sh", "-c", f"cat {log} 2>/dev/null; true"):
+        assert time.monotonic() < deadline, "rank 5 never got to step 20"
+        time.sleep(0.5)
+    state_file = f"/tmp/clusterrun/runs/{run_id}/node13/state.json"
+    cut_data_path(cluster, CUT)
+    try:  # until the hub has put the stall on a host
+        deadline = time.monotonic() + 90
+        while "root_cause" not in (state := json.loads(cluster.read("node13", state_file))):
+            assert time.monotonic() < deadline, json.dumps(state)[-3000:]
+            time.sleep(1)
+    finally:
+        mend(cluster, CUT)  # the link comes back: the hub's stop reaches node14 too
+    deadline = time.monotonic() + 90
+    while (state := json.loads(cluster.read("node13", state_file)))["state"] in (
+            "running", "stalled", "stopping"):
+        assert time.monotonic() < deadline, json.dumps(state)[-3000:]
+        time.sleep(1)
+    assert state["state"] == "stopped", state  # the master's ranks: stopped for node14
+    lines = state["stall"]["lines"]
+    assert any(x.startswith(f"stall: root cause: {CUT}'s links fail") for x in lines), lines
+    assert state["stall"]["links"]["blamed"] == [CUT], state["stall"]
+    assert state["root_cause"]["node"] == CUT, state
+    assert state["root_cause"]["detail"].startswith(f"{CUT}: stalled, its links fail"), state
+    assert cluster.wait_no_processes(HOSTS, 30) == {}
+    rows = {r["id"]: r for r in json.loads(run_cli("ps", "--json").stdout)}
+    row = rows[run_id]
+    assert (row["state"], row["exit_status"], row["outcome"]) == ("failed", 7, "stalled"), row
+    assert row["stalled"] == {"node": CUT, "rank": None}, row

@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 import pytest
 
-from clusterrun.preflight.report import Blocked
+from clusterrun.preflight import mesh
+from clusterrun.preflight.report import Blocked, Pairs
+from clusterrun.remote import linkwatch
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import links, watchdog
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
@@ -139,3 +141,16 @@ def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
     lines, _record, blamed = links.judge(found)
     assert blamed is None
     assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines
+
+
+@pytest.mark.parametrize("blocked", [
+    cut("node2"), [Blocked("node3", o, "x") for o in ("node1", "node2")],
+    [Blocked("node1", "node2", "x")], [], [*cut("node1"), Blocked("node2", "node3", "x")]])
+def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
+    """The detached hub (host side: no preflight import there) blames as `check` does."""
+    triples = [(b.source, b.target, b.error) for b in blocked]
+    want = {h: [(b.source, b.target, b.error) for b in pairs]
+            for h, pairs in mesh.blamed(Pairs(HOSTS, blocked, {})).items()}
+    assert linkwatch.blamed(HOSTS, triples) == want
+    _lines, _record, blamed = linkwatch.judge(HOSTS, triples, ADDRESSES)
+    assert blamed == links.judge(links.Links(HOSTS, blocked, ADDRESSES))[2]
