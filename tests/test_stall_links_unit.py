@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -154,3 +155,66 @@ def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
     assert linkwatch.blamed(HOSTS, triples) == want
     _lines, _record, blamed = linkwatch.judge(HOSTS, triples, ADDRESSES)
     assert blamed == links.judge(links.Links(HOSTS, blocked, ADDRESSES))[2]
+
+
+class FakeConn:
+    def __init__(self, sent: list[dict[str, Any]]) -> None:
+        self.sent = sent
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+class FakeHub:
+    """The hub's side of the gang as linkwatch sees it: names, peers, their connections."""
+
+    def __init__(self, peers: list[str]) -> None:
+        self.name = "node1"
+        self.peers = dict.fromkeys(peers, "connected")
+        self.outbox: dict[str, list[dict[str, Any]]] = {p: [] for p in peers}
+        self.conns = {p: FakeConn(self.outbox[p]) for p in peers}
+
+    def broadcast(self, msg: dict[str, Any]) -> None:
+        for conn in self.conns.values():
+            conn.send(msg)
+
+
+class FakePeerLink:
+    """A peer's gang link: its socket's own address, and what it sends to the hub."""
+
+    def __init__(self, address: str) -> None:
+        self.sent: list[dict[str, Any]] = []
+        sock = type("Sock", (), {"getsockname": lambda _self: (address, 40000)})()
+        self.conn = type("Conn", (), {"sock": sock})()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+def test_the_hub_blames_a_peer_silent_over_the_gang_and_not_one_that_answers() -> None:
+    """node2 answers the hub's test (real sockets on loopback); node3's gang link carries
+    nothing, so it never answers: the hub's pair to it fails, and it is blamed."""
+    hub = FakeHub(["node2", "node3"])
+    test = linkwatch.HubTest(hub, "127.0.0.1", time.monotonic())
+    peer, link = linkwatch.PeerSide(), FakePeerLink("127.0.0.2")
+    try:
+        deadline = time.monotonic() + 30
+        while test.result is None:
+            assert time.monotonic() < deadline
+            for msg in hub.outbox["node2"]:  # the hub's messages reach node2 only
+                peer.on_message(link, msg)
+            hub.outbox["node2"].clear()
+            peer.tick(link, time.monotonic())
+            for msg in link.sent:
+                test.on_message("node2", msg)
+            link.sent.clear()
+            test.tick(time.monotonic())
+            time.sleep(0.05)
+    finally:
+        peer.close()
+    lines, record, blamed = test.result
+    assert blamed == "node3", lines
+    assert record["failed"] == [{"source": "node1", "target": "node3",
+                                 "error": "no answer over its connection to the master"}]
+    assert lines == ["stall: root cause: node3's links fail: node1 cannot connect to node3 (?) "
+                     "on an ephemeral port: no answer over its connection to the master"]
