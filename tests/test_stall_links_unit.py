@@ -218,3 +218,22 @@ def test_the_hub_blames_a_peer_silent_over_the_gang_and_not_one_that_answers() -
                                  "error": "no answer over its connection to the master"}]
     assert lines == ["stall: root cause: node3's links fail: node1 cannot connect to node3 (?) "
                      "on an ephemeral port: no answer over its connection to the master"]
+
+
+def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
+    hub = FakeHub(["node2"])
+    test = linkwatch.HubTest(hub, "127.0.0.1", time.monotonic())
+    peer, link = linkwatch.PeerSide(), FakePeerLink("192.0.2.1")  # not this machine's
+    for msg in hub.outbox["node2"]:
+        peer.on_message(link, msg)
+    for msg in link.sent:
+        test.on_message("node2", msg)
+    deadline = time.monotonic() + 30
+    while test.result is None:
+        assert time.monotonic() < deadline
+        test.tick(time.monotonic())
+        time.sleep(0.05)
+    lines, record, blamed = test.result
+    assert blamed is None and record["untested"]["node2"].startswith(
+        "cannot listen on an ephemeral port of 192.0.2.1"), record
+    assert lines[-1].startswith("stall: links of node2 not tested: cannot listen"), lines

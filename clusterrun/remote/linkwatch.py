@@ -99,6 +99,7 @@ class HubTest:
         self.side = Side(addr)
         self.ports = {self.me: (addr, self.side.listener.port)}
         self.pairs = {}
+        self.untested = {}  # peers that could not listen, and why: neither tested nor blamed
         self.phase, self.deadline = "listen", now + LISTEN_WAIT
         self.result = None
         hub.broadcast({"op": "links_listen"})
@@ -106,11 +107,14 @@ class HubTest:
     def on_message(self, peer, msg):
         if msg.get("op") == "links_port" and self.phase == "listen" and msg.get("port"):
             self.ports[peer] = (str(msg.get("addr")), int(msg["port"]))
+        elif msg.get("op") == "links_port" and self.phase == "listen":
+            self.untested[peer] = str(msg.get("error"))
         elif msg.get("op") == "links_pairs" and self.phase == "connect":
             self.pairs[peer] = msg.get("pairs") or {}
 
     def tick(self, now):
-        if self.phase == "listen" and (self.want <= set(self.ports) or now > self.deadline):
+        answered = set(self.ports) | set(self.untested)
+        if self.phase == "listen" and (self.want <= answered or now > self.deadline):
             targets = [[n, a, p] for n, (a, p) in sorted(self.ports.items())]
             for peer in self.ports:
                 if peer != self.me and peer in self.hub.conns:
@@ -131,12 +135,25 @@ class HubTest:
         blocked = [(s, t, str(r.get("error"))) for s in hosts
                    for t, r in sorted(self.pairs[s].items()) if not r.get("ok") and t in hosts]
         # A peer silent over its gang connection (same network) fails the hub's pair to it.
-        for peer in sorted(self.want - set(hosts)):
+        addresses = {n: a for n, (a, _p) in self.ports.items()}
+        for peer in sorted(self.want - set(hosts) - set(self.untested)):
             hosts.append(peer)
             blocked.append((self.me, peer, "no answer over its connection to the master"))
-        addresses = {n: a for n, (a, _p) in self.ports.items()}
-        self.result = judge(hosts, blocked, addresses)
+            addresses[peer] = _peer_address(self.hub.conns.get(peer))
+        lines, record, blamed_host = judge(hosts, blocked, addresses)
+        lines.extend("stall: links of %s not tested: %s" % (peer, why)
+                     for peer, why in sorted(self.untested.items()))
+        record["untested"] = self.untested
+        self.result = (lines, record, blamed_host)
         self.phase = "done"
+
+
+def _peer_address(conn):
+    """The address a peer's gang connection comes from (the hub's view of it)."""
+    try:
+        return conn.sock.getpeername()[0]
+    except (AttributeError, OSError):
+        return "?"
 
 
 class PeerSide:
@@ -154,7 +171,9 @@ class PeerSide:
             if addr:
                 try:
                     self.side = Side(addr)
-                except OSError:
+                except OSError as exc:
+                    peer_link.send({"op": "links_port", "error": "cannot listen on an "
+                                    "ephemeral port of %s: %s" % (addr, exc)})
                     return
                 peer_link.send({"op": "links_port", "addr": addr,
                                 "port": self.side.listener.port})

@@ -191,10 +191,9 @@ class Watch:
                 self.gathering = None
                 lines, odd_node = _lines(got, self.timeout)
                 if odd_node is None and self.sup.hub.peers:  # none stands out: the links?
-                    addr = self.sup.hub.listener.getsockname()[0]
-                    self.links = linkwatch.HubTest(self.sup.hub, addr, now)
+                    self.links = self._link_test(now)
                     self.pending = (lines, got)
-                else:
+                if self.links is None:
                     self.stalled(lines, {"nodes": got, "odd_node": odd_node}, stalled_now)
         if self.links is not None:
             self.links.tick(now)
@@ -204,6 +203,12 @@ class Watch:
                 self.links = self.pending = None
                 self.stalled(lines + more, {"nodes": got, "odd_node": blamed, "links": record},
                              stalled_now)
+
+    def _link_test(self, now):
+        try:
+            return linkwatch.HubTest(self.sup.hub, self.sup.hub.listener.getsockname()[0], now)
+        except OSError:  # it cannot listen itself: the report goes out without the test
+            return None
 
     def on_gang(self, peer, msg):
         """A gang message: a peer's quiet time or its stacks (hub), a request for ours (peer)."""
