@@ -5,7 +5,8 @@ Every supervisor measures its node and reports its quiet time every 2 s: attache
 controller (a "progress" event; the controller decides and sends back "stall"/"resumed");
 detached, to the hub over the gang. The hub decides with the same ``stall.stalled``, gathers
 every node's stacks over the gang, and writes the report: into its node.log (so `logs` shows
-it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). With
+it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). No
+rank out of line: it tests the hosts' links first (linkwatch.py) and blames a failing host. With
 ``--on-stall stop`` the stall becomes the node's own failure with exit status 7, so the gang's
 usual teardown ends the run everywhere and a restart (`--max-restarts`) counts it as a failure.
 """

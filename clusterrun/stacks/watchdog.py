@@ -5,6 +5,8 @@ Every node's supervisor reports how long its ranks have made no progress (remote
 says what progress is). When ``stall.stalled`` says the whole run is stalled, every rank's
 stack is taken (``collect``), the report is printed, kept in the master's node.log (so `logs`
 shows it) and recorded in the run's journal (``ps`` shows ``stalled``, summary.json keeps it).
+When no rank stands out, the hosts' links are tested again first (stacks/links.py): a host
+whose links fail is the root cause.
 One report per stall: the run must move again (``resumed``) before another one.
 """
 
