@@ -154,7 +154,7 @@ class Hub:
             conn.close()
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
-        elif op in ("progress", "stacks"):  # the stall watchdog (remote/watchdog.py)
+        elif op in ("progress", "stacks", "links_port", "links_pairs"):  # remote/watchdog.py
             self.sup.watch.on_gang(conn.peer, msg)
 
     def _auth(self, conn, msg):
@@ -270,7 +270,8 @@ class Peer:
             self.pending = []
         elif op == "stop" and self.ready:
             self.sup.gang_stop(msg.get("root_cause"), msg.get("stopped"))
-        elif op in ("stacks", "stall_stop") and self.ready:  # the hub's stall watchdog
+        elif op in ("stacks", "stall_stop", "links_listen", "links_connect", "links_close") \
+                and self.ready:  # the hub's stall watchdog
             self.sup.watch.on_gang(None, msg)
 
     def _closed(self, _conn):

@@ -5,7 +5,8 @@ Every supervisor measures its node and reports its quiet time every 2 s: attache
 controller (a "progress" event; the controller decides and sends back "stall"/"resumed");
 detached, to the hub over the gang. The hub decides with the same ``stall.stalled``, gathers
 every node's stacks over the gang, and writes the report: into its node.log (so `logs` shows
-it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). With
+it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). No
+rank out of line: it tests the hosts' links first (linkwatch.py) and blames a failing host. With
 ``--on-stall stop`` the stall becomes the node's own failure with exit status 7, so the gang's
 usual teardown ends the run everywhere and a restart (`--max-restarts`) counts it as a failure.
 """
@@ -13,7 +14,7 @@ usual teardown ends the run everywhere and a restart (`--max-restarts`) counts i
 import os
 import time
 
-from clusterrun.remote import cgroup, common, protocol, pystack, stall
+from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stall
 
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
 
@@ -122,6 +123,9 @@ class Watch:
         self.fired = False
         self.gathering = None  # hub: (deadline, {node: ranks})
         self.dumper = stall.Dumper()
+        self.links = None  # hub: the link test of a stall with no odd rank out (linkwatch)
+        self.pending = None  # hub: that stall's report, until the test has judged
+        self.link_peer = linkwatch.PeerSide()  # peer: its part in the hub's link test
         self.spy_looked = time.monotonic()
 
     def rank_env(self, env):
@@ -155,6 +159,8 @@ class Watch:
                 self.sup.writer.event(PROGRESS, quiet=quiet)
         if self.sup.hub is not None:
             self._hub(now)
+        elif self.sup.peer is not None:
+            self.link_peer.tick(self.sup.peer, now)
         ready = self.dumper.take()
         if ready is not None and self.sup.peer is not None:
             self.sup.peer.send({"op": "stacks", "ranks": ready})
@@ -176,7 +182,7 @@ class Watch:
                 self.gathering = (now + stall.STACKS_WAIT, {})
                 self.sup.hub.broadcast({"op": "stacks"})
                 self.dumper.start(self.progress)
-        elif self.fired and self.gathering is None:
+        elif self.fired and self.gathering is None and self.links is None:
             self.resumed()
         if self.gathering is not None:
             deadline, got = self.gathering
@@ -185,7 +191,25 @@ class Watch:
             if want <= set(got) or now > deadline:
                 self.gathering = None
                 lines, odd_node = _lines(got, self.timeout)
-                self.stalled(lines, {"nodes": got, "odd_node": odd_node}, stalled_now)
+                if odd_node is None and self.sup.hub.peers:  # none stands out: the links?
+                    self.links = self._link_test(now)
+                    self.pending = (lines, got)
+                if self.links is None:
+                    self.stalled(lines, {"nodes": got, "odd_node": odd_node}, stalled_now)
+        if self.links is not None:
+            self.links.tick(now)
+            if self.links.result is not None:
+                more, record, blamed = self.links.result
+                lines, got = self.pending  # type: ignore[misc]  # set with self.links
+                self.links = self.pending = None
+                self.stalled(lines + more, {"nodes": got, "odd_node": blamed, "links": record},
+                             stalled_now)
+
+    def _link_test(self, now):
+        try:
+            return linkwatch.HubTest(self.sup.hub, self.sup.hub.listener.getsockname()[0], now)
+        except OSError:  # it cannot listen itself: the report goes out without the test
+            return None
 
     def on_gang(self, peer, msg):
         """A gang message: a peer's quiet time or its stacks (hub), a request for ours (peer)."""
@@ -198,6 +222,10 @@ class Watch:
             self.dumper.start(self.progress)
         elif op == "stall_stop" and peer is None:  # the hub: our rank is the stall's cause
             self.stop(str(msg.get("detail") or "stalled"))
+        elif str(op).startswith("links_") and peer is None:  # the hub tests the links
+            self.link_peer.on_message(self.sup.peer, msg)
+        elif str(op).startswith("links_") and self.links is not None:
+            self.links.on_message(peer, msg)
 
     def on_op(self, msg):
         """The controller decided (attached): the report to keep here, or the run moves again."""
@@ -219,10 +247,18 @@ class Watch:
         self.sup.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
         if not (stop and self.stop_run):
             return
-        detail = stop_detail(lines)
+        blamed = (report.get("links") or {}).get("blamed") or []
+        detail = (linkwatch.stop_detail(next(x for x in lines if x.startswith(
+            "stall: root cause: %s's" % blamed[0]))) if blamed else stop_detail(lines))
         target = report.get("odd_node")
         conn = self.sup.hub.conns.get(target) if self.sup.hub is not None and target else None
-        if conn is not None:  # the hub: the node of the odd rank out fails, as its own failure
+        if blamed and target != self.sup.name and self.sup.hub is not None:
+            # Its link is what failed, the gang's to it likely too: the hub records the failure
+            # as that host's own (the root cause) and stops the others.
+            self.sup.hub.record({"node": target, "rank": None, "code": stall.STATUS,
+                                 "signal": None, "lost": False,
+                                 "detail": "%s: %s" % (target, detail)})
+        elif conn is not None:  # the hub: the node of the odd rank out fails, as its own failure
             conn.send({"op": "stall_stop", "detail": detail})
         else:
             self.stop(detail)

@@ -5,6 +5,8 @@ Every node's supervisor reports how long its ranks have made no progress (remote
 says what progress is). When ``stall.stalled`` says the whole run is stalled, every rank's
 stack is taken (``collect``), the report is printed, kept in the master's node.log (so `logs`
 shows it) and recorded in the run's journal (``ps`` shows ``stalled``, summary.json keeps it).
+When no rank stands out, the hosts' links are tested again first (stacks/links.py): a host
+whose links fail is the root cause.
 One report per stall: the run must move again (``resumed``) before another one.
 """
 
@@ -20,7 +22,7 @@ from clusterrun.remote import stall
 from clusterrun.remote.watchdog import stop_detail as stall_detail
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import view
+from clusterrun.stacks import links, view
 from clusterrun.stacks.collect import collect
 from clusterrun.stacks.model import Collected
 from clusterrun.transport import SshOptions
@@ -122,13 +124,24 @@ class Watchdog:
         lines, record = report(found, self.timeout)
         for line in lines:
             self.say(line)
+        # No odd rank out (all wait in one collective, or none could be seen): the hosts'
+        # data path is tested again, and a host whose links fail is the root cause.
+        blamed: Optional[str] = None
+        more: list[str] = []
+        if not record["odd"]:
+            more, record["links"], blamed = links.judge(links.retest(self.run, self.ssh))
+            for line in more:
+                self.say(line)
+            lines.extend(more)
         self.record(record)
         self.to_node(None, {"op": "stall", "lines": lines, "report": {
             k: v for k, v in record.items() if k != "stacks"}})
-        # The odd rank's node fails with status 7 (--on-stall stop there): the root cause names
-        # that host, so a restart replaces it if a spare is left. No odd rank: the master.
-        odd = record["odd"][0]["node"] if record["odd"] else None
-        detail = stall_detail(lines)  # type: ignore[no-untyped-call]
+        # The odd rank's node, or the host whose links failed, fails with status 7 (--on-stall
+        # stop there): the root cause names that host, so a restart replaces it if a spare is
+        # left. Neither: the master.
+        odd = record["odd"][0]["node"] if record["odd"] else blamed
+        detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line comes first
+                  else stall_detail(lines))  # type: ignore[no-untyped-call]
         if self.stop_run:
             self.to_node(odd, {"op": "stall", "fail": True, "detail": detail})
 

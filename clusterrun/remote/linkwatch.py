@@ -1,0 +1,198 @@
+"""A detached run's stall with no odd rank out: the hub tests the hosts' links again (stdlib
+only, Python 3.6+; an attached run's controller does the same with clusterrun/stacks/links.py).
+
+Over the gang, in the supervisors' loop: the hub asks every connected peer to listen on an
+ephemeral port of the address its gang connection uses (``links_listen``; the hub listens on
+master_addr), then gives everyone the others' ports (``links_connect``): every host connects to
+every other at once (remote/mesh.py, as `check` does), and answers its pairs (``links_pairs``).
+A failed pair is put on one host by `check`'s rule (``blamed``); a peer that does not answer at
+all over its gang connection, which runs on the same network, counts as a failed pair from the
+hub to it. ``links_close`` ends the listeners.
+"""
+
+import threading
+import time
+
+from clusterrun.remote import mesh
+
+LISTEN_WAIT = 3.0  # for the peers' ports
+PAIR_SECONDS = 5.0  # a connect that takes longer is a broken link, as in `check`
+PAIRS_WAIT = PAIR_SECONDS + 3.0  # for the peers' pairs
+LISTEN_MAX = 60.0  # a peer's listener ends by itself if the hub never says so
+
+
+def blamed(hosts, blocked):
+    """preflight.mesh.blamed's rule: {host: [(source, target, error)]}. A host nobody reaches
+    (its firewall) or one that reaches nobody (its egress); otherwise the one connected to."""
+    incoming, outgoing = {}, {}
+    for source, target, _error in blocked:
+        incoming[target] = incoming.get(target, 0) + 1
+        outgoing[source] = outgoing.get(source, 0) + 1
+    others = len(hosts) - 1
+    out = {}
+    for pair in blocked:
+        source, target = pair[0], pair[1]
+        if incoming[target] < others and outgoing[source] == others:
+            out.setdefault(source, []).append(pair)
+        else:
+            out.setdefault(target, []).append(pair)
+    return out
+
+
+def judge(hosts, blocked, addresses):
+    """The report's lines, its record and the host blamed (None: every pair connected)."""
+    blame = blamed(hosts, blocked)
+    ranked = sorted(blame, key=lambda h: (-len(blame[h]), h))
+    lines = []
+    for name in ranked:
+        into = [p for p in blame[name] if p[1] == name]
+        out = [p for p in blame[name] if p[0] == name]
+        parts = []
+        if into:
+            parts.append("%s cannot connect to %s (%s) on an ephemeral port: %s" % (
+                ",".join(sorted(p[0] for p in into)), name, addresses.get(name, "?"), into[0][2]))
+        if out:
+            parts.append("%s cannot connect to %s on an ephemeral port: %s" % (
+                name, ",".join(sorted(p[1] for p in out)), out[0][2]))
+        lines.append("stall: root cause: %s's links fail: %s" % (name, "; ".join(parts)))
+    fine = not ranked and len(hosts) > 1
+    if fine:
+        lines.append("stall: links fine: every pair of the run's %d hosts connects on an "
+                     "ephemeral port of the run's addresses, so no host's data path is the "
+                     "cause" % len(hosts))
+    record = {"tested": sorted(hosts), "fine": fine, "blamed": ranked,
+              "failed": [{"source": s, "target": t, "error": e} for s, t, e in blocked]}
+    return lines, record, ranked[0] if ranked else None
+
+
+def stop_detail(line):
+    return "stalled, its links fail: " + line.partition("'s links fail: ")[2]
+
+
+class Side:
+    """One host's listener and connects, for either role."""
+
+    def __init__(self, addr):
+        self.addr = addr
+        self.listener = mesh.EphemeralListener(addr)
+        self.until = time.monotonic() + LISTEN_MAX
+        self.pairs = None  # set by the connecting thread
+        self.sent = False
+
+    def connect(self, targets):
+        def run():
+            self.pairs = mesh.connect_many(targets, self.addr, PAIR_SECONDS)
+
+        threading.Thread(target=run, daemon=True, name="clusterrun-links").start()
+
+    def close(self):
+        self.listener.sock.close()
+
+
+class HubTest:
+    """The hub's test, ticked by its loop: listen, connect, judge. ``done`` once judged."""
+
+    def __init__(self, hub, addr, now):
+        self.hub = hub
+        self.me = hub.name
+        self.want = {p for p, s in hub.peers.items() if s == "connected"}
+        self.side = Side(addr)
+        self.ports = {self.me: (addr, self.side.listener.port)}
+        self.pairs = {}
+        self.untested = {}  # peers that could not listen, and why: neither tested nor blamed
+        self.phase, self.deadline = "listen", now + LISTEN_WAIT
+        self.result = None
+        hub.broadcast({"op": "links_listen"})
+
+    def on_message(self, peer, msg):
+        if msg.get("op") == "links_port" and self.phase == "listen" and msg.get("port"):
+            self.ports[peer] = (str(msg.get("addr")), int(msg["port"]))
+        elif msg.get("op") == "links_port" and self.phase == "listen":
+            self.untested[peer] = str(msg.get("error"))
+        elif msg.get("op") == "links_pairs" and self.phase == "connect":
+            self.pairs[peer] = msg.get("pairs") or {}
+
+    def tick(self, now):
+        answered = set(self.ports) | set(self.untested)
+        if self.phase == "listen" and (self.want <= answered or now > self.deadline):
+            targets = [[n, a, p] for n, (a, p) in sorted(self.ports.items())]
+            for peer in self.ports:
+                if peer != self.me and peer in self.hub.conns:
+                    self.hub.conns[peer].send({"op": "links_connect", "targets": [
+                        t for t in targets if t[0] != peer]})
+            self.side.connect([t for t in targets if t[0] != self.me])
+            self.phase, self.deadline = "connect", now + PAIRS_WAIT
+        elif self.phase == "connect":
+            if self.side.pairs is not None:
+                self.pairs[self.me] = self.side.pairs
+            if set(self.ports) <= set(self.pairs) or now > self.deadline:
+                self._judge()
+
+    def _judge(self):
+        self.hub.broadcast({"op": "links_close"})
+        self.side.close()
+        hosts = [h for h in self.ports if h in self.pairs]
+        blocked = [(s, t, str(r.get("error"))) for s in hosts
+                   for t, r in sorted(self.pairs[s].items()) if not r.get("ok") and t in hosts]
+        # A peer silent over its gang connection (same network) fails the hub's pair to it.
+        addresses = {n: a for n, (a, _p) in self.ports.items()}
+        for peer in sorted(self.want - set(hosts) - set(self.untested)):
+            hosts.append(peer)
+            blocked.append((self.me, peer, "no answer over its connection to the master"))
+            addresses[peer] = _peer_address(self.hub.conns.get(peer))
+        lines, record, blamed_host = judge(hosts, blocked, addresses)
+        lines.extend("stall: links of %s not tested: %s" % (peer, why)
+                     for peer, why in sorted(self.untested.items()))
+        record["untested"] = self.untested
+        self.result = (lines, record, blamed_host)
+        self.phase = "done"
+
+
+def _peer_address(conn):
+    """The address a peer's gang connection comes from (the hub's view of it)."""
+    try:
+        return conn.sock.getpeername()[0]
+    except (AttributeError, OSError):
+        return "?"
+
+
+class PeerSide:
+    """A peer's part: answers the hub's links_* messages; ``tick`` sends its pairs when ready."""
+
+    def __init__(self):
+        self.side = None
+
+    def on_message(self, peer_link, msg):
+        op = msg.get("op")
+        if op == "links_listen":
+            self.close()
+            conn = peer_link.conn
+            addr = conn.sock.getsockname()[0] if conn is not None else None
+            if addr:
+                try:
+                    self.side = Side(addr)
+                except OSError as exc:
+                    peer_link.send({"op": "links_port", "error": "cannot listen on an "
+                                    "ephemeral port of %s: %s" % (addr, exc)})
+                    return
+                peer_link.send({"op": "links_port", "addr": addr,
+                                "port": self.side.listener.port})
+        elif op == "links_connect" and self.side is not None:
+            self.side.connect(msg.get("targets") or [])
+        elif op == "links_close":
+            self.close()
+
+    def tick(self, peer_link, now):
+        side = self.side
+        if side is None:
+            return
+        if side.pairs is not None and not side.sent:
+            side.sent = True
+            peer_link.send({"op": "links_pairs", "pairs": side.pairs})
+        if now > side.until:
+            self.close()
+
+    def close(self):
+        if self.side is not None:
+            self.side.close()
+            self.side = None

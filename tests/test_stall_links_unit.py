@@ -1,0 +1,239 @@
+"""A stall where no rank stands out: the decision that tests the hosts' links again and puts the
+stall on the host whose links fail (or says the links are fine), without a cluster."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from clusterrun.preflight import mesh
+from clusterrun.preflight.report import Blocked, Pairs
+from clusterrun.remote import linkwatch
+from clusterrun.runs.store import RunDir
+from clusterrun.stacks import links, watchdog
+from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
+from clusterrun.transport import SshOptions
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+HOSTS = ["node1", "node2", "node3"]
+ADDRESSES = {"node1": "10.79.0.1", "node2": "10.79.0.2", "node3": "10.79.0.3"}
+
+
+def waiting(number: int, node: str) -> RankStack:
+    main = Thread("MainThread", (Frame("<module>", "/job/train.py", 49),
+                                 Frame("all_reduce", TORCH, 3252)))
+    return RankStack(number, node, 1000 + number, (main,), last_line=f"rank {number} step 2")
+
+
+def cut(host: str) -> list[Blocked]:
+    """Every pair into and out of ``host`` times out, as when its data path is cut."""
+    others = [h for h in HOSTS if h != host]
+    return ([Blocked(o, host, "timed out after 5 s") for o in others]
+            + [Blocked(host, o, "timed out after 5 s") for o in others])
+
+
+def test_failing_pairs_put_the_stall_on_the_host_nobody_reaches() -> None:
+    lines, record, blamed = links.judge(links.Links(HOSTS, cut("node2"), ADDRESSES))
+    assert blamed == "node2"
+    assert lines == ["stall: root cause: node2's links fail: node[1,3] cannot connect to node2 "
+                     "(10.79.0.2) on an ephemeral port: timed out after 5 s; node2 cannot "
+                     "connect to node[1,3] on an ephemeral port: timed out after 5 s"]
+    assert record["blamed"] == ["node2"] and not record["fine"]
+    assert links.stop_detail(lines[0]).startswith("stalled, its links fail: node[1,3] cannot")
+
+
+def test_one_host_that_reaches_nobody_is_blamed_not_its_peers() -> None:
+    """Only node3's egress is cut: nobody else fails, so the pairs it opened are its own."""
+    out = [Blocked("node3", o, "timed out after 5 s") for o in ("node1", "node2")]
+    _lines, _record, blamed = links.judge(links.Links(HOSTS, out, ADDRESSES))
+    assert blamed == "node3"
+
+
+def test_every_pair_connecting_says_the_links_are_fine() -> None:
+    lines, record, blamed = links.judge(links.Links(HOSTS, [], ADDRESSES))
+    assert blamed is None and record["fine"]
+    assert lines == ["stall: links fine: every pair of the run's 3 hosts connects on an "
+                     "ephemeral port of the run's addresses, so no host's data path is the "
+                     "cause"]
+
+
+def test_a_host_that_could_not_be_tested_is_said_and_not_blamed() -> None:
+    found = links.Links(HOSTS[:2], [], ADDRESSES, {"node3": "node3: no answer within 20 s"})
+    lines, record, blamed = links.judge(found)
+    assert blamed is None and record["untested"] == {"node3": "node3: no answer within 20 s"}
+    assert lines[-1] == "stall: links of node3 not tested: node3: no answer within 20 s"
+
+
+def fire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranks: list[RankStack],
+         blocked: list[Blocked]) -> tuple[list[tuple[Optional[str], dict[str, Any]]], list[str],
+                                          list[str]]:
+    """One stall of a stopping watchdog: what it sent to which node, said, and re-tested."""
+    retested: list[str] = []
+    monkeypatch.setattr(watchdog, "collect", lambda run, ssh: Collected("r", ranks))
+
+    def retest(run: RunDir, ssh: SshOptions) -> links.Links:
+        retested.append("yes")
+        return links.Links(HOSTS, blocked, ADDRESSES)
+
+    monkeypatch.setattr(links, "retest", retest)
+    sent: list[tuple[Optional[str], dict[str, Any]]] = []
+    said: list[str] = []
+    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
+                            to_node=lambda node, op: sent.append((node, op)), say=said.append,
+                            stop_run=True, record=lambda found: None)
+    dog._fire()
+    return sent, said, retested
+
+
+def test_no_odd_rank_and_a_cut_host_stops_that_host_not_the_master(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ranks = [waiting(r, HOSTS[r // 2]) for r in range(6)]
+    sent, said, _ = fire(monkeypatch, tmp_path, ranks, cut("node2"))
+    node, stop = sent[-1]
+    assert node == "node2" and stop["fail"], sent
+    assert stop["detail"].startswith("stalled, its links fail: node[1,3] cannot"), stop
+    assert any(x.startswith("stall: root cause: node2's links fail") for x in said), said
+    report = sent[0][1]["report"]
+    assert report["links"]["blamed"] == ["node2"], report
+
+
+def test_no_odd_rank_and_fine_links_still_stop_at_the_master(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ranks = [waiting(r, HOSTS[r // 2]) for r in range(6)]
+    sent, said, _ = fire(monkeypatch, tmp_path, ranks, [])
+    assert sent[-1][0] is None  # None: the master, as before
+    assert any(x.startswith("stall: links fine:") for x in said), said
+
+
+def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    main = Thread("MainThread", (Frame("<module>", "/job/train.py", 44),
+                                 Frame("load_batch", "/job/data.py", 30)))
+    ranks = [*(waiting(r, HOSTS[r // 2]) for r in range(5)),
+             RankStack(5, "node3", 1005, (main,), last_line="rank 5 step 2")]
+    sent, _said, retested = fire(monkeypatch, tmp_path, ranks, cut("node2"))
+    assert not retested
+    assert sent[-1][0] == "node3"
+
+
+def local_run(tmp_path: Path, addresses: dict[str, str]) -> RunDir:
+    """A run whose hosts are all this machine (no SSH), each using ``addresses[name]``."""
+    nodes = [{"name": name, "host": "localhost", "node_rank": i, "address": address,
+              "connection": {"python": sys.executable}}
+             for i, (name, address) in enumerate(addresses.items())]
+    (tmp_path / "plan.json").write_text(json.dumps({"nodes": nodes}))
+    return RunDir(tmp_path)
+
+
+def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
+        tmp_path: Path) -> None:
+    """remote/links.py as shipped, on this machine: two hosts on loopback addresses connect to
+    each other; a host whose address is not this machine's cannot listen and is not tested
+    (nor blamed)."""
+    found = links.retest(local_run(tmp_path, {"a": "127.0.0.1", "b": "127.0.0.2",
+                                              "c": "192.0.2.1"}), SshOptions())
+    assert (found.hosts, found.blocked) == (["a", "b"], [])
+    assert found.untested["c"].startswith("c: cannot listen on an ephemeral port of 192.0.2.1:")
+    lines, _record, blamed = links.judge(found)
+    assert blamed is None
+    assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines
+
+
+@pytest.mark.parametrize("blocked", [
+    cut("node2"), [Blocked("node3", o, "x") for o in ("node1", "node2")],
+    [Blocked("node1", "node2", "x")], [], [*cut("node1"), Blocked("node2", "node3", "x")]])
+def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
+    """The detached hub (host side: no preflight import there) blames as `check` does."""
+    triples = [(b.source, b.target, b.error) for b in blocked]
+    want = {h: [(b.source, b.target, b.error) for b in pairs]
+            for h, pairs in mesh.blamed(Pairs(HOSTS, blocked, {})).items()}
+    assert linkwatch.blamed(HOSTS, triples) == want
+    _lines, _record, blamed = linkwatch.judge(HOSTS, triples, ADDRESSES)
+    assert blamed == links.judge(links.Links(HOSTS, blocked, ADDRESSES))[2]
+
+
+class FakeConn:
+    def __init__(self, sent: list[dict[str, Any]]) -> None:
+        self.sent = sent
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+class FakeHub:
+    """The hub's side of the gang as linkwatch sees it: names, peers, their connections."""
+
+    def __init__(self, peers: list[str]) -> None:
+        self.name = "node1"
+        self.peers = dict.fromkeys(peers, "connected")
+        self.outbox: dict[str, list[dict[str, Any]]] = {p: [] for p in peers}
+        self.conns = {p: FakeConn(self.outbox[p]) for p in peers}
+
+    def broadcast(self, msg: dict[str, Any]) -> None:
+        for conn in self.conns.values():
+            conn.send(msg)
+
+
+class FakePeerLink:
+    """A peer's gang link: its socket's own address, and what it sends to the hub."""
+
+    def __init__(self, address: str) -> None:
+        self.sent: list[dict[str, Any]] = []
+        sock = type("Sock", (), {"getsockname": lambda _self: (address, 40000)})()
+        self.conn = type("Conn", (), {"sock": sock})()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+def test_the_hub_blames_a_peer_silent_over_the_gang_and_not_one_that_answers() -> None:
+    """node2 answers the hub's test (real sockets on loopback); node3's gang link carries
+    nothing, so it never answers: the hub's pair to it fails, and it is blamed."""
+    hub = FakeHub(["node2", "node3"])
+    test = linkwatch.HubTest(hub, "127.0.0.1", time.monotonic())
+    peer, link = linkwatch.PeerSide(), FakePeerLink("127.0.0.2")
+    try:
+        deadline = time.monotonic() + 30
+        while test.result is None:
+            assert time.monotonic() < deadline
+            for msg in hub.outbox["node2"]:  # the hub's messages reach node2 only
+                peer.on_message(link, msg)
+            hub.outbox["node2"].clear()
+            peer.tick(link, time.monotonic())
+            for msg in link.sent:
+                test.on_message("node2", msg)
+            link.sent.clear()
+            test.tick(time.monotonic())
+            time.sleep(0.05)
+    finally:
+        peer.close()
+    lines, record, blamed = test.result
+    assert blamed == "node3", lines
+    assert record["failed"] == [{"source": "node1", "target": "node3",
+                                 "error": "no answer over its connection to the master"}]
+    assert lines == ["stall: root cause: node3's links fail: node1 cannot connect to node3 (?) "
+                     "on an ephemeral port: no answer over its connection to the master"]
+
+
+def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
+    hub = FakeHub(["node2"])
+    test = linkwatch.HubTest(hub, "127.0.0.1", time.monotonic())
+    peer, link = linkwatch.PeerSide(), FakePeerLink("192.0.2.1")  # not this machine's
+    for msg in hub.outbox["node2"]:
+        peer.on_message(link, msg)
+    for msg in link.sent:
+        test.on_message("node2", msg)
+    deadline = time.monotonic() + 30
+    while test.result is None:
+        assert time.monotonic() < deadline
+        test.tick(time.monotonic())
+        time.sleep(0.05)
+    lines, record, blamed = test.result
+    assert blamed is None and record["untested"]["node2"].startswith(
+        "cannot listen on an ephemeral port of 192.0.2.1"), record
+    assert lines[-1].startswith("stall: links of node2 not tested: cannot listen"), lines
