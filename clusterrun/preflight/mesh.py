@@ -106,6 +106,21 @@ def blamed(pairs: Pairs) -> dict[str, list[Blocked]]:
     return out
 
 
+def failed_pairs(name: str, address: Optional[str], mine: Sequence[Blocked]) -> str:
+    """What a host's failed pairs (``blamed()``'s for it) say: who cannot reach it, and whom
+    it cannot reach (check's `pairs` and the stall watchdog's link test say it alike)."""
+    into = [b for b in mine if b.target == name]
+    out = [b for b in mine if b.source == name]
+    parts = []
+    if into:
+        parts.append(f"{fold([b.source for b in into])} cannot connect to {name} "
+                     f"({address or '?'}) on an ephemeral port: {into[0].error}")
+    if out:
+        parts.append(f"{name} cannot connect to {fold([b.target for b in out])} on an "
+                     f"ephemeral port: {out[0].error}")
+    return "; ".join(parts)
+
+
 def fix(port_range: Optional[list[int]]) -> str:
     span = f"{port_range[0]}-{port_range[1]}" if port_range else "net.ipv4.ip_local_port_range"
     return (f"NCCL and Gloo connect every pair of ranks on ephemeral ports ({span}), not only "
@@ -123,16 +138,8 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
             r.add("pairs", True, f"reached all {len(pairs.hosts) - 1} other hosts on ephemeral "
                   "ports, and reached from them")
             continue
-        into = [b for b in mine if b.target == name]
-        out = [b for b in mine if b.source == name]
-        parts = []
-        if into:
-            parts.append(f"{fold([b.source for b in into])} cannot connect to {name} "
-                         f"({r.address}) on an ephemeral port: {into[0].error}")
-        if out:
-            parts.append(f"{name} cannot connect to {fold([b.target for b in out])} "
-                         f"on an ephemeral port: {out[0].error}")
-        r.add("pairs", False, "; ".join(parts) + ". " + fix(r.facts.get("port_range")))
+        r.add("pairs", False, failed_pairs(name, r.address, mine) + ". "
+              + fix(r.facts.get("port_range")))
 
 
 def _judge_port_ranges(answered: Sequence[HostReport]) -> None:

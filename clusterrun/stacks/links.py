@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
 from clusterrun.remote import protocol
@@ -158,7 +157,8 @@ def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
     ranked = sorted(blame, key=lambda h: (-len(blame[h]), h))
     lines: list[str] = []
     for name in ranked:
-        lines.append(f"stall: root cause: {name}'s links fail: {_pairs(name, blame[name], links)}")
+        lines.append(f"stall: root cause: {name}'s links fail: "
+                     + mesh.failed_pairs(name, links.addresses.get(name), blame[name]))
     if not ranked and len(links.hosts) > 1:
         lines.append(f"stall: links fine: every pair of the run's {len(links.hosts)} hosts "
                      "connects on an ephemeral port of the run's addresses, so no host's data "
@@ -170,19 +170,6 @@ def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
               "failed": [{"source": b.source, "target": b.target, "error": b.error}
                          for b in links.blocked]}
     return lines, record, ranked[0] if ranked else None
-
-
-def _pairs(name: str, mine: list[Blocked], links: Links) -> str:
-    into = [b for b in mine if b.target == name]
-    out = [b for b in mine if b.source == name]
-    parts = []
-    if into:
-        parts.append(f"{fold([b.source for b in into])} cannot connect to {name} "
-                     f"({links.addresses.get(name, '?')}) on an ephemeral port: {into[0].error}")
-    if out:
-        parts.append(f"{name} cannot connect to {fold([b.target for b in out])} on an "
-                     f"ephemeral port: {out[0].error}")
-    return "; ".join(parts)
 
 
 def stop_detail(line: str) -> str:
