@@ -82,18 +82,16 @@ class ClusterrunError(Exception):
 
     outcome: Outcome = Outcome.INTERNAL
 
-    def __init__(self, message: str, *, outcome: Optional[Outcome] = None,
-                 exit_status: Optional[int] = None) -> None:
+    def __init__(self, message: str, *, outcome: Optional[Outcome] = None) -> None:
         super().__init__(message)
         self.message = message
         if outcome is not None:
             self.outcome = outcome
-        self._status = exit_status
 
     @property
     def exit_status(self) -> int:
-        """The outcome's status; a failed job's own code where one was given."""
-        return int(self._status if self._status is not None else self.outcome.status)
+        """The outcome's status."""
+        return int(self.outcome.status)
 
     @property
     def kind(self) -> str:

@@ -115,11 +115,6 @@ def remove(sb: cluster.Sandbox, host: str, name: str) -> None:
     podman(sb, host, "rm", "--force", "--ignore", "--time", "0", name)
 
 
-def enabled_hosts(sb: cluster.Sandbox) -> list[str]:
-    hosts: list[str] = cluster.read_state(sb.root).get("containers", {}).get("hosts", [])
-    return list(hosts)
-
-
 # ---------------------------------------------------------------- internals
 
 

@@ -121,10 +121,6 @@ def docker(sb: cluster.Sandbox, host: str, *args: str,
     return dockerd.client(sb.host(host).sshd_pid, host, view, list(args), check=check)
 
 
-def enabled_hosts(sb: cluster.Sandbox) -> list[str]:
-    return list(cluster.read_state(sb.root).get("docker", {}).get("hosts", {}))
-
-
 # ---------------------------------------------------------------- internals
 
 

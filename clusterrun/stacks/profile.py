@@ -10,7 +10,6 @@ slowed by extra compute or by its host's CPU limit sits tens of points below the
 from __future__ import annotations
 
 import statistics
-from typing import Optional
 
 from clusterrun.stacks.model import Collected, RankStack
 
@@ -52,10 +51,3 @@ def lines(collected: Collected, seconds: float) -> list[str]:
         out[-1] += (" (among the ranks asked only: --node/--rank; not recorded as the run's "
                     "straggler event)")
     return out
-
-
-def share_of(collected: Optional[Collected]) -> dict[int, float]:
-    """{rank: wait share} for top's view."""
-    if collected is None:
-        return {}
-    return {r.rank: r.wait_share for r in collected.ranks if r.wait_share is not None}
