@@ -19,7 +19,8 @@ from clusterrun.cli.common import (
     ssh_options,
 )
 from clusterrun.errors import Result, UsageError
-from clusterrun.launch.options import STALL_TIMEOUT
+from clusterrun.launch.options import GRACE, LEASE, STALL_TIMEOUT
+from clusterrun.remote.protocol import STALL_REPORT, STALL_STOP
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
@@ -79,13 +80,13 @@ from clusterrun.launch.options import STALL_TIMEOUT
               metavar="SECONDS",
               help="Call the run stalled when no rank has made progress (a new line, or CPU "
                    "outside a collective) for this long, and report every rank's stack; 0: off.")
-@click.option("--on-stall", type=click.Choice(["report", "stop"]), default="report",
+@click.option("--on-stall", type=click.Choice([STALL_REPORT, STALL_STOP]), default=STALL_REPORT,
               show_default=True,
               help="After the stall report: let the run wait, or end it everywhere (exit 7).")
 @click.option("--name", default=None, help="A name for the run (default: the script's name).")
-@click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
+@click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL when a run is stopped.")
-@click.option("--lease", type=click.FloatRange(min=5), default=30.0, show_default=True,
+@click.option("--lease", type=click.FloatRange(min=5), default=LEASE, show_default=True,
               metavar="SECONDS",
               help="A host that hears nothing from this controller for this long ends the run.")
 @selection_options

@@ -14,6 +14,7 @@ from clusterrun.cli.common import (
     ssh_options,
 )
 from clusterrun.errors import ExitStatus, Result, UsageError
+from clusterrun.launch.options import GRACE
 from clusterrun.runs import names
 
 
@@ -130,7 +131,7 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
 
 @click.command(context_settings=CONTEXT)
 @click.argument("run_id", metavar="RUN")
-@click.option("--grace", type=click.FloatRange(min=0), default=15.0, show_default=True,
+@click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
 @ssh_options

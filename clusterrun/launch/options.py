@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-STALL_TIMEOUT = 300.0  # seconds without progress on any rank before a run is called stalled
+from clusterrun.remote import protocol
+
+STALL_TIMEOUT = protocol.STALL_TIMEOUT
+GRACE = protocol.GRACE
+LEASE = protocol.LEASE
 
 
 @dataclass(frozen=True)
@@ -18,8 +22,8 @@ class LaunchOptions:
     dry_run: bool = False
     detach: bool = False
     name: Optional[str] = None
-    grace: float = 15.0
-    lease: float = 30.0
+    grace: float = GRACE
+    lease: float = LEASE
     excludes: tuple[str, ...] = ()
     env_file: Optional[str] = None
     forward_env: tuple[str, ...] = ()
@@ -27,5 +31,5 @@ class LaunchOptions:
     max_restarts: int = 0
     min_nodes: Optional[int] = None  # None: a lost host with no spare left ends the run
     stall_timeout: float = STALL_TIMEOUT  # 0: no stall watchdog
-    on_stall: str = "report"  # or "stop": end a stalled run (exit 7)
+    on_stall: str = protocol.STALL_REPORT  # or STALL_STOP: end a stalled run (exit 7)
     notify: Optional[str] = None  # a command run on this machine for each event of the run

@@ -17,6 +17,7 @@ from clusterrun.inventory import AUTO, HostSpec, Inventory, ranks
 from clusterrun.plan import environment, placeholders
 from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
+from clusterrun.remote import protocol
 
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
 # file has changed since.
@@ -126,7 +127,7 @@ def _command(spec: HostSpec, job: Job, cwd: str) -> list[str]:
 
 def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] = None,
           nproc_override: Optional[int] = None, env: Optional[EnvSources] = None,
-          sync: bool = True, grace: float = 15.0, lease: float = 30.0,
+          sync: bool = True, grace: float = protocol.GRACE, lease: float = protocol.LEASE,
           detach: bool = False, run_id: Optional[str] = None, attempt: int = 1,
           max_restarts: int = 0, stall: tuple[float, str] = (0.0, "report")) -> LaunchPlan:
     """Everything a launch will do, decided before anything starts. A restart (``attempt`` 2

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterrun.plan.secrets import masked
+from clusterrun.remote import protocol
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class LaunchPlan:
     code: Optional[Path] = None  # the directory copied to every host (default: the script's)
     attempt: int = 1  # 2 and on: a restart of the run (`launch --max-restarts`)
     stall_timeout: float = 0.0  # the stall watchdog (docs/troubleshooting.md); 0: off
-    on_stall: str = "report"  # or "stop" (exit status 7)
+    on_stall: str = protocol.STALL_REPORT  # or STALL_STOP (exit status 7)
 
     @property
     def code_dir(self) -> Path:

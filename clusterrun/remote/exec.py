@@ -29,7 +29,7 @@ class Exec:
         self.writer = writer
         self.folder = folder
         self.grace = float(req.get("grace", 5))
-        self.lease = float(req.get("lease", 30))
+        self.lease = float(req.get("lease", protocol.LEASE))
         timeout = req.get("timeout")
         self.deadline = time.monotonic() + float(timeout) if timeout else None
         self.tree = procs.Tree()

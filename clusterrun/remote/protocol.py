@@ -17,6 +17,14 @@ import json
 EVENT = b"J "
 DATA = b"D "
 
+# Defaults the controller (launch/options.py, the command line) and the programs on a host (for
+# a request that leaves one out) both hold to.
+GRACE = 15.0  # seconds between SIGTERM and SIGKILL when a run is ended
+LEASE = 30.0  # seconds a node's supervisor runs on without hearing its controller (or hub)
+STALL_TIMEOUT = 300.0  # seconds without progress on any rank before a run is called stalled
+STALL_REPORT = "report"  # --on-stall: say what hangs and keep waiting
+STALL_STOP = "stop"  # --on-stall: end the stalled run (exit 7)
+
 # The fields of every event.
 KIND = "ev"
 ELAPSED = "e"

@@ -60,10 +60,10 @@ class Supervisor:
         self.loop = loop
         self.writer = writer
         self.clock = clock
-        self.grace = float(req.get("grace", 15))
+        self.grace = float(req.get("grace", protocol.GRACE))
         # Tests shorten it: their stand-in torchrun never stops the other ranks itself.
         self.failure_teardown = float(req.get("failure_teardown", FAILURE_TEARDOWN))
-        self.lease = float(req.get("lease", 30))
+        self.lease = float(req.get("lease", protocol.LEASE))
         self.detached = bool(req.get("detach"))
         self.phase = Phase.STARTING
         self.cause = None  # why the run is being ended from outside (None: it was not)
@@ -353,7 +353,7 @@ def join_gang(sup, req, loop):
     link = req.get("gang")
     if not link:
         return
-    lease = float(req.get("lease", 30))
+    lease = float(req.get("lease", protocol.LEASE))
     if link["role"] == "hub":
         sup.hub = gang.Hub(loop, sup, name=sup.name, secret=link["secret"],
                            peers=link["peers"], addr=link["addr"], port=link.get("port"),

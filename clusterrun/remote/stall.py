@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from clusterrun.remote import pystack
+from clusterrun.remote import protocol, pystack
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 REPORT = 2.0  # seconds between reports of this node's quiet time
@@ -46,7 +46,7 @@ def stalled(quiet, timeout):
 class Progress:
     """One node's ranks: when did any of them last make progress."""
 
-    def __init__(self, rundir, roots, pyspy=None, timeout=300.0):
+    def __init__(self, rundir, roots, pyspy=None, timeout=protocol.STALL_TIMEOUT):
         self.rundir = rundir
         self.roots = roots  # () -> pids under which the ranks are (the launcher, the cgroup)
         self.pyspy = pyspy

@@ -31,7 +31,7 @@ def main(req):
               "state": None}
     if state is not None:
         result["was"] = procs.observed(state).get("state")
-        deadline = time.monotonic() + float(req.get("grace", 15)) + 10
+        deadline = time.monotonic() + float(req.get("grace", protocol.GRACE)) + 10
         if not state.get("ended_at") and procs.alive(state):
             sig = procs.FORCE_SIGNAL if req.get("force") else signal.SIGTERM
             os.kill(state["supervisor_pid"], sig)

@@ -114,10 +114,11 @@ class Watch:
     def __init__(self, sup, req):
         self.sup = sup
         self.timeout = float(req.get("stall_timeout") or 0)
-        self.stop_run = req.get("on_stall") == "stop"
+        self.stop_run = req.get("on_stall") == protocol.STALL_STOP
         pyspy = (pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
                  or shipped(sup.rundir))
-        self.progress = stall.Progress(sup.rundir, self._roots, pyspy, self.timeout or 300.0)
+        self.progress = stall.Progress(sup.rundir, self._roots, pyspy,
+                                       self.timeout or protocol.STALL_TIMEOUT)
         self.reported = 0.0
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)
         self.fired = False

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Optional
 
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote import stall
+from clusterrun.remote import protocol, stall
 from clusterrun.remote.watchdog import stop_detail as stall_detail
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
@@ -164,4 +164,4 @@ def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,
 
     return Watchdog(run, [n.name for n in plan.nodes], plan.stall_timeout, ssh,
                     to_node=lambda node, op: send(node or master, op),
-                    say=say, record=record, stop_run=plan.on_stall == "stop")
+                    say=say, record=record, stop_run=plan.on_stall == protocol.STALL_STOP)
