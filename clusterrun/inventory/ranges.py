@@ -87,3 +87,10 @@ def _names(chk: Checker, loc: Located, count: int, where: str) -> Optional[list[
                  f"host range for {count} hosts; make them the same size.")
         return None
     return names
+
+
+def fold_numbers(numbers: Iterable[int]) -> str:
+    """Numbers folded by ClusterShell's RangeSet: ``[0, 1, 2, 4]`` -> ``0-2,4``."""
+    from ClusterShell.RangeSet import RangeSet
+
+    return str(RangeSet.fromlist([str(n) for n in sorted(set(numbers))]))

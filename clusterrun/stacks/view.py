@@ -5,22 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterrun.inventory.ranges import fold
+from clusterrun.inventory.ranges import fold, fold_numbers
 from clusterrun.remote import flight, pystack  # the same rules the hosts apply
 from clusterrun.stacks.model import Collected, RankStack, Thread
 
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
-
-
-def rank_ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 4]`` -> ``0-2,4``."""
-    spans: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if spans and spans[-1][1] == rank - 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -36,7 +25,7 @@ class Group:
         numbers = [r.rank for r in self.ranks]
         nodes = fold(sorted({r.node for r in self.ranks}))
         word = "rank" if len(numbers) == 1 else "ranks"
-        return f"{word} {rank_ranges(numbers)} ({nodes})"
+        return f"{word} {fold_numbers(numbers)} ({nodes})"
 
 
 def groups(collected: Collected) -> list[Group]:
