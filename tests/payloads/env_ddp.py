@@ -5,6 +5,7 @@ TEST_DIR/rank-<RANK>.json on its host."""
 import json
 import os
 import sys
+import time
 
 import numpy
 import tinypkg
@@ -33,4 +34,10 @@ with open(os.path.join(out, f"rank-{rank}.json"), "w") as handle:
                "tinypkg": tinypkg.WORD, "same_weights": all(g == weights for g in gathered)},
               handle)
 print(f"rank {rank} trained with {sys.executable}", flush=True)
+# Nobody tears its group down while a peer still talks to it; then, as payloads/allreduce_check.py
+# says, torch 2.13's Gloo worker threads outlive destroy_process_group() and exiting while they
+# release the last tensor aborts the process ("terminate called without an active exception"):
+# giving up the GIL briefly lets them finish.
+dist.barrier()
 dist.destroy_process_group()
+time.sleep(0.05)
