@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
 from tests.reliability.conftest import Timed
@@ -19,10 +23,21 @@ from tests.reliability.conftest import Timed
 HOSTS = ["node1", "node2", "node3"]
 
 
-def _daemons(test_dir: Path) -> dict[int, int]:
+@pytest.fixture
+def pid_dir() -> Iterator[Path]:
+    """Where the job's escaped daemons write their pids: a folder the hosts share with this
+    machine (/var/tmp; each host has its own /tmp), removed afterwards."""
+    path = Path("/var/tmp") / f"clusterrun-escape-{uuid.uuid4().hex[:8]}"
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _daemons(pid_dir: Path) -> dict[int, int]:
     """rank -> the pid of the daemon it started (written once it runs)."""
     found = {}
-    for path in test_dir.glob("escaped-*.pid"):
+    for path in pid_dir.glob("escaped-*.pid"):
         text = path.read_text().strip()
         if text:
             found[int(path.stem.split("-")[1])] = int(text)
@@ -40,11 +55,11 @@ def _alive(pids: dict[int, int]) -> list[int]:
     return left
 
 
-def _start(cluster: Cluster, tmp_path: Path, test_dir: Path,
+def _start(cluster: Cluster, tmp_path: Path, pid_dir: Path,
            *options: str) -> tuple[subprocess.Popen[str], Reader, Reader]:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
     script = copy_payload(tmp_path, "escaper.py")
-    proc = start_cli("launch", "--grace", "3", "--env", f"TEST_DIR={test_dir}", *options,
+    proc = start_cli("launch", "--grace", "3", "--env", f"TEST_DIR={pid_dir}", *options,
                      str(inv), str(script))
     out, err = Reader(proc.stdout), Reader(proc.stderr)
     out.wait_for(r"escaped daemon \d+", count=3)
@@ -55,11 +70,11 @@ def _host_state(cluster: Cluster, name: str, run_id: str) -> dict[str, object]:
     return dict(json.loads(cluster.read(name, f"/tmp/clusterrun/runs/{run_id}/{name}/state.json")))
 
 
+@pytest.mark.usefixtures("clean")
 def test_escaped_daemons_end_with_a_failed_run_through_the_cgroup(
-        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, clean: None) -> None:
-    test_dir = Path("/var/tmp") / f"clusterrun-escape-{uuid.uuid4().hex[:8]}"
-    proc, out, err = _start(cluster, tmp_path, test_dir, "--env", "ESCAPE_FAIL_RANK=1")
-    daemons = _daemons(test_dir)
+        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, pid_dir: Path) -> None:
+    proc, out, err = _start(cluster, tmp_path, pid_dir, "--env", "ESCAPE_FAIL_RANK=1")
+    daemons = _daemons(pid_dir)
     assert len(daemons) == 3 and len(_alive(daemons)) == 3
     out.wait_for(r"rank 1 escaped")
     with timed("5. setsid + double-fork daemons (cgroup): gone after a rank fails", 15) as t:
@@ -78,12 +93,12 @@ def test_escaped_daemons_end_with_a_failed_run_through_the_cgroup(
         assert not Path(str(group)).exists()  # removed once empty: nothing left in it
 
 
+@pytest.mark.usefixtures("clean")
 def test_without_a_cgroup_the_subreaper_ends_them_and_launch_says_so(
-        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, clean: None) -> None:
-    test_dir = Path("/var/tmp") / f"clusterrun-escape-{uuid.uuid4().hex[:8]}"
-    proc, out, err = _start(cluster, tmp_path, test_dir, "--env", "ESCAPE_FAIL_RANK=2",
+        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, pid_dir: Path) -> None:
+    proc, out, err = _start(cluster, tmp_path, pid_dir, "--env", "ESCAPE_FAIL_RANK=2",
                             "--env", "CLUSTERRUN_CGROUP=0")
-    daemons = _daemons(test_dir)
+    daemons = _daemons(pid_dir)
     with timed("5. setsid + double-fork daemons (no cgroup, subreaper): gone after a rank "
                "fails", 15) as t:
         code = proc.wait(60)
@@ -99,13 +114,13 @@ def test_without_a_cgroup_the_subreaper_ends_them_and_launch_says_so(
     assert "docs/reliability.md" in notes[0]
 
 
+@pytest.mark.usefixtures("clean")
 def test_a_sigkilled_supervisor_leaves_nothing_after_the_run(
-        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, clean: None) -> None:
+        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, pid_dir: Path) -> None:
     """Its ranks and their daemons are in no tree any more: the controller ends them through
     the job's cgroup on the host that still answers."""
-    test_dir = Path("/var/tmp") / f"clusterrun-escape-{uuid.uuid4().hex[:8]}"
-    proc, out, err = _start(cluster, tmp_path, test_dir)
-    daemons = _daemons(test_dir)
+    proc, out, err = _start(cluster, tmp_path, pid_dir)
+    daemons = _daemons(pid_dir)
     supervisor = int(Path(f"/proc/{daemons[1]}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert b"<clusterrun>" in Path(f"/proc/{supervisor}/cmdline").read_bytes()
     with timed("5. supervisor SIGKILLed: its ranks and escaped daemons ended by the "
@@ -121,19 +136,19 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_run(
     assert "node2: ended what the run had left running there" in err.text
 
 
+@pytest.mark.usefixtures("clean")
 def test_stop_ends_a_detached_run_whose_supervisor_was_killed(
-        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, clean: None) -> None:
-    test_dir = Path("/var/tmp") / f"clusterrun-escape-{uuid.uuid4().hex[:8]}"
+        cluster: Cluster, home: Path, tmp_path: Path, timed: Timed, pid_dir: Path) -> None:
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
     script = copy_payload(tmp_path, "escaper.py")
-    cp = run_cli("launch", "--detach", "--grace", "3", "--env", f"TEST_DIR={test_dir}",
+    cp = run_cli("launch", "--detach", "--grace", "3", "--env", f"TEST_DIR={pid_dir}",
                  str(inv), str(script))
     assert cp.returncode == 0, cp.stderr
     run_id = next((home / "runs").iterdir()).name
     deadline = time.monotonic() + 60
-    while len(_daemons(test_dir)) < 3 and time.monotonic() < deadline:
+    while len(_daemons(pid_dir)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
-    daemons = _daemons(test_dir)
+    daemons = _daemons(pid_dir)
     assert len(_alive(daemons)) == 3
     supervisor = _host_state(cluster, "node3", run_id)["supervisor_pid"]
     os.kill(int(str(supervisor)), signal.SIGKILL)
