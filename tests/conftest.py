@@ -333,6 +333,34 @@ def start_cli(*args: str, cwd: Path | None = None, **kwargs: Any) -> subprocess.
     return subprocess.Popen(clusterrun_argv(*args), text=True, cwd=cwd or REPO, **kwargs)
 
 
+def detach_hung_in_containers(inv: Path, script: Path) -> tuple[str, list[dict[str, Any]]]:
+    """`launch --detach` of tests/payloads/hang.py (2 hosts x 2 ranks, rank 2 asleep outside any
+    collective) in containers; once `stacks --json` shows rank 2 asleep and the other three in
+    all_reduce: the run's id and its ranks."""
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2", "--env",
+                 "HANG=sleep", "--env", "HANG_RANK=2", str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    match = re.search(r"run (\S+) started on", cp.stderr)
+    assert match, cp.stderr
+    deadline = time.monotonic() + 120
+    while True:
+        found = run_cli("stacks", "--json", match.group(1))
+        ranks: list[dict[str, Any]] = (json.loads(found.stdout)["ranks"]
+                                       if found.returncode == 0 else [])
+        inner = [main[-1] for main in map(main_functions, ranks) if main]
+        if len(ranks) == 4 and "sleep_outside_collectives" in inner and \
+                inner.count("all_reduce") == 3:
+            return match.group(1), ranks
+        assert time.monotonic() < deadline, found.stdout + found.stderr
+        time.sleep(2)
+
+
+def main_functions(rank: dict[str, Any]) -> list[str]:
+    """A `stacks --json` rank's MainThread functions, outermost first."""
+    threads = [t for t in rank["threads"] if t["name"] == "MainThread"]
+    return [f["function"] for f in threads[0]["frames"]] if threads else []
+
+
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
     """A TCP port standing in for a host nobody should connect to: a connection attempt lands

@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from clusterrun.sandbox import docker as engine
-from tests.conftest import REPO, Cluster, Reader, copy_payload, run_cli, start_cli
+from tests.conftest import (
+    REPO,
+    Cluster,
+    Reader,
+    copy_payload,
+    detach_hung_in_containers,
+    run_cli,
+    start_cli,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -130,11 +138,6 @@ def boxes(cluster: Cluster, trainers: list[str]) -> Iterator[list[str]]:
             engine.remove(cluster.sb, host, name)
 
 
-def _main(rank: dict) -> list[str]:
-    threads = [t for t in rank["threads"] if t["name"] == "MainThread"]
-    return [f["function"] for f in threads[0]["frames"]] if threads else []
-
-
 def test_stacks_in_docker_containers_then_stop(cluster: Cluster, boxes: list[str], home: Path,
                                                tmp_path: Path) -> None:
     plain = cluster.inventory(tmp_path / "plain.yaml", boxes, defaults={"container": PLAIN})
@@ -144,20 +147,7 @@ def test_stacks_in_docker_containers_then_stop(cluster: Cluster, boxes: list[str
 
     inv = cluster.inventory(tmp_path / "inv.yaml", boxes, defaults={"container": TRACING})
     script = copy_payload(tmp_path, "hang.py")
-    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2", "--env",
-                 "HANG=sleep", "--env", "HANG_RANK=2", str(inv), str(script))
-    assert cp.returncode == 0, cp.stderr
-    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
-    deadline = time.monotonic() + 120
-    while True:
-        found = run_cli("stacks", "--json", run_id)
-        ranks = json.loads(found.stdout)["ranks"] if found.returncode == 0 else []
-        inner = [main[-1] for main in map(_main, ranks) if main]
-        if len(ranks) == 4 and "sleep_outside_collectives" in inner and \
-                inner.count("all_reduce") == 3:
-            break
-        assert time.monotonic() < deadline, found.stdout + found.stderr
-        time.sleep(2)
+    run_id, ranks = detach_hung_in_containers(inv, script)
     assert {r["rank"]: r for r in ranks}[2]["node"] == "node29"
     assert run_cli("stop", "--grace", "2", run_id).returncode == 0
     assert cluster.wait_run_gone(boxes, run_id, 30) == {}

@@ -4,26 +4,24 @@ warns, naming the host and the fix."""
 
 from __future__ import annotations
 
-import json
-import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from clusterrun.sandbox import containers as engine
-from tests.conftest import Cluster, Containers, copy_payload, run_cli
+from tests.conftest import (
+    Cluster,
+    Containers,
+    copy_payload,
+    detach_hung_in_containers,
+    run_cli,
+)
 
 pytestmark = pytest.mark.cluster
 
 HOSTS = ["node30", "node31"]
 TRACING, PLAIN = "tracer", "plain"
-
-
-def _main(rank: dict) -> list[str]:
-    threads = [t for t in rank["threads"] if t["name"] == "MainThread"]
-    return [f["function"] for f in threads[0]["frames"]] if threads else []
 
 
 @pytest.fixture
@@ -51,20 +49,7 @@ def test_stacks_in_containers_and_checks_warning(cluster: Cluster, boxes: None, 
 
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={"container": TRACING})
     script = copy_payload(tmp_path, "hang.py")
-    cp = run_cli("launch", "--detach", "--nproc-per-node", "2", "--grace", "2", "--env",
-                 "HANG=sleep", "--env", "HANG_RANK=2", str(inv), str(script))
-    assert cp.returncode == 0, cp.stderr
-    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
-    deadline = time.monotonic() + 120
-    while True:
-        found = run_cli("stacks", "--json", run_id)
-        ranks = json.loads(found.stdout)["ranks"] if found.returncode == 0 else []
-        inner = [main[-1] for main in map(_main, ranks) if main]
-        if len(ranks) == 4 and "sleep_outside_collectives" in inner and \
-                inner.count("all_reduce") == 3:
-            break
-        assert time.monotonic() < deadline, found.stdout + found.stderr
-        time.sleep(2)
+    run_id, ranks = detach_hung_in_containers(inv, script)
     odd = {r["rank"]: r for r in ranks}[2]
     assert odd["node"] == "node31"
     assert run_cli("stop", "--grace", "2", run_id).returncode == 0
