@@ -121,8 +121,8 @@ def test_ctrl_c_and_sigterm_stop_check_smoke_with_their_statuses(
         home: Path, signum: signal.Signals, status: ExitStatus) -> None:
     proc = start_cli("check", "--smoke", LOCALHOST, stderr=subprocess.STDOUT)
     try:
-        # The smoke run's banner: its launch has begun and handles both signals (before it, a
-        # SIGTERM ends the process by the default action, with no stop of anything).
+        # The smoke run's banner: its launch has begun and stops what it started (before it,
+        # a signal only ends preflight: test_a_signal_during_preflight_...).
         wait_for_line(proc, r"^clusterrun: run \S+: 2 nodes", 120)
         proc.send_signal(signum)
         out, _err = proc.communicate(timeout=60)
@@ -203,3 +203,51 @@ def test_an_internal_error_is_1_with_a_traceback_to_report(tmp_path: Path) -> No
                         cwd=REPO, timeout=60, check=False)
     assert cp.returncode == ExitStatus.ERROR, cp.stderr
     assert "RuntimeError: boom" in cp.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "launch"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_preflight_ends_with_its_status_and_a_word(
+        home: Path, tmp_path: Path, command: str, signum: signal.Signals) -> None:
+    """Ctrl-C or SIGTERM while a host's SSH handshake hangs (before any run exists): the
+    signal's status and one line, no traceback, at once and not after the connect timeout."""
+    import threading
+
+    mute = socket.create_server(("0.0.0.0", 0))
+    connected = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:  # TCP accepts, nothing ever says SSH-2.0
+        try:
+            while True:
+                held.append(mute.accept()[0])
+                connected.set()
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    inv = write_inventory(tmp_path / "inv.yaml", [
+        {"host": "127.0.0.2", "port": mute.getsockname()[1], "name": "n0"}])
+    job = script(tmp_path, "raise SystemExit('must not run')\n")
+    args = [command, "--connect-timeout", "60", str(inv)] + ([str(job)] if command == "launch"
+                                                              else [])
+    proc = start_cli(*args)
+    try:
+        assert connected.wait(30), "the controller never connected"
+        began = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        mute.close()
+        for sock in held:
+            sock.close()
+    status, word = ((ExitStatus.SIGINT, "interrupted") if signum == signal.SIGINT
+                    else (ExitStatus.SIGTERM, "terminated (SIGTERM)"))
+    assert proc.returncode == status, out + err
+    assert err.strip().splitlines()[-1] == f"clusterrun: {word}", err
+    assert "Traceback" not in out + err
+    assert took < 10, f"{took:.1f} s: it waited for the connect timeout"

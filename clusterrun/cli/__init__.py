@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -37,9 +38,32 @@ def _inside(folder: Path, path: str) -> bool:
     return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the stretches that record it (a launch's watch, `exec`): unwinds like
+    Ctrl-C, so connections and files are closed, instead of the default action's instant
+    death with no word."""
+
+
+def _terminated(_signum: int, _frame: object) -> None:
+    raise Terminated()
+
+
+def _interrupted(exc: BaseException) -> int:
+    """The status and word for Ctrl-C or SIGTERM that reached the top (click wraps both in
+    Abort)."""
+    cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__context__
+    if isinstance(cause, Terminated):
+        click.echo("clusterrun: terminated (SIGTERM)", err=True)
+        return int(ExitStatus.SIGTERM)
+    click.echo("clusterrun: interrupted" if isinstance(cause, KeyboardInterrupt) else "Aborted.",
+               err=True)
+    return int(ExitStatus.SIGINT)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the CLI and turn every outcome into an exit status: a command's Result
     through ``errors.exit_status`` (the one mapping), an error through its outcome."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -50,15 +74,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(ExitStatus.SIGINT)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        sys.exit(_interrupted(exc))
     except ClusterrunError as exc:
         click.echo(f"clusterrun: error: {exc.message}", err=True)
         sys.exit(int(exc.exit_status))
-    except KeyboardInterrupt:
-        click.echo("clusterrun: interrupted", err=True)
-        sys.exit(ExitStatus.SIGINT)
     except BrokenPipeError:
         sys.stderr.close()  # a closed pager or `| head`: not an error worth a traceback
         sys.exit(ExitStatus.SUCCESS)

@@ -22,6 +22,7 @@ K = TypeVar("K")
 T = TypeVar("T")
 
 DEFAULT_FANOUT = 64
+SIGNAL_SLICE = 0.25  # the longest a signal waits for the main thread to see it
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,9 @@ def run(fn: Callable[[K], T], items: Sequence[K], deadline: Optional[float],
             remaining = end - time.monotonic()
             if remaining <= 0:
                 break
-            done.wait(remaining)
+            # In slices: Ctrl-C or SIGTERM delivered to one of the host threads does not wake
+            # the main thread's wait, and its handler runs only when the wait returns.
+            done.wait(min(remaining, SIGNAL_SLICE))
         for index, item in enumerate(items):
             label = name(item)
             results.setdefault(index, HostResult(item, label, failure=Failure(
