@@ -28,6 +28,8 @@ UNREACHABLE_RUN = ("test_unreachable_run.py::"
                    "test_a_run_whose_host_cannot_be_reached_exits_4_naming_it")
 CHECK_SMOKE_SIGNALS = ("test_localhost.py::"
                        "test_ctrl_c_and_sigterm_stop_check_smoke_with_their_statuses")
+PREFLIGHT_SIGNALS = ("test_localhost.py::"
+                     "test_a_signal_during_preflight_ends_with_its_status_and_a_word")
 
 # Every row of the status table -> each command the doc names for it -> the tests that run that
 # command and see it exit with that status ("module.py::test_name"). The doc's commands column
@@ -79,10 +81,13 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
                        "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses",
                        "reliability/test_controller_signals.py::"
                        "test_ctrl_c_stops_every_rank_gracefully"],
+            "check": [PREFLIGHT_SIGNALS],
             "check --smoke": [CHECK_SMOKE_SIGNALS],
             "exec": ["test_exec.py::test_ctrl_c_of_exec_ends_the_command_on_every_host"]},
     "143": {"launch": ["test_localhost.py::"
-                       "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses"],
+                       "test_ctrl_c_and_sigterm_stop_the_run_with_their_statuses",
+                       PREFLIGHT_SIGNALS],
+            "check": [PREFLIGHT_SIGNALS],
             "check --smoke": [CHECK_SMOKE_SIGNALS]},
 }
 # What the doc says a command can exit with, through the same code as a row's other commands

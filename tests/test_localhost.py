@@ -206,13 +206,16 @@ def test_an_internal_error_is_1_with_a_traceback_to_report(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("command", ["check", "launch"])
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sent", [(signal.SIGINT, ExitStatus.SIGINT, "interrupted"),
+                                  (signal.SIGTERM, ExitStatus.SIGTERM, "terminated (SIGTERM)")])
 def test_a_signal_during_preflight_ends_with_its_status_and_a_word(
-        home: Path, tmp_path: Path, command: str, signum: signal.Signals) -> None:
+        home: Path, tmp_path: Path, command: str,
+        sent: tuple[signal.Signals, ExitStatus, str]) -> None:
     """Ctrl-C or SIGTERM while a host's SSH handshake hangs (before any run exists): the
     signal's status and one line, no traceback, at once and not after the connect timeout."""
     import threading
 
+    signum, status, word = sent
     mute = socket.create_server(("0.0.0.0", 0))
     connected = threading.Event()
     held: list[socket.socket] = []
@@ -245,8 +248,6 @@ def test_a_signal_during_preflight_ends_with_its_status_and_a_word(
         mute.close()
         for sock in held:
             sock.close()
-    status, word = ((ExitStatus.SIGINT, "interrupted") if signum == signal.SIGINT
-                    else (ExitStatus.SIGTERM, "terminated (SIGTERM)"))
     assert proc.returncode == status, out + err
     assert err.strip().splitlines()[-1] == f"clusterrun: {word}", err
     assert "Traceback" not in out + err
