@@ -270,7 +270,7 @@ def _members(namespace: type) -> dict[str, str]:
 
 def _unit(path: Path, name: Optional[str]) -> ast.AST:
     tree: ast.AST = ast.parse(path.read_text())
-    for part in (name or "").split(".") if name else ():
+    for part in name.split(".") if name else ():
         tree = next(n for n in ast.iter_child_nodes(tree)
                     if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
     return tree
