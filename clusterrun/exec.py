@@ -83,7 +83,7 @@ class HostLost(ClusterrunError):
 
 def _send(proc: Process, op: str) -> None:
     with contextlib.suppress(OSError, EOFError):  # the stream's end says what happened
-        proc.write(json.dumps({"op": op}).encode() + b"\n")
+        proc.write(json.dumps({protocol.OP: op}).encode() + b"\n")
 
 
 class _Host:
@@ -141,10 +141,10 @@ def _supervise(host: _Host, control: _Control, timeout: Optional[float]) -> None
     while not host.finished.wait(0.2):
         now = time.monotonic()
         if now - beat >= HEARTBEAT:
-            _send(host.proc, "hb")
+            _send(host.proc, protocol.Lifeline.HEARTBEAT)
             beat = now
         while asked < len(control.interrupts):
-            _send(host.proc, "stop" if asked == 0 else "kill")
+            _send(host.proc, protocol.Lifeline.STOP if asked == 0 else protocol.Lifeline.KILL)
             asked += 1
             stop_by = min(stop_by or now + GRACE + MARGIN, now + GRACE + MARGIN)
         quiet = now - host.last

@@ -18,6 +18,7 @@ from clusterrun import wire
 from clusterrun.logs.mirror import Mirror, receive, verify
 from clusterrun.remote import protocol
 from clusterrun.runs import store
+from clusterrun.transport import shell
 from clusterrun.wire import ProtocolError, frames
 
 REMOTE = Path(wire.__file__).resolve().parent / "remote"
@@ -189,6 +190,271 @@ def test_the_hosts_programs_send_only_the_protocols_fields() -> None:
             unknown = names - set(protocol.FIELDS[kind])
             assert not unknown, f"{path.name}:{line}: {kind} with {sorted(unknown)}"
     assert {protocol.STARTED, protocol.RANK_EXIT, protocol.TORCHRUN_EXIT, protocol.END} <= seen
+
+
+# -- messages, both ways -----------------------------------------------------------------------
+
+PACKAGE = REMOTE.parent
+NAMESPACES = {"Lifeline": protocol.Lifeline, "Gang": protocol.Gang, "Probe": protocol.Probe,
+              "Env": protocol.Env}
+# Any line is heard as a sign of life (mainloop.Lifeline.quiet, gang.Conn.last_heard): a
+# heartbeat needs no handler of its own.
+HEARD_ANYWAY = {protocol.Lifeline.HEARTBEAT, protocol.Gang.HEARTBEAT}
+# Answered by probe.py (and the fake transport) but asked by no controller code, nor ever was.
+NOT_ASKED = {protocol.Probe.PEERS}
+
+# The gang's own messages; the others it hands to the stall watchdog (Watch.on_gang), which hands
+# the link test's to linkwatch.py.
+GANG_OWN = {protocol.Gang.HELLO, protocol.Gang.AUTH, protocol.Gang.WELCOME,
+            protocol.Gang.HEARTBEAT, protocol.Gang.STOP, protocol.Gang.FAILED, protocol.Gang.ENDED}
+ALL_PROBE = {v for n, v in vars(protocol.Probe).items() if n.isupper() and isinstance(v, str)}
+
+Unit = tuple[str, Optional[str]]  # (module, "Class" or "Class.method"; None: all of it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Channel:
+    """One direction of messages: who sends them, the receiver's dispatch (which must handle
+    every op sent), the handlers it passes some to (which must handle those), and the ops."""
+
+    name: str
+    namespace: str
+    carries: frozenset[str]
+    senders: tuple[Unit, ...]
+    dispatch: tuple[Unit, ...]
+    passed: tuple[Unit, ...] = ()
+    passed_ops: frozenset[str] = frozenset()
+
+
+CHANNELS = [
+    Channel("the controller to a run's supervisors", "Lifeline",
+            frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
+                       protocol.Lifeline.KILL, protocol.Lifeline.STALL,
+                       protocol.Lifeline.RESUMED}),
+            (("launch/session.py", None), ("stacks/watchdog.py", None)),
+            (("remote/run.py", "Supervisor.on_op"),),
+            (("remote/watchdog.py", "Watch.on_op"),), frozenset({protocol.Lifeline.STALL})),
+    Channel("the controller to exec's supervisors", "Lifeline",
+            frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
+                       protocol.Lifeline.KILL}),
+            (("exec.py", None),), (("remote/exec.py", "Exec.on_op"),)),
+    Channel("a peer to its hub", "Gang", frozenset(protocol.Gang.TO_HUB),
+            (("remote/gang.py", "Peer"), ("remote/run.py", "Supervisor._failed"),
+             ("remote/watchdog.py", "Watch.tick"), ("remote/linkwatch.py", "PeerSide")),
+            (("remote/gang.py", "Hub._message"), ("remote/gang.py", "Hub._auth")),
+            (("remote/watchdog.py", "Watch.on_gang"),
+             ("remote/linkwatch.py", "HubTest.on_message")),
+            frozenset(protocol.Gang.TO_HUB) - GANG_OWN),
+    Channel("a hub to its peers", "Gang", frozenset(protocol.Gang.TO_PEER),
+            (("remote/gang.py", "Hub"), ("remote/watchdog.py", "Watch._hub"),
+             ("remote/watchdog.py", "Watch.stall_here"), ("remote/linkwatch.py", "HubTest")),
+            (("remote/gang.py", "Peer._message"),),
+            (("remote/watchdog.py", "Watch.on_gang"),
+             ("remote/linkwatch.py", "PeerSide.on_message")),
+            frozenset(protocol.Gang.TO_PEER) - GANG_OWN),
+    Channel("the controller to a probe", "Probe",
+            frozenset(ALL_PROBE - {protocol.Probe.FACTS} - NOT_ASKED),
+            (("preflight/checks.py", None), ("preflight/mesh.py", None),
+             ("preflight/bandwidth.py", None),
+             ("preflight/probe_session.py", "ProbeSession.close")),
+            (("remote/probe.py", None),)),
+    Channel("the controller to pyenv.py", "Env",
+            frozenset(v for n, v in vars(protocol.Env).items() if n.isupper()),
+            (("envs/sync.py", None),), (("remote/pyenv.py", None),)),
+]
+
+
+def _members(namespace: type) -> dict[str, str]:
+    return {n: v for n, v in vars(namespace).items() if n.isupper() and isinstance(v, str)}
+
+
+def _unit(path: Path, name: Optional[str]) -> ast.AST:
+    tree: ast.AST = ast.parse(path.read_text())
+    for part in name.split(".") if name else ():
+        tree = next(n for n in ast.iter_child_nodes(tree)
+                    if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
+    return tree
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """A module's ``G = protocol.Gang``, and ``from clusterrun.remote.protocol import Gang``."""
+    found = {name: name for name in NAMESPACES}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Attribute)
+                and node.value.attr in NAMESPACES):
+            found[node.targets[0].id] = node.value.attr
+    return found
+
+
+def _refs(path: Path, unit: Optional[str], namespace: str) -> tuple[set[str], set[str]]:
+    """The ops of ``namespace`` a unit of code sends (named anywhere but in a comparison or as a
+    dispatch table's key) and those it handles (compared with, or a dispatch table's key)."""
+    aliases = _aliases(ast.parse(path.read_text()))
+    tree = _unit(path, unit)
+    handled_nodes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            handled_nodes |= {id(n) for n in ast.walk(node)}
+        elif isinstance(node, ast.Dict):
+            handled_nodes |= {id(n) for k in node.keys if k is not None for n in ast.walk(k)}
+    sent: set[str] = set()
+    handled: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.isupper()):
+            continue
+        owner = ast.unparse(node.value).removeprefix("protocol.")
+        if aliases.get(owner) != namespace:
+            continue
+        value = getattr(NAMESPACES[namespace], node.attr)
+        values = {value} if isinstance(value, str) else set(value)
+        (handled if id(node) in handled_nodes else sent).update(values)
+    return sent, handled
+
+
+def _ops_sent(units: tuple[Unit, ...], namespace: str) -> set[str]:
+    return set().union(*(_refs(PACKAGE / m, u, namespace)[0] for m, u in units))
+
+
+def _ops_handled(units: tuple[Unit, ...], namespace: str) -> set[str]:
+    return set().union(*(_refs(PACKAGE / m, u, namespace)[1] for m, u in units))
+
+
+@pytest.mark.parametrize("channel", CHANNELS, ids=[c.name for c in CHANNELS])
+def test_every_op_sent_is_one_its_receiver_handles(channel: Channel) -> None:
+    sent = _ops_sent(channel.senders, channel.namespace)
+    assert sent == channel.carries, f"sent {sorted(sent)}, the protocol says " \
+        f"{sorted(channel.carries)}"
+    unhandled = sent - _ops_handled(channel.dispatch, channel.namespace) - HEARD_ANYWAY
+    assert not unhandled, f"sent, never dispatched: {sorted(unhandled)}"
+    unhandled = channel.passed_ops - _ops_handled(channel.passed, channel.namespace)
+    assert not unhandled, f"passed on, never handled: {sorted(unhandled)}"
+
+
+def test_every_op_is_carried_one_way_or_the_other() -> None:
+    for name, namespace in NAMESPACES.items():
+        members = _members(namespace)
+        assert len(set(members.values())) == len(members), f"{name}: two names, one op"
+        carried = set().union(*(c.carries for c in CHANNELS if c.namespace == name))
+        unused = set(members.values()) - carried - {protocol.Probe.FACTS} - NOT_ASKED
+        assert not unused, f"{name}: {sorted(unused)} named but never sent"
+    assert set(protocol.Gang.LINKS) <= set(protocol.Gang.TO_HUB) | set(protocol.Gang.TO_PEER)
+
+
+def test_the_answers_kinds_are_sent_and_read() -> None:
+    """The probe's first answer, the sampler's and a chained program's last event: each is
+    written by its program and looked for by the controller with protocol.py's name."""
+    for sender, reader, name in (("remote/probe.py", "preflight/probe_session.py", "FACTS"),
+                                 ("remote/sampler.py", "observe/watch.py", "SAMPLE"),
+                                 ("remote/stacks.py", None, "STACKS"),
+                                 ("transport/shell.py", "logs/follow.py", "NEXT")):
+        for path in filter(None, (sender, reader)):
+            source = (PACKAGE / path).read_text()
+            assert f"P.{name}" in source or f"protocol.{name}" in source \
+                or f"Probe.{name}" in source, (path, name)
+
+
+# Where a message's type is written or read: the places a bare string would escape protocol.py.
+_OP_FIELDS = {"op", "ev"}  # protocol.OP, protocol.KIND
+# Calls that take a message's type as an argument (the others take the message, a dict).
+_SENDS = {"ask", "_send", "event", "stamp", "_answer"}
+
+
+def _is_field(node: ast.AST) -> bool:
+    """``protocol.OP`` / ``OP`` / ``protocol.KIND``: the key that names a message's type."""
+    return ((isinstance(node, ast.Attribute) and node.attr in ("OP", "KIND"))
+            or (isinstance(node, ast.Name) and node.id in ("OP", "KIND")))
+
+
+def _is_type(node: ast.AST) -> bool:
+    """A message's type as read: ``op``/``kind``, or ``msg.get(protocol.OP)``, ``msg[OP]``."""
+    if isinstance(node, ast.Name):
+        return node.id in ("op", "kind")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr == "get" and bool(node.args) and _is_field(node.args[0])
+    return isinstance(node, ast.Subscript) and _is_field(node.slice)
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """Bare strings a value may be: ``"stop"``, ``("stop", "kill")``, ``"a" if x else "b"``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for e in node.elts for s in _strings(e)]
+    if isinstance(node, ast.IfExp):
+        return _strings(node.body) + _strings(node.orelse)
+    return []
+
+
+def bare_message_types(source: str) -> list[str]:
+    """Each place in ``source`` that writes or reads a message's type as a string of its own
+    instead of a name from protocol.py, as ``line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value in _OP_FIELDS:
+                    found.append(f"{line}: the key {key.value!r}")
+                elif key is not None and _is_field(key) and _strings(value):
+                    found.append(f"{line}: {_strings(value)}")
+        elif isinstance(node, ast.Subscript):
+            if isinstance(node.slice, ast.Constant) and node.slice.value in _OP_FIELDS:
+                found.append(f"{line}: [{node.slice.value!r}]")
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else (
+                node.func.id if isinstance(node.func, ast.Name) else "")
+            if name == "get" and node.args and _strings(node.args[0]) and \
+                    _strings(node.args[0])[0] in _OP_FIELDS:
+                found.append(f"{line}: .get({_strings(node.args[0])[0]!r})")
+            found += [f"{line}: {k.arg}={_strings(k.value)}" for k in node.keywords
+                      if k.arg in _OP_FIELDS and _strings(k.value)]
+            if name in _SENDS:
+                found += [f"{line}: {name}({_strings(a)})" for a in node.args if _strings(a)]
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_is_type(o) for o in operands):
+                found += [f"{line}: compared with {_strings(o)}" for o in operands
+                          if _strings(o)]
+    return found
+
+
+def test_the_scan_finds_every_form_of_a_bare_message_type() -> None:
+    bad = """
+send({"op": "stop"})
+send({protocol.OP: "kill" if force else "stop"})
+x = msg["op"]
+y = msg.get("ev")
+send(dict(info, op="ended"))
+session.ask("route", addr=a)
+_send(proc, "hb")
+writer.event("started", pid=1)
+if op in ("stall", "resumed"): pass
+if msg.get(protocol.OP) == "welcome": pass
+if kind == "exit": pass
+"""
+    assert sorted({int(f.split(":")[0]) for f in bare_message_types(bad)}) == list(range(2, 13))
+    good = """
+send({protocol.OP: Lifeline.KILL if force else Lifeline.STOP, "reason": "Ctrl-C"})
+if op in (protocol.Lifeline.STOP, protocol.Lifeline.KILL) and state == "running": pass
+session.ask(Probe.ROUTE, addr=a)
+"""
+    assert bare_message_types(good) == []
+
+
+def test_no_module_writes_or_reads_a_message_type_of_its_own() -> None:
+    """Every op and event kind between the controller, the supervisors, the hub and the
+    programs on the hosts is a name from protocol.py, never a string typed in place."""
+    found = {str(p.relative_to(PACKAGE)): bare_message_types(p.read_text())
+             for p in sorted(PACKAGE.rglob("*.py")) if p.name != "protocol.py"}
+    assert not {path: where for path, where in found.items() if where}
+
+
+def test_the_programs_that_name_the_protocol_ship_it() -> None:
+    """A program on a host sees protocol.py only when its imports ship it along
+    (transport/shell.py): the probe and the gang's modules gained it."""
+    for name in ("probe.py", "run.py", "pyenv.py", "stacks.py", "sampler.py"):
+        assert b'_clusterrun_module("clusterrun.remote.protocol"' in shell.program_source(name)
 
 
 # -- the mirror ------------------------------------------------------------------------------

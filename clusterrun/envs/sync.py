@@ -32,6 +32,7 @@ from clusterrun.errors import ClusterrunError, PreflightError, SyncError, Unreac
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
 from clusterrun.remote import protocol
+from clusterrun.remote.protocol import OP, Env
 from clusterrun.transport import parallel, programs
 from clusterrun.transport.pool import Connections
 
@@ -200,7 +201,7 @@ class Sync:
     # 1. status
     def status(self) -> None:
         def one(host: HostEnv) -> None:
-            host.status = self._call(host, {"op": "status"}, STATUS_SECONDS)
+            host.status = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS)
             host.platform = platforms.from_status(host.spec.name, host.status)
 
         self._each(one, self.hosts, STATUS_SECONDS + 30)
@@ -247,7 +248,7 @@ class Sync:
     def prune(self) -> None:
         """Every environment but the lock's and the most recently used other one, removed."""
         def one(host: HostEnv) -> None:
-            reply = self._call(host, {"op": "prune", "keep": [host.env.digest]}, STATUS_SECONDS)
+            reply = self._call(host, {OP: Env.PRUNE, "keep": [host.env.digest]}, STATUS_SECONDS)
             if reply.get("removed"):
                 self.say(f"{host.spec.name}: removed {', '.join(reply['removed'])}")
 
@@ -264,7 +265,7 @@ class Sync:
 
         def have(host: HostEnv) -> None:
             want = todo_wheels if host is relay else host.wheels
-            reply = self._call(host, {"op": "status", "want": [w.item for w in want]},
+            reply = self._call(host, {OP: Env.STATUS, "want": [w.item for w in want]},
                                STATUS_SECONDS)
             host.missing = reply["missing"]
 
@@ -297,7 +298,7 @@ class Sync:
                     yield from iter(lambda: handle.read(1 << 20), b"")
 
         def one(host: HostEnv) -> None:
-            self._call(host, {"op": "receive", "files": [w.item for w in send]}, MOVE_SECONDS,
+            self._call(host, {OP: Env.RECEIVE, "files": [w.item for w in send]}, MOVE_SECONDS,
                        payload=blocks())
             host.received = total
 
@@ -335,7 +336,7 @@ class Sync:
 
     def _fetch(self, host: HostEnv, url: str) -> None:
         files = [w.item for w in host.wheels if w.sha in host.missing]
-        reply = self._call(host, {"op": "fetch", "url": url, "token": self._token,
+        reply = self._call(host, {OP: Env.FETCH, "url": url, "token": self._token,
                                   "files": files}, MOVE_SECONDS)
         host.fetched = int(reply.get("fetched") or 0)
 
@@ -346,7 +347,7 @@ class Sync:
             lock = [w for w in host.wheels if w.name != wheels.UV.name]
             started = time.monotonic()
             reply = self._call(host, {
-                "op": "build", "requirements": host.env.requirements(),
+                OP: Env.BUILD, "requirements": host.env.requirements(),
                 "files": [w.item for w in lock], "uv": uv.item,
                 "expected": host.expected(), "python": host.status["python"],
                 "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)

@@ -30,6 +30,7 @@ from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failure
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
+from clusterrun.remote.protocol import OP, Lifeline
 from clusterrun.stacks.watchdog import Watchdog
 from clusterrun.transport import Process, Transport, parallel
 from clusterrun.transport.programs import call, release, start
@@ -212,7 +213,7 @@ class Session:
             self.pauses.beating()
             for name in list(self.procs):
                 if not self.nodes[name].done:
-                    self.send(name, {"op": "hb"})
+                    self.send(name, {OP: Lifeline.HEARTBEAT})
             time.sleep(HEARTBEAT)
 
     def send(self, name: str, op: dict[str, Any]) -> None:
@@ -238,7 +239,7 @@ class Session:
         for name, node in self.nodes.items():
             if node.done or (node_failures(node) and not force):
                 continue
-            op: dict[str, Any] = {"op": "kill" if force else "stop"}
+            op: dict[str, Any] = {OP: Lifeline.KILL if force else Lifeline.STOP}
             if reason:
                 op["reason"] = reason
             self.send(name, op)

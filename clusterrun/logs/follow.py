@@ -11,6 +11,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
+from clusterrun.remote import protocol
 from clusterrun.runs import attempts
 from clusterrun.runs.records import RunStatus
 from clusterrun.runs.remote import each_node
@@ -41,7 +42,7 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
             "offsets": mirror.offsets(spec.name)}, chain=True)
 
         def on_event(raw: dict[str, Any]) -> None:
-            if raw.get("ev") == "next":  # tail.py has ended; its interpreter waits
+            if raw.get(protocol.KIND) == protocol.NEXT:  # tail.py has ended; its interpreter waits
                 raise _Chained
             event = wire.parse(raw)
             if isinstance(event, wire.End):

@@ -92,7 +92,7 @@ class Link:
             return
         with contextlib.suppress(ValueError):
             reply = json.loads(line[len(protocol.EVENT):])
-            if isinstance(reply, dict) and reply.get("ev") == "sample":
+            if isinstance(reply, dict) and reply.get(protocol.KIND) == protocol.SAMPLE:
                 with self.answered:
                     self.latest, self.answered_at = reply, time.monotonic()
                     self.answered.notify_all()

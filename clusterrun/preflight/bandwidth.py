@@ -21,6 +21,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
+from clusterrun.remote.protocol import Probe
 
 WARN_GBIT = 10.0
 SECONDS = 1.0
@@ -53,7 +54,7 @@ def measure(reports: Sequence[HostReport], sessions: dict[str, ProbeSession],
         assert port is not None
         try:
             reply = sessions[report.spec.name].ask(
-                "blast", addr=master_addr, port=port, src=report.address, seconds=SECONDS,
+                Probe.BLAST, addr=master_addr, port=port, src=report.address, seconds=SECONDS,
                 bytes=MAX_BYTES, timeout=WAIT_SECONDS)
         except ClusterrunError as exc:  # the worker's probe died or went silent
             report.add(CHECK, False, f"{_pair(report, master, master_addr)}: {exc.message}")
@@ -65,7 +66,7 @@ def _open_sink(session: Optional[ProbeSession], addr: str) -> tuple[Optional[int
     if session is None:
         return None, "the master could not be probed"
     try:
-        reply = session.ask("sink", addr=addr, timeout=WAIT_SECONDS)
+        reply = session.ask(Probe.SINK, addr=addr, timeout=WAIT_SECONDS)
     except ClusterrunError as exc:
         return None, f"the master's probe failed: {exc.message}"
     if not reply.get("ok"):

@@ -24,6 +24,7 @@ from clusterrun.inventory import Inventory, ranks
 from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, stacks, twins
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
+from clusterrun.remote.protocol import Probe
 from clusterrun.transport import parallel
 from clusterrun.transport.pool import Connections
 
@@ -161,11 +162,11 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
             found.problem = "master_addr is unknown"
             return found
         found.addr = addr
-        route = session.ask("route", addr=addr) if report.spec.interface == "auto" else None
+        route = session.ask(Probe.ROUTE, addr=addr) if report.spec.interface == "auto" else None
         report.interface, report.address, check = decide.pick_interface(
             report.spec, report.facts, addr, route)
         report.add(check.name, check.ok, check.detail)
-        listen = session.ask("listen", addr=addr, port=inv.master_port or 0)
+        listen = session.ask(Probe.LISTEN, addr=addr, port=inv.master_port or 0)
         found.port = listen.get("port")
         if not listen.get("ok"):
             report.add("master_port", False, _port_problem(report, listen))
@@ -174,7 +175,7 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
         found.port_free = True
         report.add("master_port", True, f"{found.port} is free on {report.spec.name}")
         if data_path:
-            lifeline = session.ask("listen", addr=addr, port=0)
+            lifeline = session.ask(Probe.LISTEN, addr=addr, port=0)
             found.lifeline_port = lifeline.get("port") if lifeline.get("ok") else None
             if found.lifeline_port is None:
                 report.add("lifeline_port", False, _port_problem(report, lifeline))
@@ -205,7 +206,7 @@ def _facing_peers(inv: Inventory, session: ProbeSession, pool: Connections) -> O
             peer = socket.gethostbyname(getattr(transports.get(spec.name), "address", spec.host))
         except OSError:
             continue  # an ~/.ssh/config alias this machine cannot resolve: try the next
-        src = session.ask("route", addr=peer).get("src")
+        src = session.ask(Probe.ROUTE, addr=peer).get("src")
         if src:
             return str(src)
     return None
@@ -220,7 +221,7 @@ def _workers(reports: Sequence[HostReport], sessions: dict[str, ProbeSession], m
         if master.addr is None:
             report.add("interface", False, f"not chosen: {master.problem}.")
             return
-        route = (session.ask("route", addr=master.addr) if report.spec.interface == "auto"
+        route = (session.ask(Probe.ROUTE, addr=master.addr) if report.spec.interface == "auto"
                  else None)
         report.interface, report.address, check = decide.pick_interface(
             report.spec, report.facts, master.addr, route)
@@ -244,7 +245,7 @@ def _data_path(report: HostReport, session: ProbeSession, master: _Master) -> No
         return
     assert master.addr is not None
     for port in (master.port, master.lifeline_port):
-        result = session.ask("connect", addr=master.addr, port=port, src=report.address,
+        result = session.ask(Probe.CONNECT, addr=master.addr, port=port, src=report.address,
                              timeout=CONNECT_SECONDS)
         where = f"{master.addr}:{port} from {report.interface} ({report.address})"
         if not result.get("ok"):

@@ -21,6 +21,7 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import names as naming
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
+from clusterrun.remote.protocol import Probe
 from clusterrun.transport import parallel
 
 PAIR_SECONDS = 5.0
@@ -40,10 +41,10 @@ def run(inv: Inventory, reports: Sequence[HostReport],
                    if o is not report]
         asked: dict[str, tuple[str, dict[str, Any]]] = {}
         if targets:
-            asked["connect"] = ("mesh_connect", {"targets": targets, "src": report.address,
+            asked["connect"] = (Probe.MESH_CONNECT, {"targets": targets, "src": report.address,
                                                  "timeout": PAIR_SECONDS})
         if wanted:
-            asked["resolve"] = ("resolve", {"names": wanted, "timeout": RESOLVE_SECONDS})
+            asked["resolve"] = (Probe.RESOLVE, {"names": wanted, "timeout": RESOLVE_SECONDS})
         # Both at once: the probe connects while it resolves.
         replies = sessions[report.spec.name].ask_all(list(asked.values()))
         answers[report.spec.name] = dict(zip(asked, replies))
@@ -74,7 +75,7 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
     ports: dict[str, int] = {}
 
     def one(report: HostReport) -> None:
-        reply = sessions[report.spec.name].ask("mesh_listen", addr=report.address)
+        reply = sessions[report.spec.name].ask(Probe.MESH_LISTEN, addr=report.address)
         if reply.get("ok"):
             ports[report.spec.name] = int(reply["port"])
         else:

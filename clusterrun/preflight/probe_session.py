@@ -12,6 +12,7 @@ from typing import Any
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.remote import protocol
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
 from clusterrun.transport.programs import ProgramError, park, start
@@ -34,7 +35,7 @@ class ProbeSession:
         self._proc, self._stderr = self._interp.proc, self._interp.stderr
         self._lines: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
-        self.facts: dict[str, Any] = self._answer("facts")
+        self.facts: dict[str, Any] = self._answer(protocol.Probe.FACTS)
 
     def _read(self) -> None:
         buf = b""
@@ -103,8 +104,8 @@ class ProbeSession:
 
     def ask_all(self, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
         """Every request sent in one write, then their answers, in order: the probe runs the
-        ones it can at the same time (its CONCURRENT operations)."""
-        lines = b"".join(json.dumps({"op": op, **fields}).encode() + b"\n"
+        ones it can at the same time (protocol.Probe.CONCURRENT)."""
+        lines = b"".join(json.dumps({protocol.OP: op, **fields}).encode() + b"\n"
                          for op, fields in requests)
         try:
             self._proc.write(lines)
@@ -116,7 +117,7 @@ class ProbeSession:
         """End the probe. Its interpreter is parked on the connection for the command's next
         program there (``programs.park``); connections closing end it."""
         with contextlib.suppress(OSError):
-            self._proc.write(b'{"op": "exit"}\n')
+            self._proc.write(json.dumps({protocol.OP: protocol.Probe.EXIT}).encode() + b"\n")
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             try:

@@ -59,8 +59,9 @@ class Exec:
             self.tree.kill_now()
 
     def on_op(self, msg):
-        if msg.get("op") in ("stop", "kill"):
-            self.stop(Cause.CONTROLLER, "stopped by the controller", msg.get("op") == "kill")
+        op = msg.get(protocol.OP)
+        if op in (protocol.Lifeline.STOP, protocol.Lifeline.KILL):
+            self.stop(Cause.CONTROLLER, "stopped by the controller", op == protocol.Lifeline.KILL)
 
     def on_eof(self):
         self.stop(Cause.LIFELINE_EOF, "lifeline lost: the controller's connection closed")

@@ -23,6 +23,9 @@ import os
 import socket
 import time
 
+from clusterrun.remote import protocol
+
+G = protocol.Gang
 HEARTBEAT = 2.0
 RETRY = 1.0
 
@@ -140,27 +143,27 @@ class Hub:
         conn = Conn(self.loop, sock, self._message, self._closed)
         conn.peer = None
         conn.challenge = nonce()
-        conn.send({"op": "hello", "nonce": conn.challenge})
+        conn.send({protocol.OP: G.HELLO, "nonce": conn.challenge})
 
     def _message(self, conn, msg):
-        op = msg.get("op")
+        op = msg.get(protocol.OP)
         if conn.peer is None:
             self._auth(conn, msg)
-        elif op == "failed":
+        elif op == G.FAILED:
             self.record(dict(msg.get("root_cause") or {}, node=conn.peer))
-        elif op == "ended":
+        elif op == G.ENDED:
             peer = conn.peer
             self.peers[peer] = "ended"
             conn.close()
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
-        elif op in ("progress", "stacks", "links_port", "links_pairs"):  # remote/watchdog.py
+        elif op in (G.PROGRESS, G.STACKS, G.LINKS_PORT, G.LINKS_PAIRS):  # remote/watchdog.py
             self.sup.watch.on_gang(conn.peer, msg)
 
     def _auth(self, conn, msg):
         who = msg.get("node")
         want = mac(self.secret, conn.challenge, who)
-        if (msg.get("op") != "auth" or who not in self.peers
+        if (msg.get(protocol.OP) != G.AUTH or who not in self.peers
                 or not hmac.compare_digest(want, str(msg.get("mac")))
                 or self.peers[who] != "waiting"):
             conn.close()  # a stranger, a replay or a second connection: nothing to say
@@ -168,9 +171,9 @@ class Hub:
         conn.peer = who
         self.peers[who] = "connected"
         self.conns[who] = conn
-        conn.send({"op": "welcome", "mac": mac(self.secret, msg.get("nonce"), self.name)})
+        conn.send({protocol.OP: G.WELCOME, "mac": mac(self.secret, msg.get("nonce"), self.name)})
         if self.root_cause is not None:
-            conn.send({"op": "stop", "root_cause": self.root_cause})
+            conn.send({protocol.OP: G.STOP, "root_cause": self.root_cause})
 
     def _closed(self, conn):
         if conn.peer is not None and self.peers.get(conn.peer) == "connected":
@@ -188,13 +191,13 @@ class Hub:
             return
         self.root_cause = root
         self.sup.gang_failure(root)
-        self.broadcast({"op": "stop", "root_cause": root})
+        self.broadcast({protocol.OP: G.STOP, "root_cause": root})
 
     def stopped(self, why):
         """The master itself was stopped (`clusterrun stop`, a signal): stop the workers too."""
         if self.stop_sent is None:
             self.stop_sent = why
-            self.broadcast({"op": "stop", "stopped": why})
+            self.broadcast({protocol.OP: G.STOP, "stopped": why})
 
     def broadcast(self, msg):
         for conn in list(self.conns.values()):
@@ -213,7 +216,7 @@ class Hub:
                     self.lose(peer, "no heartbeat for %d s" % (now - conn.last_heard))
                     continue
                 if now - conn.last_sent >= HEARTBEAT:
-                    conn.send({"op": "hb"})
+                    conn.send({protocol.OP: G.HEARTBEAT})
                 conn.flush()
 
     def settled(self):
@@ -255,11 +258,11 @@ class Peer:
         self.conn = Conn(self.loop, sock, self._message, self._closed)
 
     def _message(self, conn, msg):
-        op = msg.get("op")
-        if op == "hello" and not self.ready:
-            conn.send({"op": "auth", "node": self.name, "nonce": self.challenge,
+        op = msg.get(protocol.OP)
+        if op == G.HELLO and not self.ready:
+            conn.send({protocol.OP: G.AUTH, "node": self.name, "nonce": self.challenge,
                        "mac": mac(self.secret, msg.get("nonce"), self.name)})
-        elif op == "welcome" and not self.ready:
+        elif op == G.WELCOME and not self.ready:
             want = mac(self.secret, self.challenge, self.hub_name)
             if not hmac.compare_digest(want, str(msg.get("mac"))):
                 conn.close()
@@ -268,9 +271,9 @@ class Peer:
             for pending in self.pending:
                 conn.send(pending)
             self.pending = []
-        elif op == "stop" and self.ready:
+        elif op == G.STOP and self.ready:
             self.sup.gang_stop(msg.get("root_cause"), msg.get("stopped"))
-        elif op in ("stacks", "stall_stop", "links_listen", "links_connect", "links_close") \
+        elif op in (G.STACKS, G.STALL_STOP, G.LINKS_LISTEN, G.LINKS_CONNECT, G.LINKS_CLOSE) \
                 and self.ready:  # the hub's stall watchdog
             self.sup.watch.on_gang(None, msg)
 
@@ -299,7 +302,7 @@ class Peer:
     def finish(self, info):
         """The local job has ended: say so (best effort) and let go of the hub."""
         self.gone = True
-        self.send(dict(info, op="ended"))
+        self.send(dict(info, **{protocol.OP: G.ENDED}))
         if self.conn is not None:
             self.conn.sock.setblocking(True)
             self.conn.sock.settimeout(2)
@@ -323,5 +326,5 @@ class Peer:
             self.lost("no heartbeat for %d s" % quiet)
             return
         if self.ready and now - self.conn.last_sent >= HEARTBEAT:
-            self.conn.send({"op": "hb"})
+            self.conn.send({protocol.OP: G.HEARTBEAT})
         self.conn.flush()

@@ -13,7 +13,9 @@ hub to it. ``links_close`` ends the listeners.
 import threading
 import time
 
-from clusterrun.remote import mesh
+from clusterrun.remote import mesh, protocol
+
+G = protocol.Gang
 
 LISTEN_WAIT = 3.0  # for the peers' ports
 PAIR_SECONDS = 5.0  # a connect that takes longer is a broken link, as in `check`
@@ -102,14 +104,15 @@ class HubTest:
         self.untested = {}  # peers that could not listen, and why: neither tested nor blamed
         self.phase, self.deadline = "listen", now + LISTEN_WAIT
         self.result = None
-        hub.broadcast({"op": "links_listen"})
+        hub.broadcast({protocol.OP: G.LINKS_LISTEN})
 
     def on_message(self, peer, msg):
-        if msg.get("op") == "links_port" and self.phase == "listen" and msg.get("port"):
+        op = msg.get(protocol.OP)
+        if op == G.LINKS_PORT and self.phase == "listen" and msg.get("port"):
             self.ports[peer] = (str(msg.get("addr")), int(msg["port"]))
-        elif msg.get("op") == "links_port" and self.phase == "listen":
+        elif op == G.LINKS_PORT and self.phase == "listen":
             self.untested[peer] = str(msg.get("error"))
-        elif msg.get("op") == "links_pairs" and self.phase == "connect":
+        elif op == G.LINKS_PAIRS and self.phase == "connect":
             self.pairs[peer] = msg.get("pairs") or {}
 
     def tick(self, now):
@@ -118,7 +121,7 @@ class HubTest:
             targets = [[n, a, p] for n, (a, p) in sorted(self.ports.items())]
             for peer in self.ports:
                 if peer != self.me and peer in self.hub.conns:
-                    self.hub.conns[peer].send({"op": "links_connect", "targets": [
+                    self.hub.conns[peer].send({protocol.OP: G.LINKS_CONNECT, "targets": [
                         t for t in targets if t[0] != peer]})
             self.side.connect([t for t in targets if t[0] != self.me])
             self.phase, self.deadline = "connect", now + PAIRS_WAIT
@@ -129,7 +132,7 @@ class HubTest:
                 self._judge()
 
     def _judge(self):
-        self.hub.broadcast({"op": "links_close"})
+        self.hub.broadcast({protocol.OP: G.LINKS_CLOSE})
         self.side.close()
         hosts = [h for h in self.ports if h in self.pairs]
         blocked = [(s, t, str(r.get("error"))) for s in hosts
@@ -163,8 +166,8 @@ class PeerSide:
         self.side = None
 
     def on_message(self, peer_link, msg):
-        op = msg.get("op")
-        if op == "links_listen":
+        op = msg.get(protocol.OP)
+        if op == G.LINKS_LISTEN:
             self.close()
             conn = peer_link.conn
             addr = conn.sock.getsockname()[0] if conn is not None else None
@@ -172,14 +175,14 @@ class PeerSide:
                 try:
                     self.side = Side(addr)
                 except OSError as exc:
-                    peer_link.send({"op": "links_port", "error": "cannot listen on an "
+                    peer_link.send({protocol.OP: G.LINKS_PORT, "error": "cannot listen on an "
                                     "ephemeral port of %s: %s" % (addr, exc)})
                     return
-                peer_link.send({"op": "links_port", "addr": addr,
+                peer_link.send({protocol.OP: G.LINKS_PORT, "addr": addr,
                                 "port": self.side.listener.port})
-        elif op == "links_connect" and self.side is not None:
+        elif op == G.LINKS_CONNECT and self.side is not None:
             self.side.connect(msg.get("targets") or [])
-        elif op == "links_close":
+        elif op == G.LINKS_CLOSE:
             self.close()
 
     def tick(self, peer_link, now):
@@ -188,7 +191,7 @@ class PeerSide:
             return
         if side.pairs is not None and not side.sent:
             side.sent = True
-            peer_link.send({"op": "links_pairs", "pairs": side.pairs})
+            peer_link.send({protocol.OP: G.LINKS_PAIRS, "pairs": side.pairs})
         if now > side.until:
             self.close()
 

@@ -60,8 +60,8 @@ class Loop:
 
 
 class Lifeline:
-    """stdin from the controller: one JSON object per line, ``{"op": "hb" | "stop" | "kill"}``
-    (``stop`` may carry a ``reason``), handed to ``on_op`` whole. EOF means
+    """stdin from the controller: one JSON object per line, a protocol.Lifeline message,
+    handed to ``on_op`` whole. EOF means
     the controller is gone (sshd closes the command's stdin when the connection drops); silence
     longer than the lease means it may be partitioned away."""
 

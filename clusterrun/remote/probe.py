@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from clusterrun.remote import disk, gpus, mesh, pathcheck, sysinfo, throughput
+from clusterrun.remote import disk, gpus, mesh, pathcheck, protocol, sysinfo, throughput
 
 TYPE_CHECKING = False  # mypy takes it as true; hosts skip importing typing (~4 ms)
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
 IFF_UP = 0x1
 IFF_RUNNING = 0x40
+P = protocol.Probe  # what the controller asks for (OPS below)
 
 
 def emit(obj):
@@ -299,25 +300,19 @@ def _peers(state, _op):
 # The operations the controller may ask for after the facts: name -> handler(state, op) -> reply.
 # ``state`` lives as long as the probe (listeners the controller opened, and so on).
 OPS = {
-    "route": lambda _state, op: route(op["addr"]),
-    "listen": _listen,
-    "connect": lambda _state, op: connect(op["addr"], op["port"], op.get("src"),
+    P.ROUTE: lambda _state, op: route(op["addr"]),
+    P.LISTEN: _listen,
+    P.CONNECT: lambda _state, op: connect(op["addr"], op["port"], op.get("src"),
                                           op.get("timeout", 5)),
-    "peers": _peers,
-    "mesh_listen": lambda state, op: _mesh_listen(state, op["addr"]),
-    "mesh_connect": lambda _state, op: mesh.connect_many(op["targets"], op.get("src"),
+    P.PEERS: _peers,
+    P.MESH_LISTEN: lambda state, op: _mesh_listen(state, op["addr"]),
+    P.MESH_CONNECT: lambda _state, op: mesh.connect_many(op["targets"], op.get("src"),
                                                          op.get("timeout", 5)),
-    "resolve": lambda _state, op: sysinfo.resolve_many(op["names"], op.get("timeout", 5)),
-    "sink": throughput.sink,
-    "blast": throughput.blast,
+    P.RESOLVE: lambda _state, op: sysinfo.resolve_many(op["names"], op.get("timeout", 5)),
+    P.SINK: throughput.sink,
+    P.BLAST: throughput.blast,
 }
 
-
-# Operations that may run while the next request is read: the controller sends `mesh_connect`
-# and `resolve` together, so each host connects to the others while it resolves their names
-# instead of one after the other. Replies still go out in request order, as the controller
-# reads them; any other operation waits for these to finish, so it sees the state they left.
-CONCURRENT = ("mesh_connect", "resolve")
 
 
 class _Replies:
@@ -357,20 +352,20 @@ class _Replies:
 
 def serve():
     request = json.loads(sys.stdin.buffer.readline() or b"{}")
-    emit({"facts": facts(request)})
+    emit({P.FACTS: facts(request)})
     state = {}  # type: dict[str, Any]
     replies = _Replies()
     running = []  # type: list[dict[str, Any]]
     for raw in iter(sys.stdin.buffer.readline, b""):
         op = json.loads(raw)
-        kind = op.get("op")
-        if kind == "exit":
+        kind = op.get(protocol.OP)
+        if kind == P.EXIT:
             break
         reply = replies.add(kind)
         handler = OPS.get(kind)
         if handler is None:
             replies.finish(reply, {"ok": False, "error": "unknown operation %r" % kind})
-        elif kind in CONCURRENT:
+        elif kind in P.CONCURRENT:  # replies still go out in request order
             threading.Thread(target=replies.answer, args=(reply, handler, state, op),
                              daemon=True).start()
             running.append(reply)

@@ -1,8 +1,11 @@
-"""The supervisor's wire protocol, named in one place (stdlib only, Python 3.6+).
+"""clusterrun's wire protocol, both ways, named in one place (stdlib only, Python 3.6+).
 
-The programs on a host write it (common.Writer, run.py, exec.py, tail.py, status.py, stop.py)
-and the controller reads it (clusterrun/wire.py turns each event into a typed one): both sides
-import these names. Shipped along with the programs that import it (transport/shell.py).
+The programs on a host write events (common.Writer, run.py, exec.py, tail.py, status.py,
+stop.py, sampler.py, stacks.py) and the controller reads them (clusterrun/wire.py turns a
+supervisor's into typed ones); the controller, a detached run's hub and its peers send the
+messages named at the end (``OP`` and the classes below). Every sender and receiver imports these
+names, never a string of its own (tests/test_wire.py holds both ends to them). Shipped along with
+the programs that import it (transport/shell.py).
 
 A program's stdout is a sequence of frames:
 
@@ -47,6 +50,12 @@ STATUS = "status"  # status.py's one answer (`ps`)
 STOPPED = "stopped"  # stop.py's one answer
 PROGRESS = "progress"  # the stall watchdog: how long no rank of the node has made progress
 
+# The one answer of the programs that are not supervisors (common.reply), and the last event of a
+# chained program (transport/shell.py: its interpreter now waits for the next one).
+SAMPLE = "sample"  # sampler.py, for `top` (observe/watch.py)
+STACKS = "stacks"  # stacks.py, for `stacks` and the stall report
+NEXT = "next"
+
 # Per kind, the fields its events may carry besides KIND, ELAPSED and WALL.
 FIELDS = {
     HEARTBEAT: (),
@@ -66,6 +75,81 @@ FIELDS = {
 
 # The fields of a detached run's root cause (an END's root_cause), as its hub recorded it.
 ROOT_CAUSE = ("node", "rank", "code", "signal", "detail", "lost")
+
+
+# -- messages: one JSON object per line, whose OP field says which one -----------------------
+
+OP = "op"
+
+
+class Lifeline:
+    """The controller to a supervisor (run.py, exec.py), on its stdin (mainloop.Lifeline).
+    Any line is heard as a sign of life; HEARTBEAT says nothing more."""
+
+    HEARTBEAT = "hb"
+    STOP = "stop"  # may carry a "reason"
+    KILL = "kill"  # stop without the grace period (a second Ctrl-C)
+    STALL = "stall"  # the controller's stall watchdog: the report, or "fail" (--on-stall stop)
+    RESUMED = "resumed"  # the run moves again after a stall
+
+
+class Gang:
+    """A detached run's hub and its peers (gang.py), over their TCP connections; the stall
+    watchdog (watchdog.py) and its link test (linkwatch.py) ride on them. Any line is heard as
+    a sign of life; HEARTBEAT says nothing more."""
+
+    HELLO = "hello"  # hub: the challenge
+    AUTH = "auth"  # peer: its answer, and its own challenge
+    WELCOME = "welcome"  # hub: its answer to the peer's challenge
+    HEARTBEAT = "hb"
+    STOP = "stop"  # hub: stop, with the gang's root cause or why the master stopped
+    FAILED = "failed"  # peer: its own failure
+    ENDED = "ended"  # peer: its job ended, it is leaving
+    PROGRESS = "progress"  # peer: how long none of its ranks has made progress (as PROGRESS)
+    STACKS = "stacks"  # hub: send your ranks' stacks; peer: here they are
+    STALL_STOP = "stall_stop"  # hub: the stall's cause is your rank (--on-stall stop)
+    LINKS_LISTEN = "links_listen"  # hub: listen for the link test
+    LINKS_PORT = "links_port"  # peer: where it listens (or why it cannot)
+    LINKS_CONNECT = "links_connect"  # hub: connect to these
+    LINKS_PAIRS = "links_pairs"  # peer: what each connect did
+    LINKS_CLOSE = "links_close"  # hub: the test is over
+    LINKS = (LINKS_LISTEN, LINKS_PORT, LINKS_CONNECT, LINKS_PAIRS, LINKS_CLOSE)
+    TO_HUB = (AUTH, HEARTBEAT, FAILED, ENDED, PROGRESS, STACKS, LINKS_PORT, LINKS_PAIRS)
+    TO_PEER = (HELLO, WELCOME, HEARTBEAT, STOP, STACKS, STALL_STOP, LINKS_LISTEN, LINKS_CONNECT,
+               LINKS_CLOSE)
+
+
+class Probe:
+    """The controller to probe.py (preflight/probe_session.py), after the probe's first answer
+    (FACTS). Each reply is ``{op: value}``, in the order asked."""
+
+    FACTS = "facts"
+    EXIT = "exit"  # no reply: the probe ends
+    ROUTE = "route"
+    LISTEN = "listen"
+    CONNECT = "connect"
+    PEERS = "peers"
+    MESH_LISTEN = "mesh_listen"
+    MESH_CONNECT = "mesh_connect"
+    RESOLVE = "resolve"
+    SINK = "sink"
+    BLAST = "blast"
+    # Operations the probe runs while it reads the next request: the controller sends these two
+    # together (preflight/mesh.py), so each host connects to the others while it resolves their
+    # names instead of one after the other. Replies still go out in request order, as the
+    # controller reads them; any other operation waits for these to finish, so it sees the state
+    # they left.
+    CONCURRENT = (MESH_CONNECT, RESOLVE)
+
+
+class Env:
+    """The controller (envs/sync.py) to pyenv.py: one request each, answered with its OP."""
+
+    STATUS = "status"
+    RECEIVE = "receive"
+    FETCH = "fetch"
+    BUILD = "build"
+    PRUNE = "prune"
 
 
 def event_frame(event):

@@ -30,7 +30,7 @@ import sys
 import time
 import zipfile
 
-from clusterrun.remote import common
+from clusterrun.remote import common, protocol
 
 BLOCK = 1 << 20
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -307,17 +307,17 @@ def prune(req):
 
 def main(stdin):
     req = json.loads(stdin.readline())
-    op = req["op"]
+    op = req[protocol.OP]
     try:
-        if op == "status":
+        if op == protocol.Env.STATUS:
             answer = status(req)
-        elif op == "receive":
+        elif op == protocol.Env.RECEIVE:
             answer = receive(req, stdin)
-        elif op == "fetch":
+        elif op == protocol.Env.FETCH:
             answer = fetch(req)
-        elif op == "build":
+        elif op == protocol.Env.BUILD:
             answer = build(req)
-        elif op == "prune":
+        elif op == protocol.Env.PRUNE:
             answer = prune(req)
         else:
             answer = {"error": "unknown operation %r" % op}
@@ -325,7 +325,7 @@ def main(stdin):
         answer = {"error": str(exc), "disk_full": exc.disk_full}
     except subprocess.TimeoutExpired:
         answer = {"error": "the build took over %d s" % BUILD_SECONDS}
-    answer["op"] = op
+    answer[protocol.OP] = op
     common.reply(answer)
 
 

@@ -143,11 +143,11 @@ class Supervisor:
             self.tree.kill_now()
 
     def on_op(self, msg):
-        op = msg.get("op")
-        if op in ("stop", "kill"):
+        op = msg.get(protocol.OP)
+        if op in (protocol.Lifeline.STOP, protocol.Lifeline.KILL):
             why = msg.get("reason") or "stopped by the controller"
-            self.stop(Cause.CONTROLLER, why, force=op == "kill")
-        elif op in ("stall", "resumed"):
+            self.stop(Cause.CONTROLLER, why, force=op == protocol.Lifeline.KILL)
+        elif op in (protocol.Lifeline.STALL, protocol.Lifeline.RESUMED):
             self.watch.on_op(msg)
 
     def on_eof(self):
@@ -183,7 +183,7 @@ class Supervisor:
             self.hub.record(self.own)
         elif self.peer is not None:
             self.root_cause = self.root_cause or self.own
-            self.peer.send({"op": "failed", "root_cause": self.own})
+            self.peer.send({protocol.OP: protocol.Gang.FAILED, "root_cause": self.own})
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -267,7 +267,7 @@ class Sampler:
                 "gpu_error": self.gpu.error, "interface_found": net is not None,
                 "state": (state or {}).get("state", "missing"),
                 "hostname": os.uname()[1], "time": time.time()}
-        return {"ev": "sample", "host": host, "ranks": ranks}
+        return {protocol.KIND: protocol.SAMPLE, "host": host, "ranks": ranks}
 
 
 def main(req):

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote import cgroup, common, flight, procs, profile, pystack
+from clusterrun.remote import cgroup, common, flight, procs, profile, protocol, pystack
 
 
 def cached(req):
@@ -54,8 +54,8 @@ def main(stdin):
     rundir = req["rundir"]
     state = common.read_json(os.path.join(rundir, "state.json"))
     # uname's system and CPU: the controller ships its py-spy only where both match the binary.
-    answer = {"ev": "stacks", "found": state is not None, "ranks": [], "system": os.uname()[0],
-              "machine": os.uname()[4],
+    answer = {protocol.KIND: protocol.STACKS, "found": state is not None, "ranks": [],
+              "system": os.uname()[0], "machine": os.uname()[4],
               "scope": pystack.ptrace_scope(), "uid": os.getuid(), "need_pyspy": False}
     state = procs.observed(state)
     answer["state"] = (state or {}).get("state")

@@ -17,6 +17,7 @@ import time
 from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stall
 
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
+G = protocol.Gang
 
 
 def stop_detail(lines):
@@ -155,7 +156,7 @@ class Watch:
             self.reported = now
             quiet = round(self.progress.quiet(now), 1)
             if self.sup.peer is not None:
-                self.sup.peer.send({"op": PROGRESS, "quiet": quiet})
+                self.sup.peer.send({protocol.OP: G.PROGRESS, "quiet": quiet})
             elif self.sup.hub is None:
                 self.sup.writer.event(PROGRESS, quiet=quiet)
         if self.sup.hub is not None:
@@ -164,7 +165,7 @@ class Watch:
             self.link_peer.tick(self.sup.peer, now)
         ready = self.dumper.take()
         if ready is not None and self.sup.peer is not None:
-            self.sup.peer.send({"op": "stacks", "ranks": ready})
+            self.sup.peer.send({protocol.OP: G.STACKS, "ranks": ready})
         elif ready is not None and self.gathering is not None:
             self.gathering[1][self.sup.name] = ready
 
@@ -181,7 +182,7 @@ class Watch:
             if not self.fired:
                 self.fired = True
                 self.gathering = (now + stall.STACKS_WAIT, {})
-                self.sup.hub.broadcast({"op": "stacks"})
+                self.sup.hub.broadcast({protocol.OP: G.STACKS})
                 self.dumper.start(self.progress)
         elif self.fired and self.gathering is None and self.links is None:
             self.resumed()
@@ -214,27 +215,28 @@ class Watch:
 
     def on_gang(self, peer, msg):
         """A gang message: a peer's quiet time or its stacks (hub), a request for ours (peer)."""
-        op = msg.get("op")
-        if op == PROGRESS and peer is not None:
+        op = msg.get(protocol.OP)
+        if op == G.PROGRESS and peer is not None:
             self.quiet[peer] = (float(msg.get("quiet") or 0), time.monotonic())
-        elif op == "stacks" and peer is not None and self.gathering is not None:
+        elif op == G.STACKS and peer is not None and self.gathering is not None:
             self.gathering[1][peer] = msg.get("ranks") or []
-        elif op == "stacks" and peer is None:
+        elif op == G.STACKS and peer is None:
             self.dumper.start(self.progress)
-        elif op == "stall_stop" and peer is None:  # the hub: our rank is the stall's cause
+        elif op == G.STALL_STOP and peer is None:  # the hub: our rank is the stall's cause
             self.stop(str(msg.get("detail") or "stalled"))
-        elif str(op).startswith("links_") and peer is None:  # the hub tests the links
+        elif op in G.LINKS and peer is None:  # the hub tests the links
             self.link_peer.on_message(self.sup.peer, msg)
-        elif str(op).startswith("links_") and self.links is not None:
+        elif op in G.LINKS and self.links is not None:
             self.links.on_message(peer, msg)
 
     def on_op(self, msg):
         """The controller decided (attached): the report to keep here, or the run moves again."""
-        if msg.get("op") != "stall":
+        op = msg.get(protocol.OP)
+        if op != protocol.Lifeline.STALL:
             self.resumed()
         elif msg.get("lines"):  # the master keeps the report
             self.stall_here(list(msg["lines"]), msg.get("report") or {}, stop=False)
-        if msg.get("op") == "stall" and msg.get("fail") and self.stop_run:  # fails with 7
+        if op == protocol.Lifeline.STALL and msg.get("fail") and self.stop_run:  # fails with 7
             self.stop(str(msg.get("detail") or "stalled"))
 
     def stalled(self, lines, report, still=True):
@@ -260,7 +262,7 @@ class Watch:
                                  "signal": None, "lost": False,
                                  "detail": "%s: %s" % (target, detail)})
         elif conn is not None:  # the hub: the node of the odd rank out fails, as its own failure
-            conn.send({"op": "stall_stop", "detail": detail})
+            conn.send({protocol.OP: G.STALL_STOP, "detail": detail})
         else:
             self.stop(detail)
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.remote import protocol, stall
+from clusterrun.remote.protocol import OP, Lifeline
 from clusterrun.remote.watchdog import stop_detail as stall_detail
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
@@ -116,7 +117,7 @@ class Watchdog:
         elif self.fired:
             self.fired = False
             self.say("stall over: the run moves again")
-            self.to_node(None, {"op": "resumed"})
+            self.to_node(None, {OP: Lifeline.RESUMED})
             self.record(None)
 
     def _fire(self) -> None:
@@ -134,7 +135,7 @@ class Watchdog:
                 self.say(line)
             lines.extend(more)
         self.record(record)
-        self.to_node(None, {"op": "stall", "lines": lines, "report": {
+        self.to_node(None, {OP: Lifeline.STALL, "lines": lines, "report": {
             k: v for k, v in record.items() if k != "stacks"}})
         # The odd rank's node, or the host whose links failed, fails with status 7 (--on-stall
         # stop there): the root cause names that host, so a restart replaces it if a spare is
@@ -143,7 +144,7 @@ class Watchdog:
         detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line comes first
                   else stall_detail(lines))  # type: ignore[no-untyped-call]
         if self.stop_run:
-            self.to_node(odd, {"op": "stall", "fail": True, "detail": detail})
+            self.to_node(odd, {OP: Lifeline.STALL, "fail": True, "detail": detail})
 
 
 def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,

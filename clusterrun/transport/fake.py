@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.remote.protocol import OP, Probe
 from clusterrun.transport import shell
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 from clusterrun.transport.fake_hosts import FakeHost, Interface, Reply
@@ -283,10 +284,10 @@ class FakeProcess:
                 self._emit(host.probe_stderr, stderr=True)
                 self._end(host.probe_exit)
             elif host.probe == "answers":
-                self._answer("facts", host.all_facts(request, self.transport.spec.host))
+                self._answer(Probe.FACTS, host.all_facts(request, self.transport.spec.host))
             return  # "silent": started, never answers
-        op = str(request.get("op"))
-        if op == "exit":
+        op = str(request.get(OP))
+        if op == Probe.EXIT:
             self._end(0)
         elif op not in host.silent_ops:
             self._answer(op, self._operation(op, request))
@@ -294,21 +295,21 @@ class FakeProcess:
     def _operation(self, op: str, request: dict[str, Any]) -> Any:
         host, network = self.host, self.transport.network
         timeout = float(request.get("timeout", 5))
-        if op == "route":
+        if op == Probe.ROUTE:
             return host.route(str(request["addr"]))
-        if op in ("listen", "mesh_listen"):
+        if op in (Probe.LISTEN, Probe.MESH_LISTEN):
             return network.listen(self, host, int(request.get("port") or 0))
-        if op == "connect":
+        if op == Probe.CONNECT:
             return network.connect_to(host, str(request["addr"]), int(request["port"]),
                                       request.get("src"), timeout)
-        if op == "mesh_connect":
+        if op == Probe.MESH_CONNECT:
             return {key: network.connect_to(host, addr, int(port), request.get("src"), timeout)
                     for key, addr, port in request["targets"]}
-        if op == "resolve":  # every fake host's name resolves to its first address
+        if op == Probe.RESOLVE:  # every fake host's name resolves to its first address
             return {name: {"addresses": [h.address for h in network.hosts.values()
                                          if (h.hostname or h.address) == name][:1],
                            "error": None} for name in request["names"]}
-        return list(self.peers) if op == "peers" else {"ok": False, "error": "unknown op"}
+        return list(self.peers) if op == Probe.PEERS else {"ok": False, "error": "unknown op"}
 
     def _answer(self, key: str, value: Any) -> None:
         self._emit(json.dumps({key: value}).encode() + b"\n")

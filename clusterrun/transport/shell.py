@@ -48,7 +48,7 @@ PICK_ENGINE = (
 # the supervisor. EOF in place of the next length line ends it. A program may leave its stdin
 # non-blocking (mainloop does): the wait makes it blocking again.
 # An event frame, so that a stream of frames can end with it.
-NEXT = protocol.EVENT + json.dumps({protocol.KIND: "next"}).encode()
+NEXT = protocol.EVENT + json.dumps({protocol.KIND: protocol.NEXT}).encode()
 _BOOT_BODY = r"""import os,sys
 a=sys.argv[1:]
 h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
