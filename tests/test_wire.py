@@ -200,8 +200,6 @@ NAMESPACES = {"Lifeline": protocol.Lifeline, "Gang": protocol.Gang, "Probe": pro
 # Any line is heard as a sign of life (mainloop.Lifeline.quiet, gang.Conn.last_heard): a
 # heartbeat needs no handler of its own.
 HEARD_ANYWAY = {protocol.Lifeline.HEARTBEAT, protocol.Gang.HEARTBEAT}
-# Answered by probe.py (and the fake transport) but asked by no controller code, nor ever was.
-NOT_ASKED = {protocol.Probe.PEERS}
 
 # The gang's own messages; the others it hands to the stall watchdog (Watch.on_gang), which hands
 # the link test's to linkwatch.py.
@@ -253,7 +251,7 @@ CHANNELS = [
              ("remote/linkwatch.py", "PeerSide.on_message")),
             frozenset(protocol.Gang.TO_PEER) - GANG_OWN),
     Channel("the controller to a probe", "Probe",
-            frozenset(ALL_PROBE - {protocol.Probe.FACTS} - NOT_ASKED),
+            frozenset(ALL_PROBE - {protocol.Probe.FACTS}),
             (("preflight/checks.py", None), ("preflight/mesh.py", None),
              ("preflight/bandwidth.py", None),
              ("preflight/probe_session.py", "ProbeSession.close")),
@@ -336,7 +334,7 @@ def test_every_op_is_carried_one_way_or_the_other() -> None:
         members = _members(namespace)
         assert len(set(members.values())) == len(members), f"{name}: two names, one op"
         carried = set().union(*(c.carries for c in CHANNELS if c.namespace == name))
-        unused = set(members.values()) - carried - {protocol.Probe.FACTS} - NOT_ASKED
+        unused = set(members.values()) - carried - {protocol.Probe.FACTS}
         assert not unused, f"{name}: {sorted(unused)} named but never sent"
     assert set(protocol.Gang.LINKS) <= set(protocol.Gang.TO_HUB) | set(protocol.Gang.TO_PEER)
 

@@ -2,7 +2,8 @@
 
 It arrives on stdin (see clusterrun/transport/shell.py), reads one JSON request line, prints the
 host's facts as one JSON line, then answers JSON operations line by line (route, listen, connect,
-peers) until stdin closes. It never imports torch: that takes seconds and proves nothing here.
+mesh, resolve, throughput) until stdin closes. It never imports torch: that takes seconds and
+proves nothing here.
 """
 
 import errno
@@ -224,10 +225,9 @@ def system_facts(request, torch, ifaces):
 
 class Listener:
     """The short-lived stand-in for torchrun's c10d store on the master: proves the port is free
-    and records which workers reach it."""
+    and that workers reach it."""
 
     def __init__(self, family, port):
-        self.peers = []
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         # The same option TCPStore sets: a port in TIME_WAIT is still usable by the job.
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -254,10 +254,9 @@ class Listener:
     def _accept(self):
         while True:
             try:
-                conn, peer = self.sock.accept()
+                conn, _peer = self.sock.accept()
             except OSError:
                 return
-            self.peers.append(peer[0])
             conn.close()
 
 
@@ -292,11 +291,6 @@ def _mesh_listen(state, addr):
     return {"ok": True, "port": state["mesh"].port}
 
 
-def _peers(state, _op):
-    listener = state.get("listener")
-    return list(listener.peers) if listener else []
-
-
 # The operations the controller may ask for after the facts: name -> handler(state, op) -> reply.
 # ``state`` lives as long as the probe (listeners the controller opened, and so on).
 OPS = {
@@ -304,7 +298,6 @@ OPS = {
     P.LISTEN: _listen,
     P.CONNECT: lambda _state, op: connect(op["addr"], op["port"], op.get("src"),
                                           op.get("timeout", 5)),
-    P.PEERS: _peers,
     P.MESH_LISTEN: lambda state, op: _mesh_listen(state, op["addr"]),
     P.MESH_CONNECT: lambda _state, op: mesh.connect_many(op["targets"], op.get("src"),
                                                          op.get("timeout", 5)),

@@ -128,7 +128,6 @@ class Probe:
     ROUTE = "route"
     LISTEN = "listen"
     CONNECT = "connect"
-    PEERS = "peers"
     MESH_LISTEN = "mesh_listen"
     MESH_CONNECT = "mesh_connect"
     RESOLVE = "resolve"

@@ -116,7 +116,6 @@ class FakeNetwork:
             listener = self._listening.get((target.address, port))
         if listener is None:
             return {"ok": False, "error": "Connection refused"}
-        listener.peers.append(src or addr)
         return {"ok": True, "seconds": 0.001}
 
     def release(self, proc: FakeProcess) -> None:
@@ -166,7 +165,6 @@ class FakeProcess:
         self.host = transport.host
         self.command = command
         self.program: Optional[str] = None  # which of clusterrun/remote/*.py, once sent
-        self.peers: list[str] = []
         self._shell = _PROGRAM_MARK not in command
         self._stdin = bytearray()
         self._out = bytearray()
@@ -309,7 +307,7 @@ class FakeProcess:
             return {name: {"addresses": [h.address for h in network.hosts.values()
                                          if (h.hostname or h.address) == name][:1],
                            "error": None} for name in request["names"]}
-        return list(self.peers) if op == Probe.PEERS else {"ok": False, "error": "unknown op"}
+        return {"ok": False, "error": "unknown op"}
 
     def _answer(self, key: str, value: Any) -> None:
         self._emit(json.dumps({key: value}).encode() + b"\n")
