@@ -148,7 +148,11 @@ class AttemptLoop:
         session.start()
         if plan.detach:
             return self._detached(journal, plan, session)
-        session.watch(interrupts.received, interrupts.announce)
+        try:
+            session.watch(interrupts.received, interrupts.announce)
+        finally:
+            if session.stall is not None:  # a stall report still being made stays unsaid
+                session.stall.close()
         session.end_lost()
         view.close()
         mirror.close()
