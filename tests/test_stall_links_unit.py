@@ -239,6 +239,23 @@ def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
     assert lines[-1].startswith("stall: links of node2 not tested: cannot listen"), lines
 
 
+def test_a_blind_stall_stops_at_the_master_and_blames_no_host(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No stack could be read and the links are fine: the master ends the run, and its
+    failure says no host can be named, so nothing records or replaces the master."""
+    from clusterrun.wire import RootCause
+
+    ranks = [RankStack(r, HOSTS[r // 2], 1000 + r, (), error="no py-spy on this host")
+             for r in range(6)]
+    sent, said, retested = fire(monkeypatch, tmp_path, ranks, [])
+    node, stop = sent[-1]
+    assert retested and node is None and stop["fail"], sent
+    assert said[0].endswith("no rank's stack could be read, so no rank or host can be named as "
+                            "the cause"), said
+    cause = RootCause("node1", None, 7, f"node1: {stop['detail']}")
+    assert cause.stalled and cause.blamed_node is None, cause
+
+
 def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The report is made on its own thread: when the attempt ends while the stacks are still
