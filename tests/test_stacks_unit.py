@@ -265,3 +265,47 @@ def test_the_hosts_fold_host_names_as_nodeset_does() -> None:
                   ["gpu07", "node1", "node2"], ["node01", "node02", "node10"],
                   ["10.79.0.1", "10.79.0.2"], ["a", "b1"], ["x1"]):
         assert stallreport.fold_hosts(names) == fold(names), names  # type: ignore[no-untyped-call]
+
+
+def test_launch_ships_py_spy_once_by_content_to_hosts_without_one(tmp_path: Path) -> None:
+    """A watched run's hosts without a py-spy get this machine's before the run starts, under
+    <workdir>/runs/.tools by content (where the supervisors look); the probe then reports the
+    copy, and the next launch sends nothing."""
+    import dataclasses
+    import struct
+    import sys
+    from types import SimpleNamespace
+
+    from clusterrun import pyspy
+    from clusterrun.remote import sysinfo
+    from clusterrun.stacks import ship
+    from clusterrun.transport.local import LocalTransport
+    from tests.conftest import LOCAL_SPEC
+
+    fake = tmp_path / "py-spy"  # an x86-64 Linux program's header, and some bytes
+    fake.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(8) + struct.pack("<HH", 2, 62)
+                     + bytes(range(256)) * 64)
+    binary = pyspy.read(str(fake))
+    workdir = tmp_path / "w"
+    spec = dataclasses.replace(LOCAL_SPEC, workdir=str(workdir), python=sys.executable)
+    nodes = [SimpleNamespace(name="n0", local=False,
+                             rundir=f"{workdir}/runs/20260101-x/attempt-2/n0")]
+    bare = {"ptrace": {"pyspy": None, "machine": "x86_64", "shipped": []}}
+    said: list[str] = []
+
+    def launch(facts: dict[str, object], timeout: int = 10) -> list[str]:
+        plan = SimpleNamespace(stall_timeout=timeout, nodes=nodes)
+        return ship.ship(plan, {"n0": LocalTransport(spec)}, {"n0": spec},  # type: ignore[arg-type]
+                         {"n0": facts}, said.append, binary=binary)
+
+    assert launch(bare, timeout=0) == []  # the watchdog is off: nothing to read stacks for
+    assert launch({}) == [] and launch({"ptrace": dict(bare["ptrace"], pyspy="/v/py-spy")}) == []
+    assert launch({"ptrace": dict(bare["ptrace"], machine="aarch64")}) == []  # cannot run it
+    assert not (workdir / "runs").exists()
+    assert launch(bare) == ["n0"], said
+    copy = workdir / "runs" / ".tools" / f"py-spy-{binary.sha[:16]}"
+    assert copy.read_bytes() == fake.read_bytes() and copy.stat().st_mode & 0o777 == 0o700
+    # The probe of the next launch reports the copy, and nothing is sent again.
+    facts = {"ptrace": sysinfo.ptrace(str(workdir))}  # type: ignore[no-untyped-call]
+    assert facts["ptrace"]["shipped"] == [copy.name]
+    assert launch(facts) == [] and said == []
