@@ -208,6 +208,12 @@ def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
     said, found = hub.report(got, 10)  # type: ignore[no-untyped-call]
     assert found["odd_node"] is None and not any("odd one out" in x for x in said), said
     assert said[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"
+    # A connected host that sent no stacks in time is said, as the controller says a host
+    # that gave none (and, when nothing was seen at all, it is what could not be seen).
+    said, _ = hub.report({"node1": got["node1"]}, 10, {"node4"})  # type: ignore[no-untyped-call]
+    assert "stall: no stacks from node4: node4: no stacks within 20 s" in said, said
+    said, _ = hub.report({}, 10, {"node4"})  # type: ignore[no-untyped-call]
+    assert said[1:] == ["stall: no stacks from node4: node4: no stacks within 20 s"], said
 
 
 def _sent(number: int, frames: list[tuple[str, str, int]], *, active: bool | None = False,

@@ -20,11 +20,12 @@ from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stal
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
 
 
-def report(ranks_by_node, timeout):
+def report(ranks_by_node, timeout, missing=()):
     """The report (remote/stallreport.py, the controller's too) from the stacks the peers sent:
-    ``(lines, record)``."""
+    ``(lines, record)``. ``missing``: the connected hosts that sent none in time."""
     ranks = [dict(r, node=n) for n, found in ranks_by_node.items() for r in found]
-    lines, record = stallreport.build(ranks, timeout)
+    problems = {n: "%s: no stacks within %g s" % (n, stall.STACKS_WAIT) for n in missing}
+    lines, record = stallreport.build(ranks, timeout, problems)
     return lines, dict(record, nodes=ranks_by_node, odd_node=stallreport.odd_node(record))
 
 
@@ -122,7 +123,7 @@ class Watch:
             want.add(self.sup.name)
             if want <= set(got) or now > deadline:
                 self.gathering = None
-                lines, found = report(got, self.timeout)
+                lines, found = report(got, self.timeout, want - set(got))
                 if found["odd_node"] is None and self.sup.hub.peers:  # none stands out: links?
                     self.links = self._link_test(now)
                     self.pending = (lines, found)
