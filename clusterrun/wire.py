@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from clusterrun.errors import ExitStatus
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, stallreport
 from clusterrun.transport import Process
 
 _ODD = re.compile(r"odd one out: rank (\d+) on ")  # a stall report's line (remote/watchdog.py)
@@ -58,6 +58,14 @@ class RootCause:
         """The rank a stopped stall blamed (its odd one out), when one stood out."""
         found = _ODD.search(self.detail) if self.stalled else None
         return int(found.group(1)) if found else None
+
+    @property
+    def blamed_node(self) -> Optional[str]:
+        """The host a stopped stall blamed: the node that failed with it, except where no
+        rank's stack could be read (the report named no host; the master stopped the run)."""
+        if self.stalled and stallreport.BLIND in self.detail:
+            return None
+        return self.node
 
     def public(self) -> dict[str, Any]:
         return {"node": self.node, "rank": self.rank, "code": self.code, "signal": self.signal,

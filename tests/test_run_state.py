@@ -132,3 +132,33 @@ def test_a_stopped_stall_with_a_spare_left_leaves_the_blamed_host_out() -> None:
     assert step is not None and step.leave_out == ()
     failed = AttemptResult(plan, None, nodes, RootCause("node2", 3, 7, "rank 3"))  # type: ignore[arg-type]
     assert next_step(failed, 1, spare=True).leave_out == ()  # type: ignore[union-attr]
+
+
+def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: Path) -> None:
+    """No rank's stack could be read: the master ends the run (some host must), but the stall
+    is recorded with no host and says what could not be seen, and a restart with a spare left
+    keeps the master."""
+    from clusterrun.remote import stallreport
+
+    lines, record = stallreport.build(  # type: ignore[no-untyped-call]
+        [{"rank": 0, "node": "node0", "pid": 5, "error": "no py-spy on this host"},
+         {"rank": 1, "node": "node2", "pid": 6, "error": "no py-spy on this host"}], 15)
+    assert record["blind"] and stallreport.odd_node(record) is None  # type: ignore[no-untyped-call]
+    # As the stopping node words its failure (remote/watchdog.py Watch.stop): "<node>: <detail>".
+    stall = RootCause("node0", None, 7, f"node0: {stallreport.stop_detail(lines)}")  # type: ignore[no-untyped-call]
+    assert stall.stalled and stall.blamed_node is None and stall.blamed_rank is None
+    assert result(RunState.FAILED, stall).cause is Outcome.STALLED
+    journal = Journal.start(tmp_path, RunRecord("20260101-000000-x-0000", "x",
+                                                ("node0", "node2"), "inv.yaml"), {})
+    journal.attempt_begun(1, ["node0", "node2"], {})
+    journal.ended(1, RunState.FAILED, status=7, root=stall.public(), summary={"exit_status": 7})
+    blamed = journal.run.state["stalled"]
+    assert blamed["node"] is None and blamed["rank"] is None, blamed
+    assert blamed["unseen"] == ("no rank made progress for 15 s; no rank's stack could be read, "
+                                "so no rank or host can be named as the cause")
+    assert store.read_json(journal.run.file("summary.json"))["stalled"] == blamed
+    plan = SimpleNamespace(attempt=1)
+    nodes = (SimpleNamespace(plan=SimpleNamespace(name="node0"), lost=None),
+             SimpleNamespace(plan=SimpleNamespace(name="node2"), lost=None))
+    step = next_step(AttemptResult(plan, None, nodes, stall), 1, spare=True)  # type: ignore[arg-type]
+    assert step is not None and step.leave_out == ()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterrun.preflight.stacks import host_checks
-from clusterrun.remote import stall
+from clusterrun.remote import stall, stallreport
 from clusterrun.stacks import view
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.stacks.watchdog import report
@@ -136,11 +136,11 @@ def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
     # The detached run's hub says the same, per rank, from the errors its peers sent.
     got = {"node1": [{"rank": 0, "pid": 11, "threads": [], "error": "no py-spy on this host",
                       "last_line": "step 3"}], "node2": []}
-    said, odd_node = hub._lines(got, 15)  # type: ignore[no-untyped-call]
-    assert odd_node is None
+    said, found = hub.report(got, 15)  # type: ignore[no-untyped-call]
+    assert found["odd_node"] is None
     assert said[0].endswith("so no rank or host can be named as the cause")
     assert said[1] == "stall: rank 0 on node1 (pid 11): no py-spy on this host; last line: 'step 3'"
-    assert hub.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
+    assert stallreport.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
         "stalled, no rank made progress for 15 s; no rank's stack could be read")
 
 
@@ -205,6 +205,113 @@ def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
     # The hub: the same.
     got = {n: [dict(r.to_json(), error=r.error, last_line=r.last_line)] for n, r in
            (("node1", found.ranks[0]), ("node2", found.ranks[1]), ("node3", blind))}
-    said, odd_node = hub._lines(got, 10)  # type: ignore[no-untyped-call]
-    assert odd_node is None and not any("odd one out" in x for x in said), said
+    said, found = hub.report(got, 10)  # type: ignore[no-untyped-call]
+    assert found["odd_node"] is None and not any("odd one out" in x for x in said), said
     assert said[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"
+    # A connected host that sent no stacks in time is said, as the controller says a host
+    # that gave none (and, when nothing was seen at all, it is what could not be seen).
+    said, _ = hub.report({"node1": got["node1"]}, 10, {"node4"})  # type: ignore[no-untyped-call]
+    assert "stall: no stacks from node4: node4: no stacks within 20 s" in said, said
+    said, _ = hub.report({}, 10, {"node4"})  # type: ignore[no-untyped-call]
+    assert said[1:] == ["stall: no stacks from node4: node4: no stacks within 20 s"], said
+
+
+def _sent(number: int, frames: list[tuple[str, str, int]], *, active: bool | None = False,
+          **extra: object) -> dict[str, object]:
+    """One rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``)."""
+    return {"rank": number, "pid": 2000 + number, "state": "S", "last_line": f"step {number}",
+            "threads": [{"name": "Thread-1", "active": True, "frames": [
+                {"function": "run", "file": "/usr/lib/python3.11/threading.py", "line": 982}]},
+                {"name": "MainThread", "active": active, "frames": [
+                    {"function": f, "file": p, "line": n} for f, p, n in frames]}],
+            **extra}
+
+
+ALL_REDUCE = [("<module>", "/job/train.py", 49), ("all_reduce", TORCH, 3252)]
+STALLS = {
+    "one odd rank": {f"node{n}": [_sent(2 * n - 2, ALL_REDUCE), _sent(2 * n - 1, ALL_REDUCE)]
+                     for n in (1, 2, 4)} | {"node3": [
+                         _sent(4, ALL_REDUCE), _sent(5, [("<module>", "/job/train.py", 44), (
+                             "load_batch", "/job/data.py", 30)], where="rank 5 waits in x")]},
+    "stopped and unread": {"gpu01": [_sent(0, ALL_REDUCE), _sent(1, [("<module>", "/j/t.py", 3)],
+                                                                  state="T")],
+                           "gpu02": [_sent(2, ALL_REDUCE), _sent(3, [], error="no permission")],
+                           "gpu10": [_sent(4, ALL_REDUCE)]},
+    "all wait": {"a": [_sent(0, ALL_REDUCE)], "b": [_sent(1, ALL_REDUCE)]},
+    "one rank": {"a": [_sent(0, [("<module>", "/job/train.py", 7)], active=True)]},
+    "blind": {"node1": [_sent(0, [], error="no py-spy on this host")],
+              "node2": [_sent(1, [], error="no py-spy on this host")]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STALLS))
+def test_the_controller_and_the_hub_make_the_same_report(name: str) -> None:
+    """The same stacks, as the hosts sent them, give the same report on both deciders: an
+    attached run's controller (typed stacks, NodeSet's folding) and a detached run's hub (the
+    stdlib dicts its peers sent)."""
+    from clusterrun.remote import watchdog as hub
+    from clusterrun.stacks.model import from_reply
+
+    got = STALLS[name]
+    found = Collected("r", sorted((from_reply(node, dict(entry)) for node, entries in got.items()
+                                   for entry in entries), key=lambda r: r.rank))
+    lines, record = report(found, 7.5)
+    said, kept = hub.report(got, 7.5)  # type: ignore[no-untyped-call]
+    assert said == lines
+    assert {k: kept.get(k) for k in ("odd", "waiting", "blind", "timeout")} == \
+        {k: record.get(k) for k in ("odd", "waiting", "blind", "timeout")}
+    assert kept["odd_node"] == (record["odd"][0]["node"] if record["odd"] else None)
+    assert lines[0].startswith("stall: no rank made progress for 7.5 s; ")
+
+
+def test_the_hosts_fold_host_names_as_nodeset_does() -> None:
+    from clusterrun.inventory.ranges import fold
+
+    for names in (["node1", "node2", "node3"], ["node9", "node10", "node12"],
+                  ["gpu07", "node1", "node2"], ["node01", "node02", "node10"],
+                  ["10.79.0.1", "10.79.0.2"], ["a", "b1"], ["x1"]):
+        assert stallreport.fold_hosts(names) == fold(names), names  # type: ignore[no-untyped-call]
+
+
+def test_launch_ships_py_spy_once_by_content_to_hosts_without_one(tmp_path: Path) -> None:
+    """A watched run's hosts without a py-spy get this machine's before the run starts, under
+    <workdir>/runs/.tools by content (where the supervisors look); the probe then reports the
+    copy, and the next launch sends nothing."""
+    import dataclasses
+    import struct
+    import sys
+    from types import SimpleNamespace
+
+    from clusterrun import pyspy
+    from clusterrun.remote import sysinfo
+    from clusterrun.stacks import ship
+    from clusterrun.transport.local import LocalTransport
+    from tests.conftest import LOCAL_SPEC
+
+    fake = tmp_path / "py-spy"  # an x86-64 Linux program's header, and some bytes
+    fake.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(8) + struct.pack("<HH", 2, 62)
+                     + bytes(range(256)) * 64)
+    binary = pyspy.read(str(fake))
+    workdir = tmp_path / "w"
+    spec = dataclasses.replace(LOCAL_SPEC, workdir=str(workdir), python=sys.executable)
+    nodes = [SimpleNamespace(name="n0", local=False,
+                             rundir=f"{workdir}/runs/20260101-x/attempt-2/n0")]
+    bare = {"ptrace": {"pyspy": None, "machine": "x86_64", "shipped": []}}
+    said: list[str] = []
+
+    def launch(facts: dict[str, object], timeout: int = 10) -> list[str]:
+        plan = SimpleNamespace(stall_timeout=timeout, nodes=nodes)
+        return ship.ship(plan, {"n0": LocalTransport(spec)}, {"n0": spec},  # type: ignore[arg-type]
+                         {"n0": facts}, said.append, binary=binary)
+
+    assert launch(bare, timeout=0) == []  # the watchdog is off: nothing to read stacks for
+    assert launch({}) == [] and launch({"ptrace": dict(bare["ptrace"], pyspy="/v/py-spy")}) == []
+    assert launch({"ptrace": dict(bare["ptrace"], machine="aarch64")}) == []  # cannot run it
+    assert not (workdir / "runs").exists()
+    assert launch(bare) == ["n0"], said
+    copy = workdir / "runs" / ".tools" / f"py-spy-{binary.sha[:16]}"
+    assert copy.read_bytes() == fake.read_bytes() and copy.stat().st_mode & 0o777 == 0o700
+    # The probe of the next launch reports the copy, and nothing is sent again.
+    facts = {"ptrace": sysinfo.ptrace(str(workdir))}  # type: ignore[no-untyped-call]
+    assert facts["ptrace"]["shipped"] == [copy.name]
+    assert launch(facts) == [] and said == []

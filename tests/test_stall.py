@@ -179,3 +179,53 @@ def test_the_detached_hub_reports_a_stall_with_no_controller(cluster: Cluster, h
     assert final["state"] == "succeeded", final
     assert "the run moves again" in run_cli("logs", run_id).stdout
     assert cluster.wait_no_processes(HOSTS, 20) == {}
+
+
+def test_a_detached_run_on_hosts_without_py_spy_is_not_blind(cluster: Cluster, home: Path,
+                                                              tmp_path: Path,
+                                                              strays: None) -> None:
+    """Hosts whose Python has no py-spy and whose workdir has never seen one: launch ships this
+    machine's with the run, so the detached hub, with no `stacks` ever run, names the stuck rank
+    from its stack. A second launch finds the copy and sends nothing (the same file stays)."""
+    workdir = f"/tmp/clusterrun-fresh-{tmp_path.name}"
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS[:2], defaults={
+        "python": "/usr/bin/python3", "workdir": workdir})  # no py-spy beside it, no torch
+    script = tmp_path / "plain" / "stuck.py"
+    script.parent.mkdir()
+    script.write_text("import os\nimport time\n\n\ndef stuck_here():\n    time.sleep(600)\n\n\n"
+                      "def wait_for_peers():\n    time.sleep(600)\n\n\n"
+                      "rank = int(os.environ['RANK'])\nprint('rank', rank, 'ready', flush=True)\n"
+                      "if rank == 3:\n    stuck_here()\nwait_for_peers()\n")
+    copy = f"{workdir}/runs/.tools/py-spy-*"
+    try:
+        cp = run_cli("launch", "--detach", "--no-check", "--no-torchrun", "--nproc-per-node", "2",
+                     "--grace", "2", "--stall-timeout", str(TIMEOUT), str(inv), str(script))
+        assert cp.returncode == 0, cp.stderr
+        run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+        shipped = {h: cluster.run_on(h, "sh", "-c", f"stat -c '%n %i' {copy}").split()
+                   for h in HOSTS[:2]}
+        assert all(s and "/py-spy-" in s[0] for s in shipped.values()), shipped
+        state_file = f"{workdir}/runs/{run_id}/{HOSTS[0]}/state.json"
+        deadline = time.monotonic() + TIMEOUT + 60
+        while (state := json.loads(cluster.read(HOSTS[0], state_file))).get("state") != \
+                "stalled":
+            assert time.monotonic() < deadline, state
+            time.sleep(1)
+        lines = state["stall"]["lines"]
+        assert lines[0].endswith("4 ranks, 2 different stacks"), lines
+        assert any(f"odd one out: rank 3 on {HOSTS[1]}" in x and "in stuck_here (stuck.py:6)"
+                   in x for x in lines), lines
+        assert any("ranks 0-2" in x and "wait in wait_for_peers (stuck.py:10)" in x
+                   for x in lines), lines
+        assert run_cli("stop", "--grace", "2", run_id).returncode == 0
+        assert cluster.wait_no_processes(HOSTS[:2], 20) == {}
+        # Warm: the probe reports the copy, launch sends nothing, the file is the same one.
+        script.write_text("print('done', flush=True)\n")
+        again = run_cli("launch", "--no-check", "--no-torchrun", "--nproc-per-node", "1",
+                        "--stall-timeout", str(TIMEOUT), str(inv), str(script))
+        assert again.returncode == 0, again.stderr
+        assert {h: cluster.run_on(h, "sh", "-c", f"stat -c '%n %i' {copy}").split()
+                for h in HOSTS[:2]} == shipped
+    finally:
+        for host in HOSTS[:2]:
+            cluster.run_on(host, "rm", "-rf", workdir)

@@ -237,3 +237,50 @@ def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
     assert blamed is None and record["untested"]["node2"].startswith(
         "cannot listen on an ephemeral port of 192.0.2.1"), record
     assert lines[-1].startswith("stall: links of node2 not tested: cannot listen"), lines
+
+
+def test_a_blind_stall_stops_at_the_master_and_blames_no_host(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No stack could be read and the links are fine: the master ends the run, and its
+    failure says no host can be named, so nothing records or replaces the master."""
+    from clusterrun.wire import RootCause
+
+    ranks = [RankStack(r, HOSTS[r // 2], 1000 + r, (), error="no py-spy on this host")
+             for r in range(6)]
+    sent, said, retested = fire(monkeypatch, tmp_path, ranks, [])
+    node, stop = sent[-1]
+    assert retested and node is None and stop["fail"], sent
+    assert said[0].endswith("no rank's stack could be read, so no rank or host can be named as "
+                            "the cause"), said
+    cause = RootCause("node1", None, 7, f"node1: {stop['detail']}")
+    assert cause.stalled and cause.blamed_node is None, cause
+
+
+def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The report is made on its own thread: when the attempt ends while the stacks are still
+    being collected, nothing of it is printed, recorded or sent afterwards."""
+    import threading
+
+    collecting, release = threading.Event(), threading.Event()
+
+    def slow_collect(run: RunDir, ssh: SshOptions) -> Collected:
+        collecting.set()
+        release.wait(10)
+        return Collected("r", [waiting(r, HOSTS[r // 2]) for r in range(6)])
+
+    monkeypatch.setattr(watchdog, "collect", slow_collect)
+    monkeypatch.setattr(links, "retest", lambda run, ssh: links.Links(HOSTS, [], ADDRESSES))
+    heard: list[object] = []
+    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
+                            to_node=lambda node, op: heard.append(op), say=heard.append,
+                            stop_run=True, record=heard.append)
+    for host in HOSTS:
+        dog.update(host, 9.0, 0.0)
+    dog.tick(0.5)
+    assert collecting.wait(10)
+    dog.close()  # the attempt ended
+    release.set()
+    assert dog.busy is not None
+    dog.busy.join(10)
+    assert not dog.busy.is_alive() and heard == []

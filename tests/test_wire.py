@@ -345,6 +345,7 @@ def test_the_answers_kinds_are_sent_and_read() -> None:
     for sender, reader, name in (("remote/probe.py", "preflight/probe_session.py", "FACTS"),
                                  ("remote/sampler.py", "observe/watch.py", "SAMPLE"),
                                  ("remote/stacks.py", None, "STACKS"),
+                                 ("remote/tools.py", None, "TOOLS"),
                                  ("transport/shell.py", "logs/follow.py", "NEXT")):
         for path in filter(None, (sender, reader)):
             source = (PACKAGE / path).read_text()

@@ -6,6 +6,7 @@ of the run is recorded by its journal (runs/journal.py)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
+from clusterrun.stacks.ship import ship as ship_pyspy
 from clusterrun.transport.pool import Connections
 
 Say = Callable[[str], None]
@@ -133,12 +135,20 @@ class AttemptLoop:
         for line in planview.banner(plan):
             self.say(line)
         specs = {h.spec.name: h.spec for h in report.hosts}
+        # py-spy goes to the hosts that lack it (a watched run) while the code is copied.
+        shipping = threading.Thread(target=ship_pyspy, daemon=True, name="clusterrun-pyspy",
+                                    args=(plan, self.pool.transports, specs,
+                                          {h.spec.name: h.facts for h in report.hosts},
+                                          self.say))
+        shipping.start()
         try:
             self._code_on_hosts(plan, report, head=self.head if plan.attempt == 1 else None)
         except ClusterrunError as exc:  # a copy failed, the script is missing, a host went away
             reason = "copying the code failed" if plan.sync else "the script is not on the hosts"
             journal.ended(plan.attempt, RunState.FAILED, status=exc.exit_status, reason=reason)
             raise
+        finally:
+            shipping.join()
         mirror = Mirror(folder, first_line=journal.first_line_of(plan.attempt))
         view = LogView(Printer(self.out))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
@@ -148,7 +158,11 @@ class AttemptLoop:
         session.start()
         if plan.detach:
             return self._detached(journal, plan, session)
-        session.watch(interrupts.received, interrupts.announce)
+        try:
+            session.watch(interrupts.received, interrupts.announce)
+        finally:
+            if session.stall is not None:  # a stall report still being made stays unsaid
+                session.stall.close()
         session.end_lost()
         view.close()
         mirror.close()

@@ -75,6 +75,7 @@ def next_step(result: AttemptResult, max_restarts: int, *,
         return None
     lost = tuple((n.plan.name, f"lost ({n.lost})") for n in result.nodes if n.lost is not None)
     root = result.root
-    if root.stalled and spare and root.node not in (name for name, _why in lost):
-        lost += ((root.node, "blamed by the stall watchdog"),)
+    blamed = root.blamed_node if root.stalled else None  # None too: no stack was seen
+    if blamed is not None and spare and blamed not in (name for name, _why in lost):
+        lost += ((blamed, "blamed by the stall watchdog"),)
     return Restart(result.plan.attempt + 1, lost)

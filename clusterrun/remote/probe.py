@@ -219,7 +219,7 @@ def system_facts(request, torch, ifaces):
         "infiniband": sysinfo.infiniband(),
         "env": sysinfo.environment(),
         "machine": sysinfo.machine(),
-        "ptrace": sysinfo.ptrace(),
+        "ptrace": sysinfo.ptrace(request.get("workdir", "~/clusterrun")),
     }
 
 

@@ -54,6 +54,7 @@ PROGRESS = "progress"  # the stall watchdog: how long no rank of the node has ma
 # chained program (transport/shell.py: its interpreter now waits for the next one).
 SAMPLE = "sample"  # sampler.py, for `top` (observe/watch.py)
 STACKS = "stacks"  # stacks.py, for `stacks` and the stall report
+TOOLS = "tools"  # tools.py: where a shipped tool (py-spy) went
 NEXT = "next"
 
 # Per kind, the fields its events may carry besides KIND, ELAPSED and WALL.

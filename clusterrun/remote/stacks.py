@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote import cgroup, common, flight, procs, profile, protocol, pystack
+from clusterrun.remote import cgroup, common, flight, procs, profile, protocol, pystack, tools
 
 
 def cached(req):
@@ -21,29 +21,13 @@ def cached(req):
     return os.path.join(req["tools"], "py-spy-%s" % spy["sha"][:16])
 
 
-def receive(path, size, stdin):
-    """The shipped binary, written beside its place then renamed: never half a file."""
-    common.make_private_dir(os.path.dirname(path))
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "wb") as out:
-        left = size
-        while left:
-            block = stdin.read(min(left, 1 << 20))
-            if not block:
-                raise EOFError("py-spy's copy ended early")
-            out.write(block)
-            left -= len(block)
-    os.chmod(tmp, 0o700)
-    os.replace(tmp, path)
-
-
 def pick_pyspy(req, stdin):
     found = pystack.host_pyspy(req.get("python") or sys.executable)
     if found:
         return found
     path = cached(req)
     if path and req.get("send"):
-        receive(path, int(req["pyspy"]["size"]), stdin)
+        tools.receive(path, int(req["pyspy"]["size"]), stdin)
     if path and os.path.isfile(path) and os.access(path, os.X_OK):
         return path
     return None

@@ -234,10 +234,11 @@ def machine():
             "boot_id": _read("/proc/sys/kernel/random/boot_id"), "netns": netns}
 
 
-def ptrace():
+def ptrace(workdir=None):
     """Whether `clusterrun stacks` can read a rank's stack here (preflight/stacks.py judges):
     Yama's ptrace_scope (None: no Yama), root or CAP_SYS_PTRACE, py-spy next to this Python or
-    on PATH, and the machine type."""
+    on PATH, and the machine type; and the py-spy copies shipped to ``workdir`` before
+    (tools.py: launch ships one only where its copy is missing)."""
     scope = _read("/proc/sys/kernel/yama/ptrace_scope")
     caps = [x for x in (_read("/proc/self/status") or "").splitlines() if x.startswith("CapEff:")]
     try:
@@ -250,7 +251,17 @@ def ptrace():
     # machine: whether the controller's py-spy can be shipped here (the same `uname -m`).
     return {"scope": int(scope) if scope and scope.strip().isdigit() else None,
             "root": os.geteuid() == 0, "cap_sys_ptrace": cap,
-            "pyspy": spy[0] if spy else None, "machine": os.uname()[4]}
+            "pyspy": spy[0] if spy else None, "machine": os.uname()[4],
+            "shipped": shipped_tools(workdir) if workdir else []}
+
+
+def shipped_tools(workdir):
+    """The names of the py-spy copies in ``<workdir>/runs/.tools`` (``py-spy-<sha>``)."""
+    tools = os.path.join(os.path.abspath(os.path.expanduser(workdir)), "runs", ".tools")
+    try:
+        return sorted(n for n in os.listdir(tools) if n.startswith("py-spy-") and "." not in n)
+    except OSError:
+        return []
 
 
 def environment():

@@ -4,7 +4,8 @@ measuring are in stall.py.
 Every supervisor measures its node and reports its quiet time every 2 s: attached, to the
 controller (a "progress" event; the controller decides and sends back "stall"/"resumed");
 detached, to the hub over the gang. The hub decides with the same ``stall.stalled``, gathers
-every node's stacks over the gang, and writes the report: into its node.log (so `logs` shows
+every node's stacks over the gang, and writes the report (stallreport.py: the controller's
+rule and words too): into its node.log (so `logs` shows
 it), and into its state.json (``stall``, and ``state: stalled`` while it lasts, for `ps`). No
 rank out of line: it tests the hosts' links first (linkwatch.py) and blames a failing host. With
 ``--on-stall stop`` the stall becomes the node's own failure with exit status 7, so the gang's
@@ -14,88 +15,19 @@ usual teardown ends the run everywhere and a restart (`--max-restarts`) counts i
 import os
 import time
 
-from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stall
+from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stall, stallreport
 
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
 G = protocol.Gang
 
 
-def stop_detail(lines):
-    """The failure a stopped stall records: its odd rank out, or the report's first line."""
-    odd = [x for x in lines if "odd one out" in x]
-    return ("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
-            ).replace("stall: ", "", 1)
-
-
-def spans(numbers):
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    out = []
-    for n in sorted(numbers):
-        if out and out[-1][1] == n - 1:
-            out[-1][1] = n
-        else:
-            out.append([n, n])
-    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in out)
-
-
-def _lines(ranks_by_node, timeout):
-    """The report: odd ranks out first (node, rank, frame, last line), then the waiting group."""
+def report(ranks_by_node, timeout, missing=()):
+    """The report (remote/stallreport.py, the controller's too) from the stacks the peers sent:
+    ``(lines, record)``. ``missing``: the connected hosts that sent none in time."""
     ranks = [dict(r, node=n) for n, found in ranks_by_node.items() for r in found]
-    if not [r for r in ranks if not r.get("error")]:
-        return blind(ranks, timeout), None
-    groups = {}
-    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
-    for rank in [r for r in ranks if not r.get("error")]:
-        main = [t for t in rank.get("threads") or [] if t.get("name") == "MainThread"]
-        frames = (main or rank.get("threads") or [{}])[0].get("frames") or []
-        key = (rank.get("error"), rank.get("state") == "T",
-               tuple((f["function"], f["file"], f["line"]) for f in frames))
-        active = (main or rank.get("threads") or [{}])[0].get("active")
-        groups.setdefault(key, []).append((rank, frames, active))
-    # Ranks outside any collective first (the likelier cause), then the smallest groups.
-    ordered = sorted(groups.values(), key=lambda g: (
-        pystack.peer_wait(g[0][1], g[0][2]) is not None, len(g), g[0][0]["rank"]))
-    out = ["stall: no rank made progress for %d s; %d ranks, %d different stacks"
-           % (timeout, len(ranks), len(ordered))]
-    odd_node = None
-    for index, members in enumerate(ordered):
-        rank, frames, active = members[0]
-        wait = pystack.peer_wait(frames, active)
-        where = rank.get("error") or ("%s (%s:%d)" % (frames[-1]["function"], frames[-1]["file"],
-                                                       frames[-1]["line"]) if frames else "?")
-        numbers = sorted(m[0]["rank"] for m in members)
-        nodes = sorted({m[0]["node"] for m in members})
-        if index < len(ordered) - 1 or (len(ordered) == 1 and len(members) == 1):
-            for member in sorted((m[0] for m in members), key=lambda m: m["rank"]):
-                odd_node = odd_node or member["node"]
-                stopped = " STOPPED (SIGSTOP)" if member.get("state") == "T" else ""
-                out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
-                           % (member["rank"], member["node"], member["pid"], stopped,
-                              "the collective " + wait if wait else where,
-                              member.get("last_line", "")))
-                if member.get("where"):  # its own line, and its DataLoader workers'
-                    out.append("stall:   %s" % member["where"])
-        else:
-            out.append("stall: ranks %s (%s) wait in %s" % (
-                spans(numbers), ",".join(nodes), wait or where))
-    for rank in sorted((r for r in ranks if r.get("error")), key=lambda r: r["rank"]):
-        out.append("stall: no stack from rank %d on %s (pid %d): %s" % (
-            rank["rank"], rank["node"], rank["pid"], rank["error"]))
-    return out, odd_node
-
-
-def blind(ranks, timeout):
-    """No rank's stack could be read (no py-spy there, no permission): say so per rank, and
-    name no rank or host as the cause."""
-    out = ["stall: no rank made progress for %d s; no rank's stack could be read, so no rank or "
-           "host can be named as the cause" % timeout]
-    for rank in sorted(ranks, key=lambda r: (r["node"], r["rank"])):
-        out.append("stall: rank %d on %s (pid %d): %s; last line: %r" % (
-            rank["rank"], rank["node"], rank["pid"], rank.get("error") or "no stack",
-            rank.get("last_line", "")))
-    if not ranks:
-        out.append("stall: no rank was found on any host")
-    return out
+    problems = {n: "%s: no stacks within %g s" % (n, stall.STACKS_WAIT) for n in missing}
+    lines, record = stallreport.build(ranks, timeout, problems)
+    return lines, dict(record, nodes=ranks_by_node, odd_node=stallreport.odd_node(record))
 
 
 def shipped(rundir):
@@ -192,19 +124,19 @@ class Watch:
             want.add(self.sup.name)
             if want <= set(got) or now > deadline:
                 self.gathering = None
-                lines, odd_node = _lines(got, self.timeout)
-                if odd_node is None and self.sup.hub.peers:  # none stands out: the links?
+                lines, found = report(got, self.timeout, want - set(got))
+                if found["odd_node"] is None and self.sup.hub.peers:  # none stands out: links?
                     self.links = self._link_test(now)
-                    self.pending = (lines, got)
+                    self.pending = (lines, found)
                 if self.links is None:
-                    self.stalled(lines, {"nodes": got, "odd_node": odd_node}, stalled_now)
+                    self.stalled(lines, found, stalled_now)
         if self.links is not None:
             self.links.tick(now)
             if self.links.result is not None:
                 more, record, blamed = self.links.result
-                lines, got = self.pending  # type: ignore[misc]  # set with self.links
+                lines, found = self.pending  # type: ignore[misc]  # set with self.links
                 self.links = self.pending = None
-                self.stalled(lines + more, {"nodes": got, "odd_node": blamed, "links": record},
+                self.stalled(lines + more, dict(found, odd_node=blamed, links=record),
                              stalled_now)
 
     def _link_test(self, now):
@@ -252,7 +184,7 @@ class Watch:
             return
         blamed = (report.get("links") or {}).get("blamed") or []
         detail = (linkwatch.stop_detail(next(x for x in lines if x.startswith(
-            "stall: root cause: %s's" % blamed[0]))) if blamed else stop_detail(lines))
+            "stall: root cause: %s's" % blamed[0]))) if blamed else stallreport.stop_detail(lines))
         target = report.get("odd_node")
         conn = self.sup.hub.conns.get(target) if self.sup.hub is not None and target else None
         if blamed and target != self.sup.name and self.sup.hub is not None:

@@ -309,14 +309,17 @@ class _Change:
 
 def stopped_stall(root: Optional[Json]) -> Optional[Json]:
     """What state.json and summary.json add for a run that `--on-stall stop` ended:
-    ``{"outcome": "stalled", "stalled": {"node": blamed host, "rank": blamed rank or None}}``;
+    ``{"outcome": "stalled", "stalled": {"node": blamed host, "rank": blamed rank or None}}``
+    (a stall no stack could be seen in blames no host: ``node`` None, ``unseen`` says so);
     None for any other end. (The run's state stays ``failed``: it has ended, and the one
     run-state rule knows a stall only as a run still going.)"""
     cause = root_cause(root)
     if cause is None or not cause.stalled:
         return None
-    return {"outcome": Outcome.STALLED.label,
-            "stalled": {"node": cause.node, "rank": cause.blamed_rank}}
+    blamed: Json = {"node": cause.blamed_node, "rank": cause.blamed_rank}
+    if cause.blamed_node is None:  # no stack could be read: no host is blamed, and why
+        blamed["unseen"] = cause.detail.partition(": stalled, ")[2] or cause.detail
+    return {"outcome": Outcome.STALLED.label, "stalled": blamed}
 
 
 def events(run: RunDir) -> list[Json]:

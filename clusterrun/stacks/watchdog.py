@@ -3,8 +3,9 @@ clusterrun/remote/watchdog.py, with the same rule).
 
 Every node's supervisor reports how long its ranks have made no progress (remote/stall.py
 says what progress is). When ``stall.stalled`` says the whole run is stalled, every rank's
-stack is taken (``collect``), the report is printed, kept in the master's node.log (so `logs`
-shows it) and recorded in the run's journal (``ps`` shows ``stalled``, summary.json keeps it).
+stack is taken (``collect``), the report (remote/stallreport.py, the hub's rule and words)
+is printed, kept in the master's node.log (so `logs` shows it) and recorded in the run's
+journal (``ps`` shows ``stalled``, summary.json keeps it).
 When no rank stands out, the hosts' links are tested again first (stacks/links.py): a host
 whose links fail is the root cause.
 One report per stall: the run must move again (``resumed``) before another one.
@@ -12,69 +13,34 @@ One report per stall: the run must move again (``resumed``) before another one.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from clusterrun.inventory.ranges import fold, fold_numbers
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote import protocol, stall
+from clusterrun.remote import protocol, stall, stallreport
 from clusterrun.remote.protocol import OP, Lifeline
-from clusterrun.remote.watchdog import stop_detail as stall_detail
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import links, view
+from clusterrun.stacks import links
 from clusterrun.stacks.collect import collect
-from clusterrun.stacks.model import Collected
+from clusterrun.stacks.model import Collected, RankStack
 from clusterrun.transport import SshOptions
 
 
 def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
-    """The report's lines (odd ranks out first, then the waiting group) and its record."""
-    seen = [r for r in found.ranks if not r.error]
-    if not seen:  # blind: say what could not be seen, name no rank (and so no host)
-        return blind(found, timeout), {"timeout": timeout, "odd": [], "waiting": None,
-                                       "blind": True, "stacks": found.to_json()["ranks"]}
-    # A rank whose stack could not be read is no odd one out: not seeing it names no host.
-    groups = view.groups(dataclasses.replace(found, ranks=seen))
-    lines = [f"stall: no rank made progress for {timeout:g} s; {len(found.ranks)} ranks, "
-             f"{len(groups)} different stack{'s' if len(groups) != 1 else ''}"]
-    odd: list[dict[str, Any]] = []
-    waiting: Optional[dict[str, Any]] = None
-    for index, group in enumerate(groups):
-        wait = view.waiting_in(group.first)
-        where = f"the collective {wait}" if wait else view.innermost(group.first)
-        if index < len(groups) - 1 or (len(groups) == 1 and len(group.ranks) == 1):
-            for rank in group.ranks:
-                stopped = " STOPPED (SIGSTOP)" if rank.state == "T" else ""
-                lines.append(f"stall: odd one out: rank {rank.rank} on {rank.node} (pid "
-                             f"{rank.pid}){stopped} in {where}; last line: {rank.last_line!r}")
-                if rank.where:  # its own line, and its DataLoader workers'
-                    lines.append(f"stall:   {rank.where}")
-                odd.append({"rank": rank.rank, "node": rank.node, "pid": rank.pid,
-                            "frame": view.innermost(rank), "last_line": rank.last_line,
-                            "stopped": rank.state == "T", "where": rank.where})
-        else:
-            lines.append(f"stall: {group.label} wait in {wait or where}")
-            waiting = {"ranks": [r.rank for r in group.ranks], "in": wait or where}
-    for name, why in sorted(found.problems.items()):
-        lines.append(f"stall: no stacks from {name}: {why}")
-    lines.extend(f"stall: no stack from rank {r.rank} on {r.node} (pid {r.pid}): {r.error}"
-                 for r in found.ranks if r.error)
-    return lines, {"timeout": timeout, "odd": odd, "waiting": waiting,
-                   "stacks": found.to_json()["ranks"]}
+    """The report's lines (odd ranks out first, then the waiting group) and its record, by the
+    hub's own rule and words (remote/stallreport.py); host names folded by NodeSet here."""
+    lines, record = stallreport.build(  # type: ignore[no-untyped-call]
+        [as_sent(r) for r in found.ranks], timeout, found.problems,
+        fold_nodes=fold, fold_ranks=fold_numbers)
+    return lines, dict(record, stacks=found.to_json()["ranks"])
 
 
-def blind(found: Collected, timeout: float) -> list[str]:
-    """The report when no rank's stack could be read: why, per host, instead of a verdict."""
-    lines = [f"stall: no rank made progress for {timeout:g} s; no rank's stack could be read, "
-             "so no rank or host can be named as the cause"]
-    for name, why in sorted(found.problems.items()):
-        lines.append(f"stall: no stacks from {name}: {why}")
-    for rank in found.ranks:
-        lines.append(f"stall: rank {rank.rank} on {rank.node} (pid {rank.pid}): {rank.error}; "
-                     f"last line: {rank.last_line!r}")
-    return lines
+def as_sent(rank: RankStack) -> dict[str, Any]:
+    """A rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``), with its node."""
+    return dict(rank.to_json(), state=rank.state, error=rank.error, last_line=rank.last_line)
 
 
 class Watchdog:
@@ -94,6 +60,16 @@ class Watchdog:
         self.quiet: dict[str, Optional[tuple[float, float]]] = dict.fromkeys(nodes)
         self.fired = False
         self.busy: Optional[threading.Thread] = None
+        # The report is made on its own thread (collecting stacks takes seconds): once the
+        # attempt has ended (``close``) it says, records and sends nothing more.
+        self.closed = False
+        self.speaking = threading.Lock()
+
+    def close(self) -> None:
+        """The attempt ended: a report still being made is dropped, never printed after the
+        attempt's end (nor recorded, nor sent to a node that has stopped)."""
+        with self.speaking:
+            self.closed = True
 
     def update(self, node: str, quiet: float, arrived: float) -> None:
         self.quiet[node] = (quiet, arrived)
@@ -123,28 +99,41 @@ class Watchdog:
     def _fire(self) -> None:
         found = collect(self.run, self.ssh)
         lines, record = report(found, self.timeout)
-        for line in lines:
-            self.say(line)
+        if not self._say(lines):
+            return
         # No odd rank out (all wait in one collective, or none could be seen): the hosts'
         # data path is tested again, and a host whose links fail is the root cause.
         blamed: Optional[str] = None
         more: list[str] = []
         if not record["odd"]:
             more, record["links"], blamed = links.judge(links.retest(self.run, self.ssh))
+            lines.extend(more)
+        with self.speaking:
+            if self.closed:
+                return
             for line in more:
                 self.say(line)
-            lines.extend(more)
-        self.record(record)
-        self.to_node(None, {OP: Lifeline.STALL, "lines": lines, "report": {
-            k: v for k, v in record.items() if k != "stacks"}})
-        # The odd rank's node, or the host whose links failed, fails with status 7 (--on-stall
-        # stop there): the root cause names that host, so a restart replaces it if a spare is
-        # left. Neither: the master.
-        odd = record["odd"][0]["node"] if record["odd"] else blamed
-        detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line comes first
-                  else stall_detail(lines))  # type: ignore[no-untyped-call]
-        if self.stop_run:
-            self.to_node(odd, {OP: Lifeline.STALL, "fail": True, "detail": detail})
+            self.record(record)
+            self.to_node(None, {OP: Lifeline.STALL, "lines": lines, "report": {
+                k: v for k, v in record.items() if k != "stacks"}})
+            # The odd rank's node, or the host whose links failed, fails with status 7
+            # (--on-stall stop there): the root cause names that host, so a restart replaces
+            # it if a spare is left. Neither: the master, whose failure's detail says that no
+            # rank stood out (or none could be seen: then no host is blamed, wire.RootCause).
+            odd = stallreport.odd_node(record) or blamed  # type: ignore[no-untyped-call]
+            detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line is first
+                      else stallreport.stop_detail(lines))  # type: ignore[no-untyped-call]
+            if self.stop_run:
+                self.to_node(odd, {OP: Lifeline.STALL, "fail": True, "detail": detail})
+
+    def _say(self, lines: list[str]) -> bool:
+        """Print the lines unless the attempt has ended; whether it had not."""
+        with self.speaking:
+            if self.closed:
+                return False
+            for line in lines:
+                self.say(line)
+            return True
 
 
 def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,

@@ -113,7 +113,7 @@ class FakeHost:
         minor = ".".join(self.python.split(".")[:2])
         workdir = str(request.get("workdir", "~/clusterrun")).replace("~", f"/home/{self.user}", 1)
         lookup = {"addresses": [own] if own else [], "error": None, "seconds": 0.001}
-        facts = {
+        facts: dict[str, Any] = {
             "hostname": name, "user": self.user, "python": self.python,
             "python_path": "/usr/bin/python3",
             "torch": {"version": self.torch, "cuda": None, "path": f"/usr/local/lib/python"
@@ -137,7 +137,7 @@ class FakeHost:
             "machine": self.machine(),
             # The controller's CPU: its py-spy is the one shipped there.
             "ptrace": {"scope": 1, "root": self.user == "root", "cap_sys_ptrace": False,
-                       "pyspy": None, "machine": platform.machine()},
+                       "pyspy": None, "machine": platform.machine(), "shipped": []},
         }
         facts.update(self.facts)
         return facts
