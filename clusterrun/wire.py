@@ -61,11 +61,15 @@ class RootCause:
 
     @property
     def blamed_node(self) -> Optional[str]:
-        """The host a stopped stall blamed: the node that failed with it, except where no
-        rank's stack could be read (the report named no host; the master stopped the run)."""
-        if self.stalled and stallreport.BLIND in self.detail:
-            return None
-        return self.node
+        """The host a stopped stall blamed: the node that failed with it when a rank stood out
+        there or its links failed. Otherwise (every rank waits alike and every link connects,
+        or no rank's stack could be read) the report named no host, and the master only
+        stopped the run: nothing may replace it on that basis."""
+        if not self.stalled:
+            return self.node
+        said = self.detail.partition(": stalled, ")[2]
+        named = _ODD.search(said) or said.startswith(stallreport.LINKS_FAIL)
+        return self.node if named else None
 
     def public(self) -> dict[str, Any]:
         return {"node": self.node, "rank": self.rank, "code": self.code, "signal": self.signal,

@@ -69,10 +69,12 @@ def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None
     assert re.search(r"stall: ranks 0-1 \(node\[0-1\]\) wait in <module> \(job\.py:3\)",
                      cp.stderr), cp.stderr
     assert "Traceback" not in cp.stderr
-    # Recorded as a stall, not as a rank that exits 7: no rank stood out, the master is blamed.
+    # Recorded as a stall, not as a rank that exits 7: no rank stood out, so no host is blamed
+    # (the master only ended the run), and the record says why.
     ps = run_cli("ps", "--json")
     [row] = json.loads(ps.stdout)
-    blamed = {"node": "node0", "rank": None}
+    blamed = {"node": None, "rank": None,
+              "why": "no rank made progress for 3 s; 2 ranks, 1 different stack"}
     assert (row["state"], row["exit_status"], row["outcome"], row["stalled"]) == (
         "failed", 7, "stalled", blamed), row
     summary = json.loads((home / "runs" / row["id"] / "summary.json").read_text())

@@ -154,7 +154,7 @@ def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: P
     journal.ended(1, RunState.FAILED, status=7, root=stall.public(), summary={"exit_status": 7})
     blamed = journal.run.state["stalled"]
     assert blamed["node"] is None and blamed["rank"] is None, blamed
-    assert blamed["unseen"] == ("no rank made progress for 15 s; no rank's stack could be read, "
+    assert blamed["why"] == ("no rank made progress for 15 s; no rank's stack could be read, "
                                 "so no rank or host can be named as the cause")
     assert store.read_json(journal.run.file("summary.json"))["stalled"] == blamed
     plan = SimpleNamespace(attempt=1)

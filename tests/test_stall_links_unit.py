@@ -100,14 +100,28 @@ def test_no_odd_rank_and_a_cut_host_stops_that_host_not_the_master(
     assert any(x.startswith("stall: root cause: node2's links fail") for x in said), said
     report = sent[0][1]["report"]
     assert report["links"]["blamed"] == ["node2"], report
+    from clusterrun.wire import RootCause
+
+    assert RootCause("node2", None, 7, f"node2: {stop['detail']}").blamed_node == "node2"
 
 
-def test_no_odd_rank_and_fine_links_still_stop_at_the_master(
+def test_no_odd_rank_and_fine_links_stop_at_the_master_and_blame_no_host(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every rank waits in the same collective and every link connects: the master ends the
+    run, but nothing is known against it, so no host is recorded or replaced."""
+    from clusterrun.runs.journal import stopped_stall
+    from clusterrun.wire import RootCause
+
     ranks = [waiting(r, HOSTS[r // 2]) for r in range(6)]
     sent, said, _ = fire(monkeypatch, tmp_path, ranks, [])
-    assert sent[-1][0] is None  # None: the master, as before
+    node, stop = sent[-1]
+    assert node is None and stop["fail"], sent  # None: the master's supervisor stops the run
     assert any(x.startswith("stall: links fine:") for x in said), said
+    cause = RootCause("node1", None, 7, f"node1: {stop['detail']}")
+    assert cause.stalled and cause.blamed_node is None and cause.blamed_rank is None, cause
+    recorded = stopped_stall(cause.public())
+    assert recorded is not None and recorded["stalled"]["node"] is None, recorded
+    assert recorded["stalled"]["why"].startswith("no rank made progress"), recorded
 
 
 def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,

@@ -13,7 +13,7 @@ hub to it. ``links_close`` ends the listeners.
 import threading
 import time
 
-from clusterrun.remote import mesh, protocol
+from clusterrun.remote import mesh, protocol, stallreport
 
 G = protocol.Gang
 
@@ -68,7 +68,7 @@ def judge(hosts, blocked, addresses):
 
 
 def stop_detail(line):
-    return "stalled, its links fail: " + line.partition("'s links fail: ")[2]
+    return "stalled, " + stallreport.LINKS_FAIL + line.partition("'s links fail: ")[2]
 
 
 class Side:

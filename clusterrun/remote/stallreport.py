@@ -21,6 +21,8 @@ from clusterrun.remote import pystack
 # The words of a blind report's first line, and so of its stop's detail: wire.RootCause reads
 # them to record a stopped stall that blames no host.
 BLIND = "no rank's stack could be read, so no rank or host can be named as the cause"
+# How a stop's detail starts when a host's links failed the re-test (linkwatch.py, links.py).
+LINKS_FAIL = "its links fail: "
 
 
 def spans(numbers):

@@ -310,15 +310,16 @@ class _Change:
 def stopped_stall(root: Optional[Json]) -> Optional[Json]:
     """What state.json and summary.json add for a run that `--on-stall stop` ended:
     ``{"outcome": "stalled", "stalled": {"node": blamed host, "rank": blamed rank or None}}``
-    (a stall no stack could be seen in blames no host: ``node`` None, ``unseen`` says so);
+    (a stall in which no rank stood out and no link failed, or no stack could be read,
+    blames no host: ``node`` None, and ``why`` says what the report found instead);
     None for any other end. (The run's state stays ``failed``: it has ended, and the one
     run-state rule knows a stall only as a run still going.)"""
     cause = root_cause(root)
     if cause is None or not cause.stalled:
         return None
     blamed: Json = {"node": cause.blamed_node, "rank": cause.blamed_rank}
-    if cause.blamed_node is None:  # no stack could be read: no host is blamed, and why
-        blamed["unseen"] = cause.detail.partition(": stalled, ")[2] or cause.detail
+    if cause.blamed_node is None:  # the report named no host: why
+        blamed["why"] = cause.detail.partition(": stalled, ")[2] or cause.detail
     return {"outcome": Outcome.STALLED.label, "stalled": blamed}
 
 

@@ -23,7 +23,7 @@ from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, stallreport
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
@@ -175,4 +175,4 @@ def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
 def stop_detail(line: str) -> str:
     """The failure a stopped stall records when a host's links are to blame: the root cause
     line names the host already (wire.RootCause reads a stall from "stalled" at its start)."""
-    return "stalled, its links fail: " + line.partition("'s links fail: ")[2]
+    return "stalled, " + stallreport.LINKS_FAIL + line.partition("'s links fail: ")[2]
