@@ -6,12 +6,11 @@ those of ``attempts.current(run)``."""
 
 from __future__ import annotations
 
-import atexit
-import threading
 from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
+from clusterrun.runs import connections
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.pool import Connections
@@ -32,28 +31,20 @@ def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
     return out
 
 
-# One connection per host for the whole command, whatever it asks in turn (`stop`: stop.py,
-# then status.py, then the logs): each program runs in the interpreter the one before left
-# there (transport.programs), so the host pays its login shell once. Closed when it exits.
-_pools: dict[SshOptions, Connections] = {}
-_pools_lock = threading.Lock()
-
-
 def _connections(ssh: SshOptions) -> Connections:
-    with _pools_lock:
-        if ssh not in _pools:
-            _pools[ssh] = Connections(ssh)
-            atexit.register(_pools[ssh].close)
-        return _pools[ssh]
+    """The command's pool for these options (runs/connections.py), else one of this step's."""
+    held = connections.current()
+    return held.pool(ssh, Connections) if held is not None else Connections(ssh)
 
 
 def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
                deadline: Optional[float]) -> parallel.GroupResult[HostSpec, T]:
     """``fn(transport, spec, plan entry)`` on every node of a run at once, over the command's
-    connection to it."""
+    connection to it (runs/connections.py)."""
     pairs = host_specs(run)
     nodes = {spec.name: node for spec, node in pairs}
 
+    owned = connections.current() is None  # no command holds the connections: this step does
     pool = _connections(ssh)
 
     def one(spec: HostSpec) -> T:
@@ -64,7 +55,11 @@ def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, d
             pool.discard(spec.name)  # the next step of this command connects afresh
             raise
 
-    return parallel.run(one, [spec for spec, _ in pairs], deadline)
+    try:
+        return parallel.run(one, [spec for spec, _ in pairs], deadline)
+    finally:
+        if owned:
+            pool.close()
 
 
 def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
