@@ -10,7 +10,7 @@ from pathlib import Path
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import store
 from clusterrun.runs.journal import Journal, RunRecord
-from clusterrun.runs.records import AttemptRecord, RunStatus
+from clusterrun.runs.records import AttemptRecord, NodeState, RunStatus
 from clusterrun.runs.state import RunState
 
 RUN_ID = "20260101-000000-train-0001"
@@ -73,3 +73,20 @@ def test_a_status_made_here_writes_what_it_says() -> None:
     assert RunStatus.from_json(None) == RunStatus() and RunStatus().to_json() == {}
     run = store.RunDir(Path("/nonexistent") / "runs" / RUN_ID)
     assert RunStatus.of(run) == RunStatus()
+
+
+def test_a_hosts_state_as_status_py_answers_it() -> None:
+    node = NodeState.from_json({
+        "state": "failed", "exit_code": 1, "reason": "rank 3 exited with 1",
+        "ranks": {"2": 0, "3": 1}, "ended_at": 12, "checksums": {"node.log": [3, "ab"]},
+        "root_cause": {"node": "gpu-b", "rank": 3, "code": 1, "detail": "gpu-b: rank 3"},
+        "supervisor_pid": 77})
+    assert (node.run_state, node.exit_code, node.ended_at) == (RunState.FAILED, 1, 12.0)
+    assert node.rank_exits == {"2": 0, "3": 1} and node.checksums == {"node.log": [3, "ab"]}
+    assert node.root_cause is not None and (node.root_cause.node, node.root_cause.rank) \
+        == ("gpu-b", 3)
+    assert not node.unreachable and node.stall is None
+    stalled = NodeState.from_json({"state": "stalled", "stall": {"lines": ["x"]}})
+    assert stalled.run_state is RunState.STALLED and stalled.stall == {"lines": ["x"]}
+    assert NodeState.from_json({"state": "missing"}).run_state is None
+    assert NodeState.from_json(None) == NodeState()

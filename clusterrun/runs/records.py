@@ -1,6 +1,7 @@
-"""A run's records as types: what its state.json says, each entry of its attempts list, and
-each event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is
-what users and tests read: its shape is the one docs/observability.md describes).
+"""A run's records as types: what its state.json says, each entry of its attempts list, each
+event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is what
+users and tests read: its shape is the one docs/observability.md describes), and each node's
+state as its host keeps it (read only: the host's supervisor writes it).
 
 runs.journal is their one writer; everything outside runs/ reads a run through these types
 (``RunStatus.of(run)``), never through the raw dict.
@@ -15,6 +16,7 @@ from typing import Optional
 
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
+from clusterrun.wire import RootCause, root_cause
 
 Json = dict[str, object]
 
@@ -186,6 +188,41 @@ class RunStatus:
 
 
 _NOTHING = RunStatus()
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node's state.json on its host, as its supervisor keeps it (remote/run.py) and
+    status.py answers for `ps`, `logs` and `stop` (runs/remote.py ``status``); a host that could
+    not be asked is ``unreachable``, with why in ``reason``."""
+
+    state: Optional[str] = None  # as the host says it: a RunState's value, "missing", "unknown"
+    exit_code: Optional[int] = None
+    reason: Optional[str] = None
+    error: Optional[str] = None
+    rank_exits: Mapping[str, int] = field(default_factory=dict)  # its ``ranks``: rank: code
+    root_cause: Optional[RootCause] = None  # a detached run's, on its master's host
+    checksums: Mapping[str, Json] = field(default_factory=dict)  # {file: [size, sha256]}
+    ended_at: Optional[float] = None
+    stall: Optional[Json] = None  # a detached run's stall report, while it lasts
+    unreachable: bool = False
+
+    @property
+    def run_state(self) -> Optional[RunState]:
+        return RunState.parse(self.state)
+
+    @classmethod
+    def from_json(cls, raw: object) -> NodeState:
+        if not isinstance(raw, dict):
+            return cls()
+        ranks, sums, stall = raw.get("ranks"), raw.get("checksums"), raw.get("stall")
+        return cls(_str(raw.get("state")), _int(raw.get("exit_code")), _str(raw.get("reason")),
+                   _str(raw.get("error")),
+                   {str(r): c for r, c in ranks.items() if _int(c) is not None}
+                   if isinstance(ranks, dict) else {},
+                   root_cause(raw.get("root_cause")),
+                   dict(sums) if isinstance(sums, dict) else {}, _float(raw.get("ended_at")),
+                   stall if isinstance(stall, dict) else None, bool(raw.get("unreachable")))
 
 
 def _int(value: object) -> Optional[int]:

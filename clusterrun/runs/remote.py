@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, TypeVar
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
 from clusterrun.runs import connections
+from clusterrun.runs.records import NodeState
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.pool import Connections
@@ -62,20 +63,20 @@ def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, d
             pool.close()
 
 
-def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
-    """Per node, the supervisor's state.json there; a host that could not be asked has
-    ``unreachable: True`` and the reason."""
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+def status(run: RunDir, ssh: SshOptions) -> dict[str, NodeState]:
+    """Per node, the supervisor's state.json there; a host that could not be asked is
+    ``unreachable``, with the reason."""
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> NodeState:
         reply = wire.parse(call(transport, spec, "status.py", {"rundir": node["rundir"]},
                                 timeout=30))
         if not isinstance(reply, wire.Status):
             raise wire.ProtocolError(f"{spec.name}: status.py answered {reply}")
-        return reply.state or {"state": "missing"}
+        return NodeState.from_json(reply.state or {"state": "missing"})
 
     results = each_node(run, ssh, one, ssh.connect_timeout + 30)
     return {r.spec.name: (r.value if r.value is not None else
-                          {"state": "unknown", "unreachable": True,
-                           "reason": r.failure.message if r.failure else ""})
+                          NodeState("unknown", unreachable=True,
+                                    reason=r.failure.message if r.failure else ""))
             for r in results}
 
 
