@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -151,8 +151,7 @@ class Journal:
             if not open_:
                 change.keep = True
                 return
-            entries[open_[0]] = replace(entries[open_[0]], exit_status=status, ended_at=ended_at,
-                                        root_cause=_str(root.get("detail")) if root else None)
+            entries[open_[0]] = entries[open_[0]].ended(status, ended_at, root)
             change.state = change.state.with_(attempts=[e.to_json() for e in entries])
             change.root_event(k, root)
             change.event(EventKind.ATTEMPT_ENDED, attempt=k, exit_status=status)
@@ -309,10 +308,6 @@ class _Change:
         if root:
             kind = EventKind.HOST_LOST if root.get("lost") else EventKind.RANK_FAILED
             self.event(kind, attempt=k, root_cause=root)
-
-
-def _str(value: object) -> Optional[str]:
-    return value if isinstance(value, str) else None
 
 
 def stopped_stall(root: Optional[Json]) -> Optional[Json]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from clusterrun.runs.state import RunState
@@ -81,6 +81,12 @@ class AttemptRecord:
 
     def to_json(self) -> Json:
         return dict(asdict(self), hosts=list(self.hosts))
+
+    def ended(self, status: int, at: float, root: Optional[Mapping[str, object]]) -> AttemptRecord:
+        """This attempt, ended with ``status`` at ``at``; ``root``: its root cause as
+        RootCause.public() gives it (the entry keeps its detail, in words)."""
+        return replace(self, exit_status=status, ended_at=at,
+                       root_cause=_str(root.get("detail")) if root else None)
 
     @classmethod
     def from_json(cls, raw: object) -> Optional[AttemptRecord]:
