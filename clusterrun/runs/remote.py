@@ -6,6 +6,7 @@ those of ``attempts.current(run)``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun import wire
@@ -80,16 +81,28 @@ def status(run: RunDir, ssh: SshOptions) -> dict[str, NodeState]:
             for r in results}
 
 
-def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Any]:
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stopped:
+    """What stop.py answered for one node: whether the run was there, its state before and
+    after; or why the host could not be asked (``error``)."""
+
+    found: bool = False
+    was: Optional[str] = None
+    state: Optional[NodeState] = None
+    error: Optional[str] = None
+
+
+def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Stopped]:
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> Stopped:
         reply = wire.parse(call(transport, spec, "stop.py",
                                 {"rundir": node["rundir"], "grace": grace, "force": force},
                                 timeout=grace + 30))
         if not isinstance(reply, wire.StopResult):
             raise wire.ProtocolError(f"{spec.name}: stop.py answered {reply}")
-        return {"found": reply.found, "was": reply.was, "state": reply.state}
+        return Stopped(reply.found, reply.was,
+                       NodeState.from_json(reply.state) if reply.state else None)
 
     results = each_node(run, ssh, one, ssh.connect_timeout + grace + 40)
-    return {r.spec.name: (r.value if r.value is not None else {"error": r.failure.message
-                                                               if r.failure else "unknown"})
+    return {r.spec.name: (r.value if r.value is not None else
+                          Stopped(error=r.failure.message if r.failure else "unknown"))
             for r in results}
