@@ -19,6 +19,7 @@ from clusterrun.console import Printer
 from clusterrun.logs import follow
 from clusterrun.logs import show as logview
 from clusterrun.logs.view import Filter
+from clusterrun.remote import layout
 from clusterrun.runs import attempts, remote, store
 from clusterrun.transport import SshOptions
 from tests.conftest import run_main
@@ -102,6 +103,20 @@ def test_attempt_folders_keep_the_run_id(restarted: store.RunDir) -> None:
     assert attempts.top(second) == restarted
     assert attempts.count(restarted) == 2 and attempts.current(restarted) == second
     assert attempts.most(restarted) == 3
+
+
+def test_the_hosts_and_this_machine_agree_on_the_layout(restarted: store.RunDir) -> None:
+    """A node's rundir on a host and the attempt's folder here name the attempt alike, and a
+    host finds the py-spy `stacks` shipped beside the runs from any attempt's rundir."""
+    for k in (1, 3):
+        rundir = layout.rundir("/srv/work", RUN_ID, k, "gpu-a")
+        here = attempts.attempt_dir(restarted, k).path
+        assert Path(rundir).parent.relative_to("/srv/work") \
+            == here.relative_to(restarted.path.parent.parent)
+        assert store.RunDir(Path(rundir).parent).attempt == k
+        assert layout.tools_dir(rundir) == "/srv/work/runs/.tools"
+    # A run whose own id looks like an attempt's folder is a run.
+    assert store.RunDir(restarted.path.parent / "attempt-2").attempt == 1
 
 
 def test_an_old_run_is_one_attempt(home: Path) -> None:

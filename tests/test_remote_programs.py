@@ -75,3 +75,15 @@ def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: 
                           cwd=tmp_path, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout[2:]) == {"ev": "status", "state": None}
+
+
+def test_shared_modules_are_found_on_one_line_and_in_parentheses() -> None:
+    """ruff's isort writes a long `from clusterrun.remote import` in parentheses over several
+    lines: those modules are shipped too."""
+    from clusterrun.transport import shell
+
+    one = shell._SHARED.findall(b"from clusterrun.remote import common, layout\n")
+    wrapped = shell._SHARED.findall(b"from clusterrun.remote import (\n    common,\n"
+                                    b"    layout,\n)\nx = 1\n")
+    assert [a or b for a, b in one] == [b"common, layout"]
+    assert [b"".join((a or b).split()) for a, b in wrapped] == [b"common,layout,"]

@@ -221,3 +221,62 @@ def test_top_follows_a_restarted_run_to_its_new_hosts(tmp_path: Path,
     while len(opened) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted(opened) == ["gpu-a", "gpu-a", "gpu-b", "gpu-c"]
+
+
+class _Ended:
+    """A connection or a channel that remembers being closed (silent until then)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.ended = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self.ended.is_set()
+
+    def run(self, _command: str) -> _Ended:
+        self.channel = _Ended()
+        return self.channel
+
+    def recv(self, _size: int) -> bytes:
+        self.ended.wait(5)
+        return b""
+
+    def close_stdin(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.ended.set()
+
+
+def test_a_host_that_connects_after_top_let_it_go_is_not_left_connected(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart moves `top` to new hosts (or the user quits) while a host is still being
+    connected on its own thread: the connection, once made, is ended, not kept for nobody."""
+    import threading
+
+    from clusterrun.inventory import HostSpec
+    from clusterrun.observe import watch as watching
+    from clusterrun.transport import SshOptions
+
+    release = threading.Event()
+    made: list[_Ended] = []
+
+    def connect(_spec: Any, _ssh: Any) -> _Ended:
+        release.wait(5)
+        made.append(_Ended())
+        return made[-1]
+
+    monkeypatch.setattr(watching, "connect", connect)
+    monkeypatch.setattr(watching, "drain", lambda _proc, _limit: (None, bytearray()))
+    monkeypatch.setattr(watching, "send", lambda *_args: None)
+    spec = HostSpec(host="10.0.0.1", name="gpu-a", master=True, line=1)
+    link = watching.Link(spec, {"rundir": "/tmp/r/gpu-a", "ranks": [0, 0]}, SshOptions())
+    opening = threading.Thread(target=link.open)
+    opening.start()
+    link.close()  # while it connects
+    release.set()
+    opening.join(5)
+    assert made and made[0].closed and made[0].channel.closed
+    assert link.proc is None and link.transport is None

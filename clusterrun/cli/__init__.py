@@ -15,6 +15,7 @@ from clusterrun.cli import envs, hosts, launch, observe, runs, sandbox, stacks
 from clusterrun.cli.common import CONTEXT
 from clusterrun.errors import ClusterrunError, ExitStatus, Result, exit_status
 from clusterrun.home import home as state_home
+from clusterrun.runs import connections
 
 
 @click.group(context_settings=CONTEXT)
@@ -65,7 +66,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     through ``errors.exit_status`` (the one mapping), an error through its outcome."""
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
+        with connections.held():  # the connections to a run's hosts: closed when it ends
+            status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:

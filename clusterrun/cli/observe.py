@@ -41,11 +41,15 @@ def quit_key() -> Iterator[threading.Event]:
             if ready and sys.stdin.read(1) in ("q", "Q"):
                 quit_.set()
 
-    threading.Thread(target=read, daemon=True, name="top-keys").start()
+    reader = threading.Thread(target=read, daemon=True, name="top-keys")
+    reader.start()
     try:
         yield quit_
     finally:
         quit_.set()
+        # Ended (within one select) before the terminal is given back: it reads no key meant
+        # for the shell.
+        reader.join()
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 

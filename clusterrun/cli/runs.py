@@ -159,11 +159,11 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     results = remote_runs.stop(attempts.current(run), ssh, grace, force)
     failed = []
     for name, result in results.items():
-        if "error" in result:
+        if result.error is not None:
             failed.append(name)
-            click.echo(f"{name}: {result['error']}", err=True)
+            click.echo(f"{name}: {result.error}", err=True)
             continue
-        final = (result.get("state") or {}).get("state", "not found")
+        final = result.state.state if result.state and result.state.state else "not found"
         click.echo(f"{name}: {final}")
     if failed:
         click.echo(f"run {run.id}: NOT stopped on {', '.join(failed)}", err=True)

@@ -15,12 +15,12 @@ from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.runs import attempts, lifecycle, remote
 from clusterrun.runs.journal import Journal
-from clusterrun.runs.records import Json
+from clusterrun.runs.records import Json, NodeState
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
 from clusterrun.runs.summary import SETTLED, NodeSummary, Summary
 from clusterrun.transport import SshOptions
-from clusterrun.wire import RootCause, root_cause
+from clusterrun.wire import RootCause
 
 Say = Callable[[str], None]
 
@@ -46,8 +46,8 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say,
             given: Optional[Journal]) -> RunState:
     per_node = remote.status(attempt, ssh)
     # A host that could not be asked (crashed, partitioned, sshd gone) has no state.
-    unreachable = [name for name, s in per_node.items() if s.get("unreachable")]
-    states = {name: RunState.parse(s.get("state")) for name, s in per_node.items()}
+    unreachable = [name for name, s in per_node.items() if s.unreachable]
+    states = {name: s.run_state for name, s in per_node.items()}
     state = combine(states, unreachable=unreachable)
     if not state.final:
         with _journal(run, given, say) as journal:
@@ -61,10 +61,10 @@ def _settle(run: RunDir, attempt: RunDir, ssh: SshOptions, say: Say,
         following.follow(attempt, ssh, mirror, None, say, keep_following=False)
     finally:
         mirror.close()
-    checks = verify(attempt, {name: s.get("checksums") or {} for name, s in per_node.items()
+    checks = verify(attempt, {name: dict(s.checksums) for name, s in per_node.items()
                               if name not in unreachable})
     status = exit_status(state, root)
-    ended = max((float(s.get("ended_at") or 0) for s in per_node.values()), default=0.0) or now()
+    ended = max((s.ended_at or 0.0 for s in per_node.values()), default=0.0) or now()
     summary = _summary(attempt, per_node, unreachable, root=root, status=status, checks=checks)
     with _journal(run, given, say) as journal:
         return journal.ended(attempt.attempt, state, status=status, summary=summary,
@@ -80,10 +80,10 @@ def _journal(run: RunDir, given: Optional[Journal], say: Say) -> Iterator[Journa
         yield journal
 
 
-def record_stall(journal: Journal, k: int, states: Iterable[dict[str, Any]]) -> None:
+def record_stall(journal: Journal, k: int, states: Iterable[NodeState]) -> None:
     """Attempt k is stalled while a host's state says so (a detached run's hub keeps its
     report there: remote/watchdog.py, with the report), and running again once none does."""
-    found = [s.get("stall") or {} for s in states if s.get("state") == "stalled"]
+    found = [s.stall or {} for s in states if s.run_state is RunState.STALLED]
     if found:
         journal.stalled(k, dict(found[0]))
     elif lifecycle.recorded(journal.run) is RunState.STALLED:
@@ -97,26 +97,22 @@ class Stalls:
     def __init__(self, journal: Journal, k: int) -> None:
         self.journal = journal
         self.k = k
-        self.states: dict[str, dict[str, Any]] = {}
+        self.states: dict[str, NodeState] = {}
         self._lock = threading.Lock()  # one follower thread per host
 
     def __call__(self, node: str, state: dict[str, Any]) -> None:
         with self._lock:
-            self.states[node] = state
+            self.states[node] = NodeState.from_json(state)
             record_stall(self.journal, self.k, list(self.states.values()))
 
 
-def _root_cause(per_node: dict[str, dict[str, Any]]) -> Optional[RootCause]:
+def _root_cause(per_node: dict[str, NodeState]) -> Optional[RootCause]:
     """The root cause as the hosts recorded it: the master's supervisor keeps a detached run's
     (first failure in its own arrival order, so no two hosts' clocks are compared)."""
-    for state in per_node.values():
-        root = root_cause(state.get("root_cause"))
-        if root is not None:
-            return root
-    return None
+    return next((s.root_cause for s in per_node.values() if s.root_cause is not None), None)
 
 
-def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list[str], *,
+def _summary(run: RunDir, per_node: dict[str, NodeState], unreachable: list[str], *,
              root: Optional[RootCause], status: int, checks: Json) -> Json:
     """summary.json (runs/summary.py) for a run (one attempt's folder) whose controller was
     not there at the end: each node as its host's state file says."""
@@ -127,8 +123,8 @@ def _summary(run: RunDir, per_node: dict[str, dict[str, Any]], unreachable: list
         lost = name in unreachable
         nodes.append(NodeSummary(
             name, node.get("node_rank"), node.get("ranks"),
-            "lost" if lost else state.get("state"), None if lost else state.get("exit_code"),
-            state.get("reason") or (state.get("error") if lost else None),
-            {str(r): c for r, c in sorted((state.get("ranks") or {}).items())}))
+            "lost" if lost else state.state, None if lost else state.exit_code,
+            state.reason or (state.error if lost else None),
+            {str(r): c for r, c in sorted(state.rank_exits.items())}))
     return Summary(run.id, status, None, root, tuple(nodes), checks,
                    settled_by=SETTLED).to_json()

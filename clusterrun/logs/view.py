@@ -93,11 +93,15 @@ class LogView:
             while not done.wait(every):
                 self.tick()
 
-        threading.Thread(target=run, daemon=True, name="clusterrun-tick").start()
+        ticker = threading.Thread(target=run, daemon=True, name="clusterrun-tick")
+        ticker.start()
         try:
             yield self
         finally:
             done.set()
+            # A tick under way ends before the caller goes on: no partial line is printed
+            # after the block, below what the caller says next (a run's end, a summary).
+            ticker.join()
 
     def close(self, node: Optional[str] = None) -> None:
         """End of stream (for one node, or all): print what is left."""

@@ -44,6 +44,7 @@ class Link:
         self.busy = False  # connecting right now
         self.stderr = bytearray()  # the sampler's last words, for a lost host's reason
         self.answered = threading.Condition()
+        self.closed = False  # for good: an open() under way when it closed ends what it made
 
     @property
     def name(self) -> str:
@@ -64,10 +65,12 @@ class Link:
             threading.Thread(target=self.read, args=(proc,), daemon=True,
                              name=f"top-{self.name}").start()
         except (ClusterrunError, OSError) as exc:
-            self.close()
+            self._disconnect()
             self.down = getattr(exc, "message", None) or str(exc)
         finally:
             self.busy = False
+        if self.closed:  # `top` quit, or moved to a restart's hosts, while this connected
+            self._disconnect()
 
     def read(self, proc: Process) -> None:
         buffer = b""
@@ -111,6 +114,11 @@ class Link:
         return self.latest is not None and self.latest.get("seq") == seq
 
     def close(self) -> None:
+        """For good: a connection still being made is ended as soon as it is made."""
+        self.closed = True
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         proc, transport, self.proc, self.transport = self.proc, self.transport, None, None
         if proc is not None:
             with contextlib.suppress(OSError):

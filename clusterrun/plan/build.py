@@ -17,7 +17,7 @@ from clusterrun.inventory import AUTO, HostSpec, Inventory, ranks
 from clusterrun.plan import environment, placeholders
 from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.remote import protocol
+from clusterrun.remote import layout, protocol
 
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
 # file has changed since.
@@ -148,8 +148,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
     for host, nproc, span in zip(hosts, nprocs, starts):
         spec = host.spec
         workdir = host.workdir or spec.workdir
-        rundir = (f"{workdir}/runs/{run_id}/{spec.name}" if attempt == 1 else
-                  f"{workdir}/runs/{run_id}/attempt-{attempt}/{spec.name}")
+        rundir = layout.rundir(workdir, run_id, attempt, spec.name)
         cwd, code_dest = code_paths(spec, workdir, job, sync)
         values: dict[str, object] = {
             "node_rank": host.node_rank, "nnodes": len(hosts),

@@ -15,7 +15,16 @@ usual teardown ends the run everywhere and a restart (`--max-restarts`) counts i
 import os
 import time
 
-from clusterrun.remote import cgroup, common, linkwatch, protocol, pystack, stall, stallreport
+from clusterrun.remote import (
+    cgroup,
+    common,
+    layout,
+    linkwatch,
+    protocol,
+    pystack,
+    stall,
+    stallreport,
+)
 
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
 G = protocol.Gang
@@ -32,10 +41,7 @@ def report(ranks_by_node, timeout, missing=()):
 
 def shipped(rundir):
     """A py-spy `clusterrun stacks` shipped to this host before (<workdir>/runs/.tools)."""
-    parts = rundir.rstrip("/").split("/")[:-1]
-    if parts and parts[-1].startswith("attempt-"):
-        parts.pop()
-    tools = "/".join([*parts[:-1], ".tools"])
+    tools = layout.tools_dir(rundir)
     try:
         found = sorted(n for n in os.listdir(tools) if n.startswith("py-spy-") and "." not in n)
     except OSError:

@@ -1,13 +1,14 @@
 """A run's attempts on this machine. Attempt 1 is the run folder itself, so a run that never
-restarted looks exactly as it always did; attempt K >= 2 is runs/<run-id>/attempt-K/, a run
-folder of its own (plan, state, summary, mirrors). The run folder's state.json says which
-attempt is the current one (``attempt``, absent: 1) and keeps the ``attempts`` and
-``quarantined`` lists."""
+restarted looks exactly as it always did; attempt K >= 2 is runs/<run-id>/attempt-K/
+(remote/layout.py says so for both ends), a run folder of its own (plan, state, summary,
+mirrors). The run folder's state.json says which attempt is the current one (``attempt``,
+absent: 1) and keeps the ``attempts`` and ``quarantined`` lists."""
 
 from __future__ import annotations
 
 import os
 
+from clusterrun.remote import layout
 from clusterrun.runs.records import AttemptRecord, Json, RunStatus
 from clusterrun.runs.store import RunDir
 
@@ -21,7 +22,7 @@ def attempt_dir(run: RunDir, k: int) -> RunDir:
     if k < 1:
         raise ValueError(f"attempts count from 1, not {k}")
     run = top(run)
-    return run if k == 1 else RunDir(run.path / f"attempt-{k}")
+    return run if k == 1 else RunDir(run.path / layout.attempt_folder(k))
 
 
 def create_attempt(run: RunDir, k: int) -> RunDir:

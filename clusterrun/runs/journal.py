@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory.slots import Quarantine
@@ -99,8 +99,9 @@ class Journal:
         masks.save(journal.run)  # before any event: whoever writes next masks the same way
         store.write_json(journal.run.file("plan.json"), plan)
         with journal._changing() as change:
-            change.state.update(asdict(record), hosts=list(record.hosts),
-                                state=RunState.RUNNING.value, attempts=[], quarantined=[])
+            change.state = change.state.with_(**{
+                **asdict(record), "hosts": list(record.hosts), "state": RunState.RUNNING.value,
+                "attempts": [], "quarantined": []})
             change.event(EventKind.STARTED, hosts=list(record.hosts), detached=record.detached)
         return journal
 
@@ -111,21 +112,23 @@ class Journal:
         if k > 1:
             folder = attempts.create_attempt(self.run, k)
             store.write_json(folder.file("plan.json"), plan)
-            own = {"id": self.run.id, "name": plan.get("name"), "state": RunState.RUNNING.value,
-                   "attempt": k, "started_at": store.now(), "hosts": hosts,
-                   "inventory": plan.get("inventory")}
-            store.write_json(folder.file("state.json"), own)
+            own = RunStatus().with_(id=self.run.id, name=plan.get("name"),
+                                    state=RunState.RUNNING.value, attempt=k,
+                                    started_at=store.now(), hosts=hosts,
+                                    inventory=plan.get("inventory"))
+            store.write_json(folder.file("state.json"), own.to_json())
         entry = AttemptRecord(k, tuple(hosts), store.now())
         with self._changing() as change:
-            change.state["attempt"] = k
-            change.state.setdefault("attempts", []).append(entry.to_json())
+            listed = [e.to_json() for e in change.state.attempts]
+            change.state = change.state.with_(attempt=k, attempts=[*listed, entry.to_json()])
             change.event(EventKind.RESTARTED if k > 1 else EventKind.ATTEMPT_BEGUN, attempt=k,
                          hosts=hosts)
         return folder
 
     def host_quarantined(self, entry: Quarantine) -> None:
         with self._changing() as change:
-            change.state.setdefault("quarantined", []).append(entry.public())
+            change.state = change.state.with_(
+                quarantined=[*change.state.quarantined, entry.public()])
             change.event(EventKind.HOST_QUARANTINED, **entry.public())
 
     def attempt_ended(self, k: int, *, status: int, root: Optional[Json],
@@ -143,16 +146,15 @@ class Journal:
         if k > 1 and seen is not None:
             self._record(folder, seen, {"exit_status": status, "ended_at": ended_at})
         with self._changing() as change:
-            change.keep = True
-            for entry in change.state.get("attempts") or []:
-                if isinstance(entry, dict) and entry.get("attempt") == k \
-                        and entry.get("ended_at") is None:
-                    entry.update(exit_status=status, ended_at=ended_at,
-                                 root_cause=root.get("detail") if root else None)
-                    change.keep = False
-                    change.root_event(k, root)
-                    change.event(EventKind.ATTEMPT_ENDED, attempt=k, exit_status=status)
-                    break
+            entries = list(change.state.attempts)
+            open_ = [i for i, e in enumerate(entries) if e.attempt == k and e.ended_at is None]
+            if not open_:
+                change.keep = True
+                return
+            entries[open_[0]] = entries[open_[0]].ended(status, ended_at, root)
+            change.state = change.state.with_(attempts=[e.to_json() for e in entries])
+            change.root_event(k, root)
+            change.event(EventKind.ATTEMPT_ENDED, attempt=k, exit_status=status)
 
     def first_line_of(self, k: int) -> Callable[[str, int, str], None]:
         """What attempt k's mirror calls with each rank's first line (node, rank, line)."""
@@ -166,7 +168,7 @@ class Journal:
     def detached(self) -> None:
         """Every node started and the launching process leaves: nobody watches the run now."""
         with self._changing() as change:
-            change.state["controller_pid"] = None
+            change.state = change.state.with_(controller_pid=None)
             change.event(EventKind.DETACHED)
 
     def stalled(self, k: int, report: Json) -> bool:
@@ -174,21 +176,21 @@ class Journal:
         ``stalled`` until it moves again; the report is kept in the state. False when the run
         has ended or is stalled already (one report per stall)."""
         with self._changing() as change:
-            if RunState.parse(change.state.get("state")) is not RunState.RUNNING:
+            if change.state.state is not RunState.RUNNING:
                 change.keep = True
                 return False
             report = self.masks.json(report)  # the ranks' last lines and stacks
-            change.state.update(state=RunState.STALLED.value, stall=report)
+            change.state = change.state.with_(state=RunState.STALLED.value, stall=report)
             change.event(EventKind.STALLED, attempt=k, report=report)
             return True
 
     def resumed(self, k: int) -> bool:
         """A stalled run made progress again: running (its last stall report stays)."""
         with self._changing() as change:
-            if RunState.parse(change.state.get("state")) is not RunState.STALLED:
+            if change.state.state is not RunState.STALLED:
                 change.keep = True
                 return False
-            change.state["state"] = RunState.RUNNING.value
+            change.state = change.state.with_(state=RunState.RUNNING.value)
             change.event(EventKind.RESUMED, attempt=k)
             return True
 
@@ -196,10 +198,10 @@ class Journal:
         """A profile of attempt k (`stacks --profile`, `top --profile`) named these stragglers:
         an event when they differ from the last ones named (none: an even run again)."""
         with self._changing() as change:
-            if change.state.get("stragglers", []) == ranks:
+            if list(change.state.stragglers) == ranks:
                 change.keep = True
                 return False
-            change.state["stragglers"] = ranks
+            change.state = change.state.with_(stragglers=ranks)
             change.event(EventKind.STRAGGLER, attempt=k, ranks=ranks, wait_share=shares)
             return True
 
@@ -227,7 +229,7 @@ class Journal:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it
         ended with: the one recorded first, when someone saw the end before."""
         if summary is not None:
-            stall = self.run.state.get("stall")  # the last stall report (#21), if there was one
+            stall = RunStatus.of(self.run).stall  # the last stall report (#21), if there was one
             summary = dict(summary, stall=stall) if stall and "stall" not in summary else summary
             store.write_json(self.run.file("summary.json"), self.masks.json(summary))
         return self._record(self.run, seen,
@@ -247,14 +249,15 @@ class Journal:
     def _record(self, folder: RunDir, seen: RunState, fields: Json) -> RunState:
         """``seen`` in ``folder``'s state by the one rule; the run folder's end is an event."""
         with self._changing(folder) as change:
-            recorded = RunState.parse(change.state.get("state"))
+            recorded = change.state.state
             now = merge(recorded, seen)
             if now is not seen or recorded is seen:
                 change.keep = True  # an ended run keeps its end; a repeat changes nothing
                 return now
-            change.state.update(fields, state=seen.value)
+            change.state = change.state.with_(**{**fields, "state": seen.value})
             if seen.final:
-                change.state.setdefault("ended_at", store.now())
+                if change.state.ended_at is None:
+                    change.state = change.state.with_(ended_at=store.now())
                 if folder == self.run:
                     change.event(EventKind.FINISHED, state=seen.value,
                                  exit_status=fields.get("exit_status"))
@@ -266,11 +269,11 @@ class Journal:
         back with the change's events appended, unless the change keeps it as it was."""
         folder = folder or self.run
         with self.run.locked("state.lock"):
-            change = _Change(self.run.id, folder.state, self.masks)
+            change = _Change(self.run.id, RunStatus.of(folder), self.masks)
             yield change
             if change.keep:
                 return
-            store.write_json(folder.file("state.json"), change.state)
+            store.write_json(folder.file("state.json"), change.state.to_json())
             if change.events:
                 fd = store.open_private(self.run.file(EVENTS),
                                         os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -287,7 +290,7 @@ class _Change:
     """One change of a state.json in the making: the state and the events it appends."""
 
     run_id: str
-    state: dict[str, Any]
+    state: RunStatus
     masks: Masks
     events: list[Json] = field(default_factory=list)
     keep: bool = False  # True: write nothing after all
@@ -295,8 +298,8 @@ class _Change:
     def event(self, kind: EventKind, **fields: object) -> None:
         """An event of this change. ``seq`` counts the run's events, so a reader can tell a
         repeated delivery from a new event."""
-        seq = int(self.state.get("events") or 0) + 1
-        self.state["events"] = seq
+        seq = self.state.events + 1
+        self.state = self.state.with_(events=seq)
         # Text from the job (a first line, a stall report's last lines) may hold a secret.
         self.events.append(Event(kind, self.run_id, seq, store.now(),
                                  self.masks.json(fields)).to_json())

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from clusterrun.inventory.ranges import fold
 from clusterrun.runs import attempts, lifecycle, store
 from clusterrun.runs.records import RunStatus
+from clusterrun.runs.summary import Summary
 
 
 def ps_rows(home: Any) -> list[dict[str, Any]]:
@@ -39,9 +40,9 @@ def nccl_summary(run: store.RunDir, k: Optional[int] = None) -> Optional[dict[st
     summary.json keeps it (launch/nccl.py: {"hosts": {name: {..., "line"}}, "flags"}); None
     for a run still going, one that never used NCCL, or one with no summary."""
     folder = run if k is None else attempts.attempt_dir(run, k)
-    summary = store.read_json(folder.file("summary.json"))
-    found = summary.get("nccl") if isinstance(summary, dict) else None
-    return found if isinstance(found, dict) and isinstance(found.get("hosts"), dict) else None
+    summary = Summary.of(folder)
+    found = summary.nccl if summary is not None else None
+    return found if found is not None and isinstance(found.get("hosts"), dict) else None
 
 
 def nccl_lines(found: Optional[dict[str, Any]]) -> list[str]:
@@ -78,9 +79,9 @@ def root_cause(run: store.RunDir) -> Optional[dict[str, Any]]:
     records it; None while it runs, or when nothing failed."""
     if lifecycle.live(run):
         return None
-    summary = store.read_json(run.file("summary.json"))
-    root = summary.get("root_cause") if isinstance(summary, dict) else None
-    return root if isinstance(root, dict) and root.get("detail") else None
+    summary = Summary.of(run)
+    root = summary.root_cause if summary is not None else None
+    return root.public() if root is not None and root.detail else None
 
 
 def cause_line(row: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
-"""A run's records as types: what its state.json says, each entry of its attempts list, and
-each event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is
-what users and tests read: its shape is the one docs/observability.md describes).
+"""A run's records as types: what its state.json says, each entry of its attempts list, each
+event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is what
+users and tests read: its shape is the one docs/observability.md describes), and each node's
+state as its host keeps it (read only: the host's supervisor writes it).
 
 runs.journal is their one writer; everything outside runs/ reads a run through these types
 (``RunStatus.of(run)``), never through the raw dict.
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
+from clusterrun.wire import RootCause, root_cause
 
 Json = dict[str, object]
 
@@ -80,6 +82,12 @@ class AttemptRecord:
     def to_json(self) -> Json:
         return dict(asdict(self), hosts=list(self.hosts))
 
+    def ended(self, status: int, at: float, root: Optional[Mapping[str, object]]) -> AttemptRecord:
+        """This attempt, ended with ``status`` at ``at``; ``root``: its root cause as
+        RootCause.public() gives it (the entry keeps its detail, in words)."""
+        return replace(self, exit_status=status, ended_at=at,
+                       root_cause=_str(root.get("detail")) if root else None)
+
     @classmethod
     def from_json(cls, raw: object) -> Optional[AttemptRecord]:
         if not isinstance(raw, dict) or not isinstance(raw.get("attempt"), int):
@@ -91,8 +99,16 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class RunStatus:
-    """A run's state.json as read: how it stands, who watches it, its attempts."""
+    """A run's state.json (or an attempt folder's own): who the run is, how it stands, who
+    watches it, its attempts. ``from_json`` reads what any clusterrun wrote; ``with_`` is the
+    one way to change it, and ``to_json`` gives back the document with each key where it was
+    and the keys this type does not name (a newer or older clusterrun's) kept, so a state read
+    and written again is the same file."""
 
+    id: Optional[str] = None
+    name: Optional[str] = None
+    hosts: tuple[str, ...] = ()  # the hosts it started on (attempt K's: its own folder's)
+    inventory: Optional[str] = None
     state: Optional[RunState] = None  # None: not recorded (yet), or not a state the rule knows
     started_at: Optional[float] = None
     ended_at: Optional[float] = None
@@ -106,6 +122,12 @@ class RunStatus:
     quarantined: tuple[Json, ...] = ()  # Quarantine.public() entries
     outcome: Optional[str] = None  # "stalled": `--on-stall stop` ended it
     stalled: Optional[Json] = None  # then: the blamed host and rank
+    stall: Optional[Json] = None  # the last stall report (#21), kept after it resumed
+    stragglers: tuple[int, ...] = ()  # the ranks a profile named last (`stacks --profile`)
+    events: int = 0  # how many events the run has written (the last one's ``seq``)
+    # The document as read (and changed by ``with_``): its keys in their order, and those this
+    # type does not name. Not part of what a status is.
+    raw: Mapping[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, raw: object) -> RunStatus:
@@ -114,9 +136,12 @@ class RunStatus:
         attempt, restarts = raw.get("attempt"), raw.get("max_restarts")
         found = raw.get("attempts")
         entries = [AttemptRecord.from_json(e) for e in found] if isinstance(found, list) else []
-        quarantined = raw.get("quarantined")
-        stalled = raw.get("stalled")
+        quarantined, hosts = raw.get("quarantined"), raw.get("hosts")
+        stalled, stall, stragglers = raw.get("stalled"), raw.get("stall"), raw.get("stragglers")
         return cls(
+            id=_str(raw.get("id")), name=_str(raw.get("name")),
+            hosts=tuple(str(h) for h in hosts) if isinstance(hosts, list) else (),
+            inventory=_str(raw.get("inventory")),
             state=RunState.parse(raw.get("state")), started_at=_float(raw.get("started_at")),
             ended_at=_float(raw.get("ended_at")), exit_status=_int(raw.get("exit_status")),
             detached=bool(raw.get("detached")), controller_pid=_int(raw.get("controller_pid")),
@@ -127,12 +152,83 @@ class RunStatus:
             quarantined=tuple(q for q in quarantined if isinstance(q, dict))
             if isinstance(quarantined, list) else (),
             outcome=_str(raw.get("outcome")),
-            stalled=stalled if isinstance(stalled, dict) else None)
+            stalled=stalled if isinstance(stalled, dict) else None,
+            stall=stall if isinstance(stall, dict) else None,
+            stragglers=tuple(r for r in stragglers if _int(r) is not None)
+            if isinstance(stragglers, list) else (),
+            events=_int(raw.get("events")) or 0, raw=dict(raw))
+
+    def to_json(self) -> Json:
+        """The document: as read and changed, else (a status made here) its fields that say
+        something, in their order."""
+        out = dict(self.raw)
+        for key, value in self._fields().items():
+            out.setdefault(key, value)
+        return out
+
+    def with_(self, **changes: object) -> RunStatus:
+        """This state with these state.json keys set (JSON values, as written): a key it had
+        stays where it was, a new one comes last."""
+        return RunStatus.from_json({**self.to_json(), **changes})
+
+    def _fields(self) -> Json:
+        """Each field that differs from a state that says nothing, as state.json writes it."""
+        out: Json = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "raw" or value == getattr(_NOTHING, name):
+                continue
+            if isinstance(value, RunState):
+                value = value.value
+            elif name == "attempts":
+                value = [a.to_json() for a in self.attempts]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
+        return out
 
     @classmethod
     def of(cls, run: RunDir) -> RunStatus:
         """The state of ``run`` (a run's folder or an attempt's) as its folder keeps it."""
         return cls.from_json(run.state)
+
+
+_NOTHING = RunStatus()
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node's state.json on its host, as its supervisor keeps it (remote/run.py) and
+    status.py answers for `ps`, `logs` and `stop` (runs/remote.py ``status``); a host that could
+    not be asked is ``unreachable``, with why in ``reason``."""
+
+    state: Optional[str] = None  # as the host says it: a RunState's value, "missing", "unknown"
+    exit_code: Optional[int] = None
+    reason: Optional[str] = None
+    error: Optional[str] = None
+    rank_exits: Mapping[str, int] = field(default_factory=dict)  # its ``ranks``: rank: code
+    root_cause: Optional[RootCause] = None  # a detached run's, on its master's host
+    checksums: Mapping[str, Json] = field(default_factory=dict)  # {file: [size, sha256]}
+    ended_at: Optional[float] = None
+    stall: Optional[Json] = None  # a detached run's stall report, while it lasts
+    unreachable: bool = False
+
+    @property
+    def run_state(self) -> Optional[RunState]:
+        return RunState.parse(self.state)
+
+    @classmethod
+    def from_json(cls, raw: object) -> NodeState:
+        if not isinstance(raw, dict):
+            return cls()
+        ranks, sums, stall = raw.get("ranks"), raw.get("checksums"), raw.get("stall")
+        return cls(_str(raw.get("state")), _int(raw.get("exit_code")), _str(raw.get("reason")),
+                   _str(raw.get("error")),
+                   {str(r): c for r, c in ranks.items() if _int(c) is not None}
+                   if isinstance(ranks, dict) else {},
+                   root_cause(raw.get("root_cause")),
+                   dict(sums) if isinstance(sums, dict) else {}, _float(raw.get("ended_at")),
+                   stall if isinstance(stall, dict) else None, bool(raw.get("unreachable")))
 
 
 def _int(value: object) -> Optional[int]:

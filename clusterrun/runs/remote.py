@@ -6,12 +6,13 @@ those of ``attempts.current(run)``."""
 
 from __future__ import annotations
 
-import atexit
-import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
+from clusterrun.runs import connections
+from clusterrun.runs.records import NodeState
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.pool import Connections
@@ -32,28 +33,20 @@ def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
     return out
 
 
-# One connection per host for the whole command, whatever it asks in turn (`stop`: stop.py,
-# then status.py, then the logs): each program runs in the interpreter the one before left
-# there (transport.programs), so the host pays its login shell once. Closed when it exits.
-_pools: dict[SshOptions, Connections] = {}
-_pools_lock = threading.Lock()
-
-
 def _connections(ssh: SshOptions) -> Connections:
-    with _pools_lock:
-        if ssh not in _pools:
-            _pools[ssh] = Connections(ssh)
-            atexit.register(_pools[ssh].close)
-        return _pools[ssh]
+    """The command's pool for these options (runs/connections.py), else one of this step's."""
+    held = connections.current()
+    return held.pool(ssh, Connections) if held is not None else Connections(ssh)
 
 
 def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
                deadline: Optional[float]) -> parallel.GroupResult[HostSpec, T]:
     """``fn(transport, spec, plan entry)`` on every node of a run at once, over the command's
-    connection to it."""
+    connection to it (runs/connections.py)."""
     pairs = host_specs(run)
     nodes = {spec.name: node for spec, node in pairs}
 
+    owned = connections.current() is None  # no command holds the connections: this step does
     pool = _connections(ssh)
 
     def one(spec: HostSpec) -> T:
@@ -64,36 +57,52 @@ def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, d
             pool.discard(spec.name)  # the next step of this command connects afresh
             raise
 
-    return parallel.run(one, [spec for spec, _ in pairs], deadline)
+    try:
+        return parallel.run(one, [spec for spec, _ in pairs], deadline)
+    finally:
+        if owned:
+            pool.close()
 
 
-def status(run: RunDir, ssh: SshOptions) -> dict[str, dict[str, Any]]:
-    """Per node, the supervisor's state.json there; a host that could not be asked has
-    ``unreachable: True`` and the reason."""
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+def status(run: RunDir, ssh: SshOptions) -> dict[str, NodeState]:
+    """Per node, the supervisor's state.json there; a host that could not be asked is
+    ``unreachable``, with the reason."""
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> NodeState:
         reply = wire.parse(call(transport, spec, "status.py", {"rundir": node["rundir"]},
                                 timeout=30))
         if not isinstance(reply, wire.Status):
             raise wire.ProtocolError(f"{spec.name}: status.py answered {reply}")
-        return reply.state or {"state": "missing"}
+        return NodeState.from_json(reply.state or {"state": "missing"})
 
     results = each_node(run, ssh, one, ssh.connect_timeout + 30)
     return {r.spec.name: (r.value if r.value is not None else
-                          {"state": "unknown", "unreachable": True,
-                           "reason": r.failure.message if r.failure else ""})
+                          NodeState("unknown", unreachable=True,
+                                    reason=r.failure.message if r.failure else ""))
             for r in results}
 
 
-def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Any]:
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stopped:
+    """What stop.py answered for one node: whether the run was there, its state before and
+    after; or why the host could not be asked (``error``)."""
+
+    found: bool = False
+    was: Optional[str] = None
+    state: Optional[NodeState] = None
+    error: Optional[str] = None
+
+
+def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Stopped]:
+    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> Stopped:
         reply = wire.parse(call(transport, spec, "stop.py",
                                 {"rundir": node["rundir"], "grace": grace, "force": force},
                                 timeout=grace + 30))
         if not isinstance(reply, wire.StopResult):
             raise wire.ProtocolError(f"{spec.name}: stop.py answered {reply}")
-        return {"found": reply.found, "was": reply.was, "state": reply.state}
+        return Stopped(reply.found, reply.was,
+                       NodeState.from_json(reply.state) if reply.state else None)
 
     results = each_node(run, ssh, one, ssh.connect_timeout + grace + 40)
-    return {r.spec.name: (r.value if r.value is not None else {"error": r.failure.message
-                                                               if r.failure else "unknown"})
+    return {r.spec.name: (r.value if r.value is not None else
+                          Stopped(error=r.failure.message if r.failure else "unknown"))
             for r in results}

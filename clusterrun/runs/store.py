@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import pwd
-import re
 import stat
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any, Optional, Union
 
 from clusterrun.errors import LocalFilesError, UsageError
 from clusterrun.home import DEFAULT_HOME
+from clusterrun.remote import layout
 
 
 def unusable(home: Path, path: Union[str, Path]) -> LocalFilesError:
@@ -105,10 +105,6 @@ def read_json(path: Path) -> Optional[Any]:
         return None
 
 
-# Attempt K >= 2 of a run lives in runs/<run-id>/attempt-K/ (attempt 1 is the run folder itself).
-_ATTEMPT_DIR = re.compile(r"attempt-([1-9][0-9]*)")
-
-
 @dataclass(frozen=True)
 class RunDir:
     """A run's folder, or one attempt's folder inside it: both hold the same files."""
@@ -117,12 +113,8 @@ class RunDir:
 
     @property
     def attempt(self) -> int:
-        """1 for the run folder, K for its attempt-K folder."""
-        match = _ATTEMPT_DIR.fullmatch(self.path.name)
-        # The parent check keeps a run whose own id looks like an attempt folder a run.
-        if match and int(match.group(1)) >= 2 and self.path.parent.parent.name == "runs":
-            return int(match.group(1))
-        return 1
+        """1 for the run folder, K for its attempt-K folder (remote/layout.py)."""
+        return layout.attempt_of(self.path.parts)
 
     @property
     def id(self) -> str:
@@ -172,7 +164,7 @@ class RunDir:
 
 
 def runs_root(home: Path) -> Path:
-    return home / "runs"
+    return home / layout.RUNS
 
 
 def create(home: Path, run_id: str) -> RunDir:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from clusterrun.runs.records import Json
+from clusterrun.runs.store import RunDir, read_json
 from clusterrun.wire import RootCause, root_cause
 
 SETTLED = "a later clusterrun command"  # ``settled_by`` of a run nobody watched to its end
@@ -81,3 +82,8 @@ class Summary:
                    root_cause(raw.get("root_cause")), tuple(n for n in nodes if n is not None),
                    logs if isinstance(logs, dict) else {},
                    nccl if isinstance(nccl, dict) else None, raw.get("settled_by"))
+
+    @classmethod
+    def of(cls, run: RunDir) -> Optional[Summary]:
+        """The summary in ``run``'s folder (a run's or an attempt's); None before it ended."""
+        return cls.from_json(read_json(run.file("summary.json")))

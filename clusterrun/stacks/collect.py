@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
+from clusterrun.remote import layout
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
@@ -18,19 +19,10 @@ from clusterrun.transport.programs import call
 TIMEOUT = 30.0  # per host: py-spy itself answers in well under a second per rank
 
 
-def tools_dir(rundir: str) -> str:
-    """``<workdir>/runs/.tools`` from a node's rundir (``<workdir>/runs/<run>/[attempt-K/]
-    <node>``): where a shipped py-spy is kept, for every run of that workdir."""
-    parts = rundir.rstrip("/").split("/")[:-1]  # the node's own folder
-    if parts and parts[-1].startswith("attempt-"):
-        parts.pop()
-    return "/".join([*parts[:-1], ".tools"])  # beside the run's folder
-
-
 def _request(node: dict[str, Any], ranks: Optional[list[int]],
              binary: Optional[pyspy.Binary]) -> dict[str, Any]:
     return {"rundir": node["rundir"], "python": node.get("python"),
-            "tools": tools_dir(node["rundir"]),
+            "tools": layout.tools_dir(node["rundir"]),  # a shipped py-spy, for every run there
             "ranks": ranks,
             "pyspy": {"sha": binary.sha, "size": binary.size} if binary else None}
 

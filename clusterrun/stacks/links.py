@@ -55,7 +55,8 @@ class _Host:
         self.answers: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
         self.interp: Interpreter = start(transport, spec, "links.py", {"addr": address},
                                          site=False)
-        threading.Thread(target=self._read, daemon=True, name="clusterrun-links").start()
+        self._reader = threading.Thread(target=self._read, daemon=True, name="clusterrun-links")
+        self._reader.start()
 
     def _read(self) -> None:
         buf = b""
@@ -97,6 +98,7 @@ class _Host:
             proc.wait(5)
         with contextlib.suppress(OSError, EOFError):
             proc.close()
+        self._reader.join(5)  # its output has ended (EOF), or the channel is closed
 
 
 def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links:

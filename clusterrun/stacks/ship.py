@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.stacks.collect import tools_dir
+from clusterrun.remote.layout import tools_dir
 from clusterrun.transport import Transport, parallel
 from clusterrun.transport.programs import call
 

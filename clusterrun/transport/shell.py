@@ -156,8 +156,9 @@ def remote_python(spec: HostSpec, *, site: bool = True) -> str:
     return run_there(spec, [spec.python, *([] if site else ["-S"]), "-u", "-c", BOOTSTRAP])
 
 
-# A remote program's `from clusterrun.remote import a, b`: modules shipped along with it.
-_SHARED = re.compile(rb"^from clusterrun\.remote import ([\w, ]+)$", re.M)
+# A remote program's `from clusterrun.remote import a, b` (or the same in parentheses over
+# several lines): modules shipped along with it.
+_SHARED = re.compile(rb"^from clusterrun\.remote import (?:\(([\w,\s]+)\)|([\w, ]+)$)", re.M)
 
 # Registers the shipped modules under their real names before the program runs, so the programs
 # import them exactly as they do on this machine (and tests and linters see plain imports).
@@ -209,7 +210,8 @@ def _shared_modules(source: bytes, found: Optional[list[str]] = None) -> list[st
     """The clusterrun.remote modules ``source`` imports, dependencies first."""
     found = [] if found is None else found
     for match in _SHARED.finditer(source):
-        for module in match.group(1).decode().replace(" ", "").split(","):
+        names = (match.group(1) or match.group(2)).decode()
+        for module in "".join(names.split()).split(","):
             if module and module not in found:
                 _shared_modules(_remote_source(f"{module}.py"), found)
                 if module not in found:

@@ -1,0 +1,92 @@
+"""A run's state.json as a type (clusterrun/runs/records.py ``RunStatus``): what the journal
+writes reads back as the same file, keys in their places and keys it does not name kept, so the
+shape docs/observability.md describes does not move when the writer goes through the type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clusterrun.inventory.slots import Quarantine
+from clusterrun.runs import store
+from clusterrun.runs.journal import Journal, RunRecord
+from clusterrun.runs.records import AttemptRecord, NodeState, RunStatus
+from clusterrun.runs.state import RunState
+
+RUN_ID = "20260101-000000-train-0001"
+
+
+def text(status: RunStatus) -> str:
+    return json.dumps(status.to_json(), indent=2) + "\n"  # as store.write_json writes it
+
+
+def test_a_state_the_journal_wrote_reads_back_as_the_same_file(tmp_path: Path) -> None:
+    journal = Journal.start(tmp_path, RunRecord(RUN_ID, "train", ("a", "b"), "inv.yaml",
+                                                detached=True, max_restarts=1),
+                            {"run_id": RUN_ID, "name": "train"})
+    journal.attempt_begun(1, ["a", "b"], {"name": "train"})
+    journal.host_quarantined(Quarantine("b", "lost (no word for 30 s)", 5.0, 1))
+    journal.attempt_ended(1, status=1, root={"node": "b", "rank": None, "code": None,
+                                             "detail": "b lost", "lost": True})
+    second = journal.attempt_begun(2, ["a", "c"], {"name": "train"})
+    assert journal.stalled(2, {"odd": [3]}) and journal.resumed(2)
+    assert journal.stragglers(2, [1], {"0": 0.5, "1": 0.01})
+    journal.ended(2, RunState.SUCCEEDED, status=0, summary={"exit_status": 0})
+    for folder in (journal.run, second):
+        status = RunStatus.of(folder)
+        assert text(status) == folder.file("state.json").read_text()
+    # The keys in the order the journal has always written them.
+    assert list(json.loads(journal.run.file("state.json").read_text())) == [
+        "id", "name", "hosts", "inventory", "detached", "controller_pid", "max_restarts",
+        "notify", "started_at", "state", "attempts", "quarantined", "events", "attempt", "stall",
+        "stragglers", "exit_status", "ended_at"]
+    assert list(json.loads(second.file("state.json").read_text())) == [
+        "id", "name", "state", "attempt", "started_at", "hosts", "inventory", "exit_status",
+        "ended_at"]
+    status = RunStatus.of(journal.run)
+    assert (status.id, status.hosts, status.state, status.attempt) \
+        == (RUN_ID, ("a", "b"), RunState.SUCCEEDED, 2)
+    assert [(a.attempt, a.exit_status, a.root_cause) for a in status.attempts] \
+        == [(1, 1, "b lost"), (2, 0, None)]
+    assert status.stall == {"odd": [3]} and status.stragglers == (1,)
+    assert status.events == len(journal.run.file("events.jsonl").read_text().splitlines())
+    assert [q["host"] for q in status.quarantined] == ["b"]
+
+
+def test_a_change_keeps_each_key_in_its_place_and_keys_it_does_not_name() -> None:
+    read = RunStatus.from_json({"state": "running", "from_a_newer_version": [1], "attempt": 2})
+    changed = read.with_(state="failed", exit_status=3, attempt=1)
+    assert list(changed.to_json()) == ["state", "from_a_newer_version", "attempt", "exit_status"]
+    assert changed.to_json()["attempt"] == 1  # set, although 1 is what an absent key means
+    assert (changed.state, changed.exit_status, changed.attempt) == (RunState.FAILED, 3, 1)
+    assert read.state is RunState.RUNNING  # a change is a new status
+
+
+def test_a_status_made_here_writes_what_it_says() -> None:
+    made = RunStatus(id=RUN_ID, state=RunState.RUNNING, hosts=("a",), attempt=2,
+                     attempts=(AttemptRecord(2, ("a",), 7.0),))
+    assert made.to_json() == {"id": RUN_ID, "hosts": ["a"], "state": "running", "attempt": 2,
+                              "attempts": [{"attempt": 2, "hosts": ["a"], "started_at": 7.0,
+                                            "exit_status": None, "root_cause": None,
+                                            "ended_at": None}]}
+    assert RunStatus.from_json(made.to_json()) == made
+    assert RunStatus.from_json(None) == RunStatus() and RunStatus().to_json() == {}
+    run = store.RunDir(Path("/nonexistent") / "runs" / RUN_ID)
+    assert RunStatus.of(run) == RunStatus()
+
+
+def test_a_hosts_state_as_status_py_answers_it() -> None:
+    node = NodeState.from_json({
+        "state": "failed", "exit_code": 1, "reason": "rank 3 exited with 1",
+        "ranks": {"2": 0, "3": 1}, "ended_at": 12, "checksums": {"node.log": [3, "ab"]},
+        "root_cause": {"node": "gpu-b", "rank": 3, "code": 1, "detail": "gpu-b: rank 3"},
+        "supervisor_pid": 77})
+    assert (node.run_state, node.exit_code, node.ended_at) == (RunState.FAILED, 1, 12.0)
+    assert node.rank_exits == {"2": 0, "3": 1} and node.checksums == {"node.log": [3, "ab"]}
+    assert node.root_cause is not None and (node.root_cause.node, node.root_cause.rank) \
+        == ("gpu-b", 3)
+    assert not node.unreachable and node.stall is None
+    stalled = NodeState.from_json({"state": "stalled", "stall": {"lines": ["x"]}})
+    assert stalled.run_state is RunState.STALLED and stalled.stall == {"lines": ["x"]}
+    assert NodeState.from_json({"state": "missing"}).run_state is None
+    assert NodeState.from_json(None) == NodeState()
