@@ -82,9 +82,9 @@ def test_the_mapping_form_and_its_mistakes(tmp_path: Path) -> None:
         ("environment: {lock: req.lock, sites: true}", "unknown key `sites`"),
         ("environment: {system_site_packages: true}", "missing `lock:`"),
         ("environment: nope.lock", "no such file"),
-        ("environment: uv.lock", "uv projects are not read yet"),
+        ("environment: proj/pyproject.toml", "needs its uv.lock beside pyproject.toml"),
     ]:
-        (tmp_path / "uv.lock").write_text("version = 1\n")
+        (tmp_path / "proj").mkdir(exist_ok=True)
         with pytest.raises(InventoryError, match=r"inv.yaml:2: ") as found:
             inventory.load(_inv(tmp_path, "numpy==2.3.4\n", text))
         assert words in found.value.message
