@@ -3,6 +3,7 @@ SSH), which wheels fit which host, hosts grouped by platform, and drift named pe
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,23 @@ def test_a_host_that_cannot_be_reached_is_named_with_exit_4(
     code, out, _err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
     assert code == 4
     assert out.startswith("far (") and "no SSH answer" in out
+
+
+def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from clusterrun.runs import store
+
+    for run_id, extra in (("20260301-120000-envs-0001", {"environment": "3f2a9c0e1d2b4a5c"}),
+                          ("20260301-110000-plain-0002", {})):
+        run = store.create(home, run_id)
+        (run.path / "plan.json").write_text(json.dumps({"name": "x", "created": 1.0,
+                                                        "nodes": [{"name": "n1"}], **extra}))
+        (run.path / "state.json").write_text(json.dumps({"state": "succeeded", "started_at": 1.0,
+                                                         "ended_at": 2.0, "exit_status": 0}))
+    code, out, err = run_main(capsys, "ps", "--json", "--local")
+    assert code == 0, err
+    assert [row["environment"] for row in json.loads(out)] == ["3f2a9c0e1d2b4a5c", None]
+    code, out, err = run_main(capsys, "ps", "--local")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[2] == "  environment: 3f2a9c0e1d2b4a5c"
+    assert lines[1].startswith("20260301-120000-envs-0001") and lines[3].startswith("20260301-11")

@@ -108,6 +108,8 @@ def test_environment_built_once_trained_in_and_kept_identical(
         summary = json.loads(next((home / "runs").iterdir()).joinpath("summary.json")
                              .read_text())
         assert summary["environment"] == lock
+        listed = run_cli("ps", "--json", "--local")
+        assert [row["environment"] for row in json.loads(listed.stdout)] == [lock]
 
         # A package added by hand on node2: drift, named, refused by check; `env` fixes it.
         site = cluster.run_on("node2", "sh", "-c", f"echo {env_dir}/lib/python3*/site-packages")
