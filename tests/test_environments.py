@@ -14,8 +14,8 @@ from clusterrun import inventory
 from clusterrun.envs import platforms, sync
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import UV, Wheel
-from clusterrun.errors import InventoryError
-from tests.conftest import LISTEN_HOST, connection_attempted, run_main
+from clusterrun.errors import InventoryError, PreflightError
+from tests.conftest import LISTEN_HOST, connection_attempted, run_cli, run_main
 
 SHA = "ab" * 32
 
@@ -148,6 +148,18 @@ def test_hosts_are_grouped_by_platform_and_wheels_gathered_once_per_group(
     assert [a[0].python for a in asked] == ["3.11", "3.12"]
     assert [h.state for h in worker.hosts] == [sync.READY, sync.MISSING]
 
+    # No wheel for one platform: its hosts fail with the reason, the others go on.
+    def no_wheel(cache: Any, env: Any, platform: Platform, hosts: list[str]) -> list[Wheel]:
+        if platform.python == "3.12":
+            raise PreflightError(f"no wheel of numpy==2.3.4 for {platform.label}")
+        return resolve(cache, env, platform, hosts)
+
+    monkeypatch.setattr("clusterrun.envs.wheels.resolve", no_wheel)
+    worker.resolve()
+    assert [h.state for h in worker.hosts] == [sync.READY, sync.FAILED]
+    assert worker.hosts[1].problem == "no wheel of numpy==2.3.4 for cp312 manylinux x86_64 " \
+        "(glibc 2.36)"
+
 
 def test_drift_is_named_package_by_package() -> None:
     found = {"python": "3.11.2", "dists": ["numpy==2.4.0", "six==1.16.0"]}
@@ -191,3 +203,45 @@ def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixtur
     lines = out.splitlines()
     assert lines[2] == "  environment: 3f2a9c0e1d2b4a5c"
     assert lines[1].startswith("20260301-120000-envs-0001") and lines[3].startswith("20260301-11")
+
+
+@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
+def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) -> None:
+    """Local hosts (no SSH): `env --check` exits 3 while a host's environment is missing or
+    differs and 0 once it is the lock's; `check --json` prints one JSON object either way."""
+    from tests.test_environments_cluster import tiny_wheel
+
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "req.lock").write_text("clusterrun-tinypkg==0.1\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("defaults:\n  environment: {lock: req.lock, find_links: [wheels]}\n"
+                   "hosts:\n  - host: localhost\n    name: n0\n")
+
+    def env(*args: str) -> tuple[int, dict[str, Any]]:
+        cp = run_cli("env", "--json", *args, str(inv), timeout=300)
+        return cp.returncode, json.loads(cp.stdout or "{}")
+
+    def check() -> tuple[int, dict[str, Any]]:
+        cp = run_cli("check", "--json", str(inv), timeout=300)
+        return cp.returncode, json.loads(cp.stdout or "{}")
+
+    code, found = env("--check")
+    assert code == 3 and [h["state"] for h in found["hosts"]] == ["missing"]
+    code, report = check()
+    assert code == 3 and report["ok"] is False
+    [host] = report["hosts"]
+    assert host["name"] == "n0" and host["checks"][0]["name"] == "environment"
+    assert "not built yet" in host["checks"][0]["detail"]
+    assert report["environment"]["hosts"][0]["state"] == "missing"
+
+    code, found = env()
+    assert code == 0 and [h["state"] for h in found["hosts"]] == ["built"]
+    code, found = env("--check")
+    assert code == 0 and [h["state"] for h in found["hosts"]] == ["ready"]
+    path = Path(found["hosts"][0]["path"])
+    next(path.glob("lib/python3*/site-packages")).joinpath("handmade-1.0.dist-info").mkdir()
+    code, found = env("--check")
+    assert code == 3 and found["hosts"][0]["drift"] == ["handmade==1.0 not in the lock"]
+    code, report = check()
+    assert code == 3 and "handmade==1.0 not in the lock" in report["hosts"][0]["checks"][0][
+        "detail"]

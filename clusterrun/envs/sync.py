@@ -212,8 +212,13 @@ class Sync:
             if host.platform is not None and host.problem is None:
                 groups.setdefault((host.env.lock, host.platform), []).append(host)
         for (_lock, platform), members in sorted(groups.items(), key=lambda g: g[0][1]):
-            found = wheels.resolve(self.cache, members[0].env, platform,
-                                   [m.spec.name for m in members])
+            try:
+                found = wheels.resolve(self.cache, members[0].env, platform,
+                                       [m.spec.name for m in members])
+            except ClusterrunError as exc:  # no wheel for this platform: these hosts say so
+                for host in members:
+                    host.state, host.problem = FAILED, exc.message
+                continue
             for host in members:
                 host.wheels = found
                 drift = differences(host.expected(), host.status["python"], host.status.get("env"))

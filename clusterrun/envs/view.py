@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import Any, TextIO
 
 from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
 
@@ -35,6 +35,27 @@ def render_plain(report: EnvReport, out: TextIO) -> None:
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 
 
+def as_json(report: EnvReport) -> dict[str, Any]:
+    return {"ok": report.ok, "sent_bytes": report.sent,
+            "hosts": [h.as_json() for h in report.hosts]}
+
+
 def render_json(report: EnvReport, out: TextIO) -> None:
-    out.write(json.dumps({"ok": report.ok, "sent_bytes": report.sent,
-                          "hosts": [h.as_json() for h in report.hosts]}) + "\n")
+    out.write(json.dumps(as_json(report)) + "\n")
+
+
+def check_json(report: EnvReport, out: TextIO) -> None:
+    """`check --json` when a host's environment is not the lock's: check's own object, each
+    host failing (or passing) its `environment` check and nothing else run (no node rank is
+    given yet), and the environments as `env --json` gives them."""
+    hosts = []
+    for host in report.hosts:
+        detail = line(host) if not host.ok else f"{host.path} is the lock's"
+        hosts.append({"host": host.spec.host, "name": host.spec.name, "node_rank": None,
+                      "ok": host.ok, "interface": None, "address": None, "python": None,
+                      "torch": None, "gpus": 0,
+                      "checks": [{"name": "environment", "ok": host.ok, "warning": False,
+                                  "detail": detail}]})
+    json.dump({"ok": False, "master_addr": None, "master_port": None, "hosts": hosts,
+               "pairs": None, "environment": as_json(report)}, out, indent=2)
+    out.write("\n")
