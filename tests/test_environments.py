@@ -4,7 +4,10 @@ SSH), which wheels fit which host, hosts grouped by platform, and drift named pe
 from __future__ import annotations
 
 import json
+import os
+import pty
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,14 @@ from clusterrun.envs import platforms, sync
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import UV, Wheel
 from clusterrun.errors import InventoryError, PreflightError
-from tests.conftest import LISTEN_HOST, connection_attempted, run_cli, run_main
+from tests.conftest import (
+    LISTEN_HOST,
+    REPO,
+    clusterrun_argv,
+    connection_attempted,
+    run_cli,
+    run_main,
+)
 
 SHA = "ab" * 32
 
@@ -205,17 +215,23 @@ def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixtur
     assert lines[1].startswith("20260301-120000-envs-0001") and lines[3].startswith("20260301-11")
 
 
-@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
-def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) -> None:
-    """Local hosts (no SSH): `env --check` exits 3 while a host's environment is missing or
-    differs and 0 once it is the lock's; `check --json` prints one JSON object either way."""
+def local_inventory(tmp_path: Path, hosts: int = 1) -> Path:
+    """Local hosts (no SSH) whose environment is the tiny wheel's."""
     from tests.test_environments_cluster import tiny_wheel
 
     tiny_wheel(tmp_path / "wheels")
     (tmp_path / "req.lock").write_text("clusterrun-tinypkg==0.1\n")
     inv = tmp_path / "inv.yaml"
-    inv.write_text("defaults:\n  environment: {lock: req.lock, find_links: [wheels]}\n"
-                   "hosts:\n  - host: localhost\n    name: n0\n")
+    inv.write_text("defaults:\n  environment: {lock: req.lock, find_links: [wheels]}\nhosts:\n"
+                   + "".join(f"  - host: localhost\n    name: n{k}\n" for k in range(hosts)))
+    return inv
+
+
+@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
+def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) -> None:
+    """Local hosts (no SSH): `env --check` exits 3 while a host's environment is missing or
+    differs and 0 once it is the lock's; `check --json` prints one JSON object either way."""
+    inv = local_inventory(tmp_path)
 
     def env(*args: str) -> tuple[int, dict[str, Any]]:
         cp = run_cli("env", "--json", *args, str(inv), timeout=300)
@@ -245,3 +261,32 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     code, report = check()
     assert code == 3 and "handmade==1.0 not in the lock" in report["hosts"][0]["checks"][0][
         "detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("home")
+def test_env_draws_a_bar_per_host_on_a_terminal_only(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, hosts=2)
+    leader, follower = pty.openpty()
+    with subprocess.Popen(clusterrun_argv("env", str(inv)), stdout=subprocess.PIPE,
+                          stderr=follower, env={**os.environ, "TERM": "xterm", "COLUMNS": "120"},
+                          cwd=REPO) as proc:
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the command ended and closed its end
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        out = proc.stdout.read().decode() if proc.stdout else ""
+    os.close(leader)
+    assert proc.returncode == 0, drawn.decode(errors="replace")
+    screen = drawn.decode(errors="replace")
+    assert "━" in screen and "n0" in screen and "n1" in screen  # a bar for each host
+    assert [line.split(":")[0] for line in out.splitlines()[:2]] == ["n0", "n1"]
+    plain = run_cli("env", str(inv), timeout=300)  # not a terminal: plain lines, no bars
+    assert plain.returncode == 0, plain.stderr
+    assert "━" not in plain.stderr and "ready" in plain.stdout

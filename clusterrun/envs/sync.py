@@ -165,15 +165,21 @@ def describe_problem(host: HostEnv) -> list[str]:
             + ". Run `clusterrun env INVENTORY` to rebuild it."]
 
 
+# What a host is doing, and how far along (0 to 1), as the sync goes: `clusterrun env`'s bars.
+Progress = Callable[[HostEnv, str, float], None]
+
+
 class Sync:
     """One sync of the inventory's `environment:` hosts over ``pool``."""
 
     def __init__(self, inv: Inventory, pool: Connections, home: Path, *,
-                 say: Callable[[str], None] = lambda _text: None) -> None:
+                 say: Callable[[str], None] = lambda _text: None,
+                 progress: Optional[Progress] = None) -> None:
         self.inv = inv
         self.pool = pool
         self.cache = wheels.Cache(home / "wheels")
         self.say = say
+        self.progress: Progress = progress or (lambda _host, _text, _done: None)
         self.hosts = [HostEnv(h) for h in inv.hosts if h.environment is not None]
 
     def _call(self, host: HostEnv, request: dict[str, Any], timeout: float,
@@ -202,6 +208,7 @@ class Sync:
         def one(host: HostEnv) -> None:
             host.status = self._call(host, {"op": "status"}, STATUS_SECONDS)
             host.platform = platforms.from_status(host.spec.name, host.status)
+            self.progress(host, "gathering wheels", 0.1)
 
         self._each(one, self.hosts, STATUS_SECONDS + 30)
 
@@ -242,11 +249,16 @@ class Sync:
         self.resolve()
         report = EnvReport(self.hosts)
         todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
+        for host in self.hosts:
+            if host not in todo or not build:
+                self.progress(host, host.state, 1.0)
         if build and todo:
             self.say(f"environment {todo[0].env.digest}: building on "
                      f"{len(todo)} of {len(self.hosts)} host(s)")
             report.sent = self._ship(todo)
             self._build([h for h in todo if h.problem is None])
+            for host in todo:
+                self.progress(host, host.state, 1.0)
         return report
 
     def prune(self) -> None:
@@ -297,9 +309,14 @@ class Sync:
                  f"{relay.spec.name} (once, for every host)")
 
         def blocks() -> Iterator[bytes]:
+            done = 0
             for wheel in send:
                 with self.cache.path(wheel).open("rb") as handle:
-                    yield from iter(lambda: handle.read(1 << 20), b"")
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        yield block
+                        done += len(block)
+                        self.progress(relay, f"receiving {done / 2**20:.0f}/"
+                                      f"{total / 2**20:.0f} MiB", 0.1 + 0.5 * done / total)
 
         def one(host: HostEnv) -> None:
             self._call(host, {"op": "receive", "files": [w.item for w in send]}, MOVE_SECONDS,
@@ -340,6 +357,7 @@ class Sync:
 
     def _fetch(self, host: HostEnv, url: str) -> None:
         files = [w.item for w in host.wheels if w.sha in host.missing]
+        self.progress(host, f"fetching {len(files)} wheel(s) from the master", 0.3)
         reply = self._call(host, {"op": "fetch", "url": url, "token": self._token,
                                   "files": files}, MOVE_SECONDS)
         host.fetched = int(reply.get("fetched") or 0)
@@ -350,6 +368,7 @@ class Sync:
             uv = next(w for w in host.wheels if w.name == wheels.UV.name)
             lock = [w for w in host.wheels if w.name != wheels.UV.name]
             started = time.monotonic()
+            self.progress(host, "building", 0.65)
             reply = self._call(host, {
                 "op": "build", "requirements": host.env.requirements(),
                 "files": [w.item for w in lock], "uv": uv.item,

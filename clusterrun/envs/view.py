@@ -59,3 +59,33 @@ def check_json(report: EnvReport, out: TextIO) -> None:
     json.dump({"ok": False, "master_addr": None, "master_port": None, "hosts": hosts,
                "pairs": None, "environment": as_json(report)}, out, indent=2)
     out.write("\n")
+
+
+class Bars:
+    """`clusterrun env` on a terminal: a progress bar per host on stderr while wheels move and
+    builds run (rich, loaded only here), cleared when done; ``say`` prints above them."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.bars = Progress(TextColumn("{task.fields[host]}"), BarColumn(),
+                             TextColumn("{task.description}"),
+                             console=Console(stderr=True), transient=True)
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Bars:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.bars.stop()
+
+    def say(self, text: str) -> None:
+        self.bars.console.print(f"clusterrun: {text}", highlight=False, markup=False)
+
+    def update(self, host: HostEnv, text: str, done: float) -> None:
+        name = host.spec.name
+        if name not in self.tasks:
+            self.tasks[name] = self.bars.add_task(text, total=1.0, host=name)
+        self.bars.update(self.tasks[name], description=text, completed=done)
