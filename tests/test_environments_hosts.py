@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, run_cli
-from tests.test_environments_cluster import tiny_wheel
+from tests.test_environments_cluster import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -50,7 +50,8 @@ def workdir(cluster: Cluster) -> Iterator[str]:
     path = f"/tmp/clusterrun-env-{uuid.uuid4().hex[:8]}"
     yield path
     for name in HOSTS:
-        cluster.run_on(name, "sh", "-c", f"umount {path}/envs 2>/dev/null; rm -rf {path}")
+        cluster.run_on(name, "sh", "-c", f"umount {path}/envs 2>/dev/null || true")
+        shutil.rmtree(host_path(cluster, name, path), ignore_errors=True)
 
 
 def in_env(cluster: Cluster, host: str, python: str, code: str) -> dict[str, Any]:
