@@ -290,3 +290,30 @@ def test_env_draws_a_bar_per_host_on_a_terminal_only(tmp_path: Path) -> None:
     plain = run_cli("env", str(inv), timeout=300)  # not a terminal: plain lines, no bars
     assert plain.returncode == 0, plain.stderr
     assert "━" not in plain.stderr and "ready" in plain.stdout
+
+
+@pytest.mark.slow
+def test_a_ready_environment_answers_from_its_own_interpreter_and_keeps_it_for_the_probe(
+        home: Path, tmp_path: Path) -> None:
+    """A warm launch's status comes from the environment's interpreter (its workdir known),
+    which then waits on the connection for the command's next program: that program runs in
+    the environment with no new channel and no base interpreter to end first."""
+    from clusterrun.transport import SshOptions, programs
+    from clusterrun.transport.pool import Connections
+
+    inv_path = local_inventory(tmp_path)
+    built = run_cli("env", str(inv_path), timeout=300)
+    assert built.returncode == 0, built.stderr
+    inv = inventory.load(inv_path)
+    with Connections(SshOptions()) as pool:
+        report = sync.sync(inv, pool, home)
+        [host] = report.hosts
+        assert (host.state, host.in_env) == (sync.READY, True)
+        spec = report.inventory(inv).hosts[0]
+        assert len(programs._parked[pool.get(spec)]) == 1
+        reply = programs.call(pool.get(spec), spec, "pyenv.py",
+                              {"op": "status", "workdir": spec.workdir, "lock": "x"}, 30)
+        assert reply["python_path"] == host.python
+    with Connections(SshOptions()) as pool:  # `env` itself leaves nothing parked
+        report = sync.Sync(inv, pool, home).run(build=False)
+        assert report.hosts[0].in_env and not programs._parked.get(pool.get(inv.hosts[0]))

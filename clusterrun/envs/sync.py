@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -28,7 +29,13 @@ from typing import Any, Callable, Optional
 from clusterrun.envs import platforms, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import Wheel
-from clusterrun.errors import ClusterrunError, PreflightError, SyncError, UnreachableError
+from clusterrun.errors import (
+    ClusterrunError,
+    Outcome,
+    PreflightError,
+    SyncError,
+    UnreachableError,
+)
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
 from clusterrun.remote import protocol
@@ -59,6 +66,9 @@ class HostEnv:
     received: int = 0  # bytes from the controller
     fetched: int = 0  # bytes from the master
     seconds: Optional[float] = None  # the build's
+    # Its status came from the environment's own interpreter, now parked on its connection:
+    # the command's next program there (preflight's probe) runs in it, with no new channel.
+    in_env: bool = False
 
     @property
     def env(self) -> PythonEnv:
@@ -180,13 +190,15 @@ class Sync:
         self.cache = wheels.Cache(home / "wheels")
         self.say = say
         self.progress: Progress = progress or (lambda _host, _text, _done: None)
+        self.workdirs = Workdirs(home / "wheels" / "hosts")
         self.hosts = [HostEnv(h) for h in inv.hosts if h.environment is not None]
 
     def _call(self, host: HostEnv, request: dict[str, Any], timeout: float,
-              payload: Any = ()) -> dict[str, Any]:
+              payload: Any = (), python: Optional[str] = None) -> dict[str, Any]:
         spec = host.spec
         request = {"workdir": spec.workdir, "lock": host.env.digest, **request}
-        reply = programs.call(self.pool.get(spec), spec, "pyenv.py", request, timeout,
+        run_as = dataclasses.replace(spec, python=python) if python else spec
+        reply = programs.call(self.pool.get(spec), run_as, "pyenv.py", request, timeout,
                               payload=payload, site=False)
         if reply.get("error"):
             host.disk_full = reply.get("disk_full")
@@ -204,9 +216,28 @@ class Sync:
                                                       else None)
 
     # 1. status
+    def _status(self, host: HostEnv) -> dict[str, Any]:
+        """The host's status, asked of the lock's environment's own interpreter where the host
+        built it before (its absolute workdir remembered here): a warm launch's probe then
+        takes that interpreter's channel, and no base interpreter has to be ended first. Where
+        that interpreter is not there (never built, removed), its base interpreter answers."""
+        workdir = self.workdirs.get(host.spec)
+        if workdir is not None:
+            try:
+                reply = self._call(host, {"op": "status"}, STATUS_SECONDS,
+                                   python=f"{workdir}/envs/{host.env.digest}/bin/python")
+                host.in_env = True
+                return reply
+            except programs.ProgramError as exc:
+                if exc.outcome is not Outcome.PROBE_FAILED:  # a host that hangs: said once
+                    raise
+        reply = self._call(host, {"op": "status"}, STATUS_SECONDS)
+        self.workdirs.remember(host.spec, str(reply.get("workdir") or ""))
+        return reply
+
     def status(self) -> None:
         def one(host: HostEnv) -> None:
-            host.status = self._call(host, {"op": "status"}, STATUS_SECONDS)
+            host.status = self._status(host)
             host.platform = platforms.from_status(host.spec.name, host.status)
             self.progress(host, "gathering wheels", 0.1)
 
@@ -233,20 +264,26 @@ class Sync:
                 host.state = READY if not drift else (MISSING if drift == ["not built"]
                                                       else DRIFT)
 
-    def run(self, *, build: bool) -> EnvReport:
+    def run(self, *, build: bool, keep: bool = False) -> EnvReport:
         """Status and wheels; with ``build``, every host not ready made so. The base
         interpreters this left parked on the connections are ended: the command's next program
         on a host (preflight's probe) must start in the environment's interpreter, not in one
-        of them."""
+        of them. ``keep``: a ready host's environment interpreter stays parked, for it."""
         try:
             return self._run(build=build)
         finally:
-            programs.release(*(self.pool.get(h.spec) for h in self.hosts
-                               if self.pool.connected(h.spec.name)))
+            self._release([h for h in self.hosts if not (keep and h.in_env and h.ok)])
+
+    def _release(self, hosts: Sequence[HostEnv]) -> None:
+        programs.release(*(self.pool.get(h.spec) for h in hosts
+                           if self.pool.connected(h.spec.name)))
 
     def _run(self, *, build: bool) -> EnvReport:
         self.status()
         self.resolve()
+        # An environment's own interpreter must not build its replacement: what is built or
+        # fetched next runs in the base interpreter.
+        self._release([h for h in self.hosts if h.in_env and not h.ok])
         report = EnvReport(self.hosts)
         todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
         for host in self.hosts:
@@ -404,5 +441,39 @@ def _first_reply(interp: programs.Interpreter, timeout: float) -> dict[str, Any]
 
 def sync(inv: Inventory, pool: Connections, home: Path, *, build: bool = True,
          say: Callable[[str], None] = lambda _text: None) -> EnvReport:
-    """Every `environment:` host made the lock's (``build``), or only looked at."""
-    return Sync(inv, pool, home, say=say).run(build=build)
+    """Every `environment:` host made the lock's (``build``), or only looked at; a ready
+    host's environment interpreter is left parked for the command's next program there."""
+    return Sync(inv, pool, home, say=say).run(build=build, keep=True)
+
+
+class Workdirs:
+    """Each host's absolute workdir as its last status said (`~/clusterrun` is only known
+    there), one small file per host under the controller's wheel cache: where its built
+    environments' interpreters are, before anything is asked."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _file(self, spec: HostSpec) -> Path:
+        key = json.dumps([spec.name, spec.host, spec.port, spec.user, spec.workdir,
+                          spec.container])
+        return self.root / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+    def get(self, spec: HostSpec) -> Optional[str]:
+        if spec.workdir.startswith("/"):
+            return spec.workdir.rstrip("/") or "/"
+        try:
+            found = json.loads(self._file(spec).read_text()).get("workdir")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return found if isinstance(found, str) and found.startswith("/") else None
+
+    def remember(self, spec: HostSpec, workdir: str) -> None:
+        if not workdir.startswith("/") or spec.workdir.startswith("/"):
+            return
+        path = self._file(spec)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp.{os.getpid()}")
+            tmp.write_text(json.dumps({"workdir": workdir}))
+            os.replace(tmp, path)
