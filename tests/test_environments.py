@@ -190,9 +190,9 @@ def test_a_host_that_cannot_be_reached_is_named_with_exit_4(
     path.write_text(f"defaults:\n  environment: req.lock\n  known_hosts: {tmp_path}/known_hosts\n"
                     f"hosts:\n  - host: {LISTEN_HOST}\n    name: far\n"
                     f"    port: {listener.getsockname()[1]}\n")
-    code, out, _err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
-    assert code == 4
-    assert out.startswith("far (") and "no SSH answer" in out
+    code, out, err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
+    assert code == 4 and out == ""  # what failed is said on stderr
+    assert err.startswith("far (") and "no SSH answer" in err
 
 
 def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

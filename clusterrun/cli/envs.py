@@ -67,8 +67,13 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
         if prune and report.ok:
             worker.prune()
             programs.release(*pool.transports.values())
-    (view.render_json if as_json else view.render_plain)(report, sys.stdout)
-    if any(h.disk_full for h in report.hosts) and not any(h.unreachable for h in report.hosts):
+    disk_full = any(h.disk_full for h in report.hosts) and not any(h.unreachable
+                                                                    for h in report.hosts)
+    if as_json:
+        view.render_json(report, sys.stdout)
+    else:  # what failed on stderr, once: a full disk's paragraph comes with its exit status
+        view.render_plain(report, sys.stdout, None if disk_full else sys.stderr)
+    if disk_full:
         report.raise_if_failed()  # exit 6, as for a payload that does not fit
     return Result(unreachable=any(h.unreachable for h in report.hosts),
                   failed_check=not report.ok)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
 
@@ -28,9 +28,11 @@ def line(host: HostEnv) -> str:
     return "; ".join(describe_problem(host))
 
 
-def render_plain(report: EnvReport, out: TextIO) -> None:
+def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -> None:
+    """A line per host on ``out``; a host that could not get its environment (no wheel for
+    its platform, unreachable, a full disk) says why on ``err`` when given."""
     for host in report.hosts:
-        out.write(line(host) + "\n")
+        (err if err is not None and host.state == "failed" else out).write(line(host) + "\n")
     if report.sent:
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 
