@@ -217,7 +217,7 @@ def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixtur
 
 def local_inventory(tmp_path: Path, hosts: int = 1) -> Path:
     """Local hosts (no SSH) whose environment is the tiny wheel's."""
-    from tests.test_environments_cluster import tiny_wheel
+    from tests.envtools import tiny_wheel
 
     tiny_wheel(tmp_path / "wheels")
     (tmp_path / "req.lock").write_text("clusterrun-tinypkg==0.1\n")

@@ -5,13 +5,9 @@ and builds nothing; a package added by hand is named as drift and `env` fixes it
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-import os
 import shutil
 import uuid
-import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -19,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, copy_payload, run_cli
+from tests.envtools import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -27,31 +24,6 @@ HOSTS3 = ["node1", "node2", "node3"]
 # distribution); the CPU build lies in pip's configured find-links: never a CUDA download.
 TORCH_DEPS = ("filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", "mpmath",
               "markupsafe", "setuptools")
-
-
-def tiny_wheel(folder: Path) -> Path:
-    """A one-module wheel built here, found only through the inventory's find_links."""
-    folder.mkdir()
-    path = folder / "clusterrun_tinypkg-0.1-py3-none-any.whl"
-    files = {"tinypkg.py": b"WORD = 'tiny'\n",
-             "clusterrun_tinypkg-0.1.dist-info/METADATA":
-                 b"Metadata-Version: 2.1\nName: clusterrun-tinypkg\nVersion: 0.1\n",
-             "clusterrun_tinypkg-0.1.dist-info/WHEEL":
-                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in files.items():
-            wheel.writestr(name, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            record.append(f"{name},sha256={digest.decode()},{len(data)}")
-        record.append("clusterrun_tinypkg-0.1.dist-info/RECORD,,")
-        wheel.writestr("clusterrun_tinypkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
-
-
-def host_path(cluster: Cluster, name: str, path: str) -> Path:
-    """Where a path under a host's own /tmp lies on this machine."""
-    return cluster.sb.root / name / "tmp" / os.path.relpath(path, "/tmp")
 
 
 def env_json(*args: str) -> tuple[int, dict[str, Any], str]:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, run_cli
-from tests.test_environments_cluster import host_path, tiny_wheel
+from tests.envtools import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
 

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
-import os
-import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterrun.envs import platforms, wheels
+from clusterrun.envs import platforms, serve, wheels
 from clusterrun.envs.platforms import Platform
+from clusterrun.envs.verify import differences, env_hash
 from clusterrun.envs.wheels import Wheel
+from clusterrun.envs.workdirs import Workdirs
 from clusterrun.errors import (
     ClusterrunError,
     Outcome,
@@ -38,7 +36,6 @@ from clusterrun.errors import (
 )
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
-from clusterrun.remote import protocol
 from clusterrun.transport import parallel, programs
 from clusterrun.transport.pool import Connections
 
@@ -134,33 +131,6 @@ class EnvReport:
         if any(h.disk_full for h in bad):
             raise SyncError("\n".join(lines))
         raise PreflightError("\n".join(lines))
-
-
-def env_hash(found: Optional[dict[str, Any]]) -> Optional[str]:
-    """An environment's hash: every installed distribution (name==version) and the interpreter."""
-    if not found:
-        return None
-    body = "\n".join([*sorted(found.get("dists") or []), f"python=={found.get('python')}"])
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-def differences(expected: Sequence[str], python: str, found: Optional[dict[str, Any]]) -> list[str]:
-    """What differs between the lock's distributions and a host's, package by package."""
-    if not found:
-        return ["not built"]
-    want = dict(d.split("==", 1) for d in expected)
-    have = dict(d.split("==", 1) for d in found.get("dists") or [])
-    out = []
-    if found.get("python") != python:
-        out.append(f"built for Python {found.get('python')}, the host's is {python}")
-    for name in sorted(set(want) | set(have)):
-        if name not in have:
-            out.append(f"{name}=={want[name]} missing")
-        elif name not in want:
-            out.append(f"{name}=={have[name]} not in the lock")
-        elif want[name] != have[name]:
-            out.append(f"{name} {have[name]} instead of {want[name]}")
-    return out
 
 
 def describe_problem(host: HostEnv) -> list[str]:
@@ -372,25 +342,10 @@ class Sync:
 
     @contextlib.contextmanager
     def _serving(self, relay: HostEnv) -> Iterator[str]:
-        token = secrets.token_hex(16)
-        bind = self._bind(relay)
-        spec = relay.spec
-        interp = programs.start(self.pool.get(spec), spec, "wheelserve.py",
-                                {"workdir": spec.workdir, "bind": bind, "token": token},
-                                site=False)
-        try:
-            port = _first_reply(interp, STATUS_SECONDS).get("port")
-            if not port:
-                raise PreflightError(f"{spec.name}: could not serve its wheels to the other "
-                                     f"hosts on {bind}.")
-            host = f"[{bind}]" if ":" in bind else bind
+        with serve.serving(self.pool.get(relay.spec), relay.spec, self._bind(relay),
+                           STATUS_SECONDS) as (url, token):
             self._token = token
-            yield f"http://{host}:{port}"
-        finally:
-            with contextlib.suppress(OSError, EOFError):
-                interp.proc.close_stdin()
-                interp.proc.wait(5)
-            interp.proc.close()
+            yield url
 
     def _fetch(self, host: HostEnv, url: str) -> None:
         files = [w.item for w in host.wheels if w.sha in host.missing]
@@ -420,60 +375,8 @@ class Sync:
         self._each(one, hosts, BUILD_SECONDS + 60)
 
 
-def _first_reply(interp: programs.Interpreter, timeout: float) -> dict[str, Any]:
-    """The first JSON reply of a program that goes on running (wheelserve.py's port)."""
-    out = bytearray()
-    end = time.monotonic() + timeout
-    while b"\n" not in out and time.monotonic() < end:
-        chunk = interp.proc.recv(4096)
-        if not chunk:
-            break
-        out.extend(chunk)
-    line = bytes(out).split(b"\n", 1)[0]
-    if line.startswith(protocol.EVENT):
-        line = line[len(protocol.EVENT):]
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        return {}
-    return reply if isinstance(reply, dict) else {}
-
-
 def sync(inv: Inventory, pool: Connections, home: Path, *, build: bool = True,
          say: Callable[[str], None] = lambda _text: None) -> EnvReport:
     """Every `environment:` host made the lock's (``build``), or only looked at; a ready
     host's environment interpreter is left parked for the command's next program there."""
     return Sync(inv, pool, home, say=say).run(build=build, keep=True)
-
-
-class Workdirs:
-    """Each host's absolute workdir as its last status said (`~/clusterrun` is only known
-    there), one small file per host under the controller's wheel cache: where its built
-    environments' interpreters are, before anything is asked."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def _file(self, spec: HostSpec) -> Path:
-        key = json.dumps([spec.name, spec.host, spec.port, spec.user, spec.workdir,
-                          spec.container])
-        return self.root / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-
-    def get(self, spec: HostSpec) -> Optional[str]:
-        if spec.workdir.startswith("/"):
-            return spec.workdir.rstrip("/") or "/"
-        try:
-            found = json.loads(self._file(spec).read_text()).get("workdir")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return found if isinstance(found, str) and found.startswith("/") else None
-
-    def remember(self, spec: HostSpec, workdir: str) -> None:
-        if not workdir.startswith("/") or spec.workdir.startswith("/"):
-            return
-        path = self._file(spec)
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp.{os.getpid()}")
-            tmp.write_text(json.dumps({"workdir": workdir}))
-            os.replace(tmp, path)
