@@ -3,7 +3,11 @@ SSH), which wheels fit which host, hosts grouped by platform, and drift named pe
 
 from __future__ import annotations
 
+import json
+import os
+import pty
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +17,15 @@ from clusterrun import inventory
 from clusterrun.envs import platforms, sync
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import UV, Wheel
-from clusterrun.errors import InventoryError
-from tests.conftest import LISTEN_HOST, connection_attempted, run_main
+from clusterrun.errors import InventoryError, PreflightError
+from tests.conftest import (
+    LISTEN_HOST,
+    REPO,
+    clusterrun_argv,
+    connection_attempted,
+    run_cli,
+    run_main,
+)
 
 SHA = "ab" * 32
 
@@ -82,9 +93,9 @@ def test_the_mapping_form_and_its_mistakes(tmp_path: Path) -> None:
         ("environment: {lock: req.lock, sites: true}", "unknown key `sites`"),
         ("environment: {system_site_packages: true}", "missing `lock:`"),
         ("environment: nope.lock", "no such file"),
-        ("environment: uv.lock", "uv projects are not read yet"),
+        ("environment: proj/pyproject.toml", "needs its uv.lock beside pyproject.toml"),
     ]:
-        (tmp_path / "uv.lock").write_text("version = 1\n")
+        (tmp_path / "proj").mkdir(exist_ok=True)
         with pytest.raises(InventoryError, match=r"inv.yaml:2: ") as found:
             inventory.load(_inv(tmp_path, "numpy==2.3.4\n", text))
         assert words in found.value.message
@@ -147,6 +158,18 @@ def test_hosts_are_grouped_by_platform_and_wheels_gathered_once_per_group(
     assert [a[0].python for a in asked] == ["3.11", "3.12"]
     assert [h.state for h in worker.hosts] == [sync.READY, sync.MISSING]
 
+    # No wheel for one platform: its hosts fail with the reason, the others go on.
+    def no_wheel(cache: Any, env: Any, platform: Platform, hosts: list[str]) -> list[Wheel]:
+        if platform.python == "3.12":
+            raise PreflightError(f"no wheel of numpy==2.3.4 for {platform.label}")
+        return resolve(cache, env, platform, hosts)
+
+    monkeypatch.setattr("clusterrun.envs.wheels.resolve", no_wheel)
+    worker.resolve()
+    assert [h.state for h in worker.hosts] == [sync.READY, sync.FAILED]
+    assert worker.hosts[1].problem == "no wheel of numpy==2.3.4 for cp312 manylinux x86_64 " \
+        "(glibc 2.36)"
+
 
 def test_drift_is_named_package_by_package() -> None:
     found = {"python": "3.11.2", "dists": ["numpy==2.4.0", "six==1.16.0"]}
@@ -167,6 +190,130 @@ def test_a_host_that_cannot_be_reached_is_named_with_exit_4(
     path.write_text(f"defaults:\n  environment: req.lock\n  known_hosts: {tmp_path}/known_hosts\n"
                     f"hosts:\n  - host: {LISTEN_HOST}\n    name: far\n"
                     f"    port: {listener.getsockname()[1]}\n")
-    code, out, _err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
-    assert code == 4
-    assert out.startswith("far (") and "no SSH answer" in out
+    code, out, err = run_main(capsys, "env", "--connect-timeout", "0.5", str(path))
+    assert code == 4 and out == ""  # what failed is said on stderr
+    assert err.startswith("far (") and "no SSH answer" in err
+
+
+def test_ps_shows_the_lock_a_run_ran_in(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from clusterrun.runs import store
+
+    for run_id, extra in (("20260301-120000-envs-0001", {"environment": "3f2a9c0e1d2b4a5c"}),
+                          ("20260301-110000-plain-0002", {})):
+        run = store.create(home, run_id)
+        (run.path / "plan.json").write_text(json.dumps({"name": "x", "created": 1.0,
+                                                        "nodes": [{"name": "n1"}], **extra}))
+        (run.path / "state.json").write_text(json.dumps({"state": "succeeded", "started_at": 1.0,
+                                                         "ended_at": 2.0, "exit_status": 0}))
+    code, out, err = run_main(capsys, "ps", "--json", "--local")
+    assert code == 0, err
+    assert [row["environment"] for row in json.loads(out)] == ["3f2a9c0e1d2b4a5c", None]
+    code, out, err = run_main(capsys, "ps", "--local")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[2] == "  environment: 3f2a9c0e1d2b4a5c"
+    assert lines[1].startswith("20260301-120000-envs-0001") and lines[3].startswith("20260301-11")
+
+
+def local_inventory(tmp_path: Path, hosts: int = 1) -> Path:
+    """Local hosts (no SSH) whose environment is the tiny wheel's."""
+    from tests.envtools import tiny_wheel
+
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "req.lock").write_text("clusterrun-tinypkg==0.1\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("defaults:\n  environment: {lock: req.lock, find_links: [wheels]}\nhosts:\n"
+                   + "".join(f"  - host: localhost\n    name: n{k}\n" for k in range(hosts)))
+    return inv
+
+
+@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
+def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) -> None:
+    """Local hosts (no SSH): `env --check` exits 3 while a host's environment is missing or
+    differs and 0 once it is the lock's; `check --json` prints one JSON object either way."""
+    inv = local_inventory(tmp_path)
+
+    def env(*args: str) -> tuple[int, dict[str, Any]]:
+        cp = run_cli("env", "--json", *args, str(inv), timeout=300)
+        return cp.returncode, json.loads(cp.stdout or "{}")
+
+    def check() -> tuple[int, dict[str, Any]]:
+        cp = run_cli("check", "--json", str(inv), timeout=300)
+        return cp.returncode, json.loads(cp.stdout or "{}")
+
+    code, found = env("--check")
+    assert code == 3 and [h["state"] for h in found["hosts"]] == ["missing"]
+    code, report = check()
+    assert code == 3 and report["ok"] is False
+    [host] = report["hosts"]
+    assert host["name"] == "n0" and host["checks"][0]["name"] == "environment"
+    assert "not built yet" in host["checks"][0]["detail"]
+    assert report["environment"]["hosts"][0]["state"] == "missing"
+
+    code, found = env()
+    assert code == 0 and [h["state"] for h in found["hosts"]] == ["built"]
+    code, found = env("--check")
+    assert code == 0 and [h["state"] for h in found["hosts"]] == ["ready"]
+    path = Path(found["hosts"][0]["path"])
+    next(path.glob("lib/python3*/site-packages")).joinpath("handmade-1.0.dist-info").mkdir()
+    code, found = env("--check")
+    assert code == 3 and found["hosts"][0]["drift"] == ["handmade==1.0 not in the lock"]
+    code, report = check()
+    assert code == 3 and "handmade==1.0 not in the lock" in report["hosts"][0]["checks"][0][
+        "detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("home")
+def test_env_draws_a_bar_per_host_on_a_terminal_only(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, hosts=2)
+    leader, follower = pty.openpty()
+    with subprocess.Popen(clusterrun_argv("env", str(inv)), stdout=subprocess.PIPE,
+                          stderr=follower, env={**os.environ, "TERM": "xterm", "COLUMNS": "120"},
+                          cwd=REPO) as proc:
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the command ended and closed its end
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        out = proc.stdout.read().decode() if proc.stdout else ""
+    os.close(leader)
+    assert proc.returncode == 0, drawn.decode(errors="replace")
+    screen = drawn.decode(errors="replace")
+    assert "━" in screen and "n0" in screen and "n1" in screen  # a bar for each host
+    assert [line.split(":")[0] for line in out.splitlines()[:2]] == ["n0", "n1"]
+    plain = run_cli("env", str(inv), timeout=300)  # not a terminal: plain lines, no bars
+    assert plain.returncode == 0, plain.stderr
+    assert "━" not in plain.stderr and "ready" in plain.stdout
+
+
+@pytest.mark.slow
+def test_a_ready_environment_answers_from_its_own_interpreter_and_keeps_it_for_the_probe(
+        home: Path, tmp_path: Path) -> None:
+    """A warm launch's status comes from the environment's interpreter (its workdir known),
+    which then waits on the connection for the command's next program: that program runs in
+    the environment with no new channel and no base interpreter to end first."""
+    from clusterrun.transport import SshOptions, programs
+    from clusterrun.transport.pool import Connections
+
+    inv_path = local_inventory(tmp_path)
+    built = run_cli("env", str(inv_path), timeout=300)
+    assert built.returncode == 0, built.stderr
+    inv = inventory.load(inv_path)
+    with Connections(SshOptions()) as pool:
+        report = sync.sync(inv, pool, home)
+        [host] = report.hosts
+        assert (host.state, host.in_env) == (sync.READY, True)
+        spec = report.inventory(inv).hosts[0]
+        assert len(programs._parked[pool.get(spec)]) == 1
+        reply = programs.call(pool.get(spec), spec, "pyenv.py",
+                              {"op": "status", "workdir": spec.workdir, "lock": "x"}, 30)
+        assert reply["python_path"] == host.python
+    with Connections(SshOptions()) as pool:  # `env` itself leaves nothing parked
+        report = sync.Sync(inv, pool, home).run(build=False)
+        assert report.hosts[0].in_env and not programs._parked.get(pool.get(inv.hosts[0]))

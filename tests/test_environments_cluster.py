@@ -5,11 +5,9 @@ and builds nothing; a package added by hand is named as drift and `env` fixes it
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
+import shutil
 import uuid
-import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, copy_payload, run_cli
+from tests.envtools import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
 
@@ -25,26 +24,6 @@ HOSTS3 = ["node1", "node2", "node3"]
 # distribution); the CPU build lies in pip's configured find-links: never a CUDA download.
 TORCH_DEPS = ("filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", "mpmath",
               "markupsafe", "setuptools")
-
-
-def tiny_wheel(folder: Path) -> Path:
-    """A one-module wheel built here, found only through the inventory's find_links."""
-    folder.mkdir()
-    path = folder / "clusterrun_tinypkg-0.1-py3-none-any.whl"
-    files = {"tinypkg.py": b"WORD = 'tiny'\n",
-             "clusterrun_tinypkg-0.1.dist-info/METADATA":
-                 b"Metadata-Version: 2.1\nName: clusterrun-tinypkg\nVersion: 0.1\n",
-             "clusterrun_tinypkg-0.1.dist-info/WHEEL":
-                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in files.items():
-            wheel.writestr(name, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            record.append(f"{name},sha256={digest.decode()},{len(data)}")
-        record.append("clusterrun_tinypkg-0.1.dist-info/RECORD,,")
-        wheel.writestr("clusterrun_tinypkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
 
 
 def env_json(*args: str) -> tuple[int, dict[str, Any], str]:
@@ -108,6 +87,8 @@ def test_environment_built_once_trained_in_and_kept_identical(
         summary = json.loads(next((home / "runs").iterdir()).joinpath("summary.json")
                              .read_text())
         assert summary["environment"] == lock
+        listed = run_cli("ps", "--json", "--local")
+        assert [row["environment"] for row in json.loads(listed.stdout)] == [lock]
 
         # A package added by hand on node2: drift, named, refused by check; `env` fixes it.
         site = cluster.run_on("node2", "sh", "-c", f"echo {env_dir}/lib/python3*/site-packages")
@@ -126,6 +107,6 @@ def test_environment_built_once_trained_in_and_kept_identical(
         assert fixed["sent_bytes"] == 0  # node2's store still held every wheel
         assert len({h["hash"] for h in fixed["hosts"]}) == 1
     finally:
-        for name in HOSTS3:
-            cluster.run_on(name, "rm", "-rf", workdir)
+        for name in HOSTS3:  # three unpacked torches: no time limit, from this machine's side
+            shutil.rmtree(host_path(cluster, name, workdir), ignore_errors=True)
 

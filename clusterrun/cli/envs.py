@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Optional
 
@@ -40,8 +41,9 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
     Each host gets <workdir>/envs/<lock hash>, built offline with uv from the lock's wheels;
     only the wheels a host lacks move, and they cross this machine's link once (the master
     serves them to the others). A host already holding the lock's environment is left as it
-    is. Exits 0 when every host holds the lock's environment, 3 when one differs (--check) or
-    cannot get it, 4 when a host cannot be reached, 6 when a host's disk is full.
+    is. On a terminal, a progress bar per host. Exits 0 when every host holds the lock's
+    environment, 3 when one differs (--check) or cannot get it, 4 when a host cannot be
+    reached, 6 when a host's disk is full.
     """
     if check_only and prune:
         raise UsageError("--check changes nothing and --prune removes environments: give one.")
@@ -55,14 +57,23 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
     from clusterrun.transport.pool import Connections
 
     state = home(write=True)
-    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
-        worker = envsync.Sync(inv, pool, state, say=note)
+    # A bar per host on a terminal; plain lines (and --json) elsewhere.
+    bars = view.Bars() if sys.stderr.isatty() and not as_json else None
+    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool, \
+            bars or contextlib.nullcontext():
+        worker = envsync.Sync(inv, pool, state, say=bars.say if bars else note,
+                              progress=bars.update if bars else None)
         report = worker.run(build=not check_only)
         if prune and report.ok:
             worker.prune()
             programs.release(*pool.transports.values())
-    (view.render_json if as_json else view.render_plain)(report, sys.stdout)
-    if any(h.disk_full for h in report.hosts) and not any(h.unreachable for h in report.hosts):
+    disk_full = any(h.disk_full for h in report.hosts) and not any(h.unreachable
+                                                                    for h in report.hosts)
+    if as_json:
+        view.render_json(report, sys.stdout)
+    else:  # what failed on stderr, once: a full disk's paragraph comes with its exit status
+        view.render_plain(report, sys.stdout, None if disk_full else sys.stderr)
+    if disk_full:
         report.raise_if_failed()  # exit 6, as for a payload that does not fit
     return Result(unreachable=any(h.unreachable for h in report.hosts),
                   failed_check=not report.ok)

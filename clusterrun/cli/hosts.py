@@ -50,6 +50,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
     from clusterrun.transport.pool import Connections
 
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
+    envs = None
     with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
         if any(h.environment for h in inv.hosts):
             # `environment:`: each host's must be the lock's (check builds nothing; `clusterrun
@@ -57,16 +58,19 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
             from clusterrun.envs import sync as envsync
 
             envs = envsync.sync(inv, pool, home(write=True), build=False)
-            if not envs.ok:
-                from clusterrun.envs import view as envview
+            from clusterrun.envs import view as envview
 
+            if not envs.ok:
                 envview.render_plain(envs, sys.stderr)
+                if as_json:  # still one JSON object on stdout, as for any failed check
+                    envview.check_json(envs, sys.stdout)
                 return Result(unreachable=any(h.unreachable for h in envs.hosts),
                               failed_check=True)
             inv = envs.inventory(inv)
         report = preflight.run(inv, pool, bandwidth=bandwidth, allow_busy_gpus=allow_busy_gpus)
         if as_json:
-            checkview.render_json(report, sys.stdout)
+            checkview.render_json(report, sys.stdout, extra={"environment": envview.as_json(envs)}
+                                  if envs is not None else None)
         elif sys.stdout.isatty():
             from rich.console import Console  # only for a terminal: rich takes a while to load
 

@@ -93,7 +93,8 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
 
     States: running, succeeded, failed, stopped, lost (a node or the controller was lost). A
     restarted run shows its attempt, e.g. running (attempt 2/3), and the current attempt's
-    hosts; hosts it quarantined are listed on a line under it.
+    hosts; hosts it quarantined are listed on a line under it, and the `environment:` lock's
+    hash a run's ranks ran in too.
     """
     import json
     import time
@@ -127,6 +128,8 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
             click.echo(listing.cause_line(row))
         if listing.nccl_line(row):
             click.echo(listing.nccl_line(row))
+        if listing.environment_line(row):
+            click.echo(listing.environment_line(row))
 
 
 @click.command(context_settings=CONTEXT)

@@ -16,22 +16,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
-import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterrun.envs import platforms, wheels
+from clusterrun.envs import platforms, serve, wheels
 from clusterrun.envs.platforms import Platform
+from clusterrun.envs.verify import differences, env_hash
 from clusterrun.envs.wheels import Wheel
-from clusterrun.errors import ClusterrunError, PreflightError, SyncError, UnreachableError
+from clusterrun.envs.workdirs import Workdirs
+from clusterrun.errors import (
+    ClusterrunError,
+    Outcome,
+    PreflightError,
+    SyncError,
+    UnreachableError,
+)
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
-from clusterrun.remote import protocol
 from clusterrun.remote.protocol import OP, Env
 from clusterrun.transport import parallel, programs
 from clusterrun.transport.pool import Connections
@@ -60,6 +64,9 @@ class HostEnv:
     received: int = 0  # bytes from the controller
     fetched: int = 0  # bytes from the master
     seconds: Optional[float] = None  # the build's
+    # Its status came from the environment's own interpreter, now parked on its connection:
+    # the command's next program there (preflight's probe) runs in it, with no new channel.
+    in_env: bool = False
 
     @property
     def env(self) -> PythonEnv:
@@ -127,33 +134,6 @@ class EnvReport:
         raise PreflightError("\n".join(lines))
 
 
-def env_hash(found: Optional[dict[str, Any]]) -> Optional[str]:
-    """An environment's hash: every installed distribution (name==version) and the interpreter."""
-    if not found:
-        return None
-    body = "\n".join([*sorted(found.get("dists") or []), f"python=={found.get('python')}"])
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-def differences(expected: Sequence[str], python: str, found: Optional[dict[str, Any]]) -> list[str]:
-    """What differs between the lock's distributions and a host's, package by package."""
-    if not found:
-        return ["not built"]
-    want = dict(d.split("==", 1) for d in expected)
-    have = dict(d.split("==", 1) for d in found.get("dists") or [])
-    out = []
-    if found.get("python") != python:
-        out.append(f"built for Python {found.get('python')}, the host's is {python}")
-    for name in sorted(set(want) | set(have)):
-        if name not in have:
-            out.append(f"{name}=={want[name]} missing")
-        elif name not in want:
-            out.append(f"{name}=={have[name]} not in the lock")
-        elif want[name] != have[name]:
-            out.append(f"{name} {have[name]} instead of {want[name]}")
-    return out
-
-
 def describe_problem(host: HostEnv) -> list[str]:
     name = host.spec.name
     if host.disk_full:
@@ -166,22 +146,30 @@ def describe_problem(host: HostEnv) -> list[str]:
             + ". Run `clusterrun env INVENTORY` to rebuild it."]
 
 
+# What a host is doing, and how far along (0 to 1), as the sync goes: `clusterrun env`'s bars.
+Progress = Callable[[HostEnv, str, float], None]
+
+
 class Sync:
     """One sync of the inventory's `environment:` hosts over ``pool``."""
 
     def __init__(self, inv: Inventory, pool: Connections, home: Path, *,
-                 say: Callable[[str], None] = lambda _text: None) -> None:
+                 say: Callable[[str], None] = lambda _text: None,
+                 progress: Optional[Progress] = None) -> None:
         self.inv = inv
         self.pool = pool
         self.cache = wheels.Cache(home / "wheels")
         self.say = say
+        self.progress: Progress = progress or (lambda _host, _text, _done: None)
+        self.workdirs = Workdirs(home / "wheels" / "hosts")
         self.hosts = [HostEnv(h) for h in inv.hosts if h.environment is not None]
 
     def _call(self, host: HostEnv, request: dict[str, Any], timeout: float,
-              payload: Any = ()) -> dict[str, Any]:
+              payload: Any = (), python: Optional[str] = None) -> dict[str, Any]:
         spec = host.spec
         request = {"workdir": spec.workdir, "lock": host.env.digest, **request}
-        reply = programs.call(self.pool.get(spec), spec, "pyenv.py", request, timeout,
+        run_as = dataclasses.replace(spec, python=python) if python else spec
+        reply = programs.call(self.pool.get(spec), run_as, "pyenv.py", request, timeout,
                               payload=payload, site=False)
         if reply.get("error"):
             host.disk_full = reply.get("disk_full")
@@ -199,10 +187,30 @@ class Sync:
                                                       else None)
 
     # 1. status
+    def _status(self, host: HostEnv) -> dict[str, Any]:
+        """The host's status, asked of the lock's environment's own interpreter where the host
+        built it before (its absolute workdir remembered here): a warm launch's probe then
+        takes that interpreter's channel, and no base interpreter has to be ended first. Where
+        that interpreter is not there (never built, removed), its base interpreter answers."""
+        workdir = self.workdirs.get(host.spec)
+        if workdir is not None:
+            try:
+                reply = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS,
+                                   python=f"{workdir}/envs/{host.env.digest}/bin/python")
+                host.in_env = True
+                return reply
+            except programs.ProgramError as exc:
+                if exc.outcome is not Outcome.PROBE_FAILED:  # a host that hangs: said once
+                    raise
+        reply = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS)
+        self.workdirs.remember(host.spec, str(reply.get("workdir") or ""))
+        return reply
+
     def status(self) -> None:
         def one(host: HostEnv) -> None:
-            host.status = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS)
+            host.status = self._status(host)
             host.platform = platforms.from_status(host.spec.name, host.status)
+            self.progress(host, "gathering wheels", 0.1)
 
         self._each(one, self.hosts, STATUS_SECONDS + 30)
 
@@ -213,8 +221,13 @@ class Sync:
             if host.platform is not None and host.problem is None:
                 groups.setdefault((host.env.lock, host.platform), []).append(host)
         for (_lock, platform), members in sorted(groups.items(), key=lambda g: g[0][1]):
-            found = wheels.resolve(self.cache, members[0].env, platform,
-                                   [m.spec.name for m in members])
+            try:
+                found = wheels.resolve(self.cache, members[0].env, platform,
+                                       [m.spec.name for m in members])
+            except ClusterrunError as exc:  # no wheel for this platform: these hosts say so
+                for host in members:
+                    host.state, host.problem = FAILED, exc.message
+                continue
             for host in members:
                 host.wheels = found
                 drift = differences(host.expected(), host.status["python"], host.status.get("env"))
@@ -222,27 +235,38 @@ class Sync:
                 host.state = READY if not drift else (MISSING if drift == ["not built"]
                                                       else DRIFT)
 
-    def run(self, *, build: bool) -> EnvReport:
+    def run(self, *, build: bool, keep: bool = False) -> EnvReport:
         """Status and wheels; with ``build``, every host not ready made so. The base
         interpreters this left parked on the connections are ended: the command's next program
         on a host (preflight's probe) must start in the environment's interpreter, not in one
-        of them."""
+        of them. ``keep``: a ready host's environment interpreter stays parked, for it."""
         try:
             return self._run(build=build)
         finally:
-            programs.release(*(self.pool.get(h.spec) for h in self.hosts
-                               if self.pool.connected(h.spec.name)))
+            self._release([h for h in self.hosts if not (keep and h.in_env and h.ok)])
+
+    def _release(self, hosts: Sequence[HostEnv]) -> None:
+        programs.release(*(self.pool.get(h.spec) for h in hosts
+                           if self.pool.connected(h.spec.name)))
 
     def _run(self, *, build: bool) -> EnvReport:
         self.status()
         self.resolve()
+        # An environment's own interpreter must not build its replacement: what is built or
+        # fetched next runs in the base interpreter.
+        self._release([h for h in self.hosts if h.in_env and not h.ok])
         report = EnvReport(self.hosts)
         todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
+        for host in self.hosts:
+            if host not in todo or not build:
+                self.progress(host, host.state, 1.0)
         if build and todo:
             self.say(f"environment {todo[0].env.digest}: building on "
                      f"{len(todo)} of {len(self.hosts)} host(s)")
             report.sent = self._ship(todo)
             self._build([h for h in todo if h.problem is None])
+            for host in todo:
+                self.progress(host, host.state, 1.0)
         return report
 
     def prune(self) -> None:
@@ -293,9 +317,14 @@ class Sync:
                  f"{relay.spec.name} (once, for every host)")
 
         def blocks() -> Iterator[bytes]:
+            done = 0
             for wheel in send:
                 with self.cache.path(wheel).open("rb") as handle:
-                    yield from iter(lambda: handle.read(1 << 20), b"")
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        yield block
+                        done += len(block)
+                        self.progress(relay, f"receiving {done / 2**20:.0f}/"
+                                      f"{total / 2**20:.0f} MiB", 0.1 + 0.5 * done / total)
 
         def one(host: HostEnv) -> None:
             self._call(host, {OP: Env.RECEIVE, "files": [w.item for w in send]}, MOVE_SECONDS,
@@ -314,28 +343,14 @@ class Sync:
 
     @contextlib.contextmanager
     def _serving(self, relay: HostEnv) -> Iterator[str]:
-        token = secrets.token_hex(16)
-        bind = self._bind(relay)
-        spec = relay.spec
-        interp = programs.start(self.pool.get(spec), spec, "wheelserve.py",
-                                {"workdir": spec.workdir, "bind": bind, "token": token},
-                                site=False)
-        try:
-            port = _first_reply(interp, STATUS_SECONDS).get("port")
-            if not port:
-                raise PreflightError(f"{spec.name}: could not serve its wheels to the other "
-                                     f"hosts on {bind}.")
-            host = f"[{bind}]" if ":" in bind else bind
+        with serve.serving(self.pool.get(relay.spec), relay.spec, self._bind(relay),
+                           STATUS_SECONDS) as (url, token):
             self._token = token
-            yield f"http://{host}:{port}"
-        finally:
-            with contextlib.suppress(OSError, EOFError):
-                interp.proc.close_stdin()
-                interp.proc.wait(5)
-            interp.proc.close()
+            yield url
 
     def _fetch(self, host: HostEnv, url: str) -> None:
         files = [w.item for w in host.wheels if w.sha in host.missing]
+        self.progress(host, f"fetching {len(files)} wheel(s) from the master", 0.3)
         reply = self._call(host, {OP: Env.FETCH, "url": url, "token": self._token,
                                   "files": files}, MOVE_SECONDS)
         host.fetched = int(reply.get("fetched") or 0)
@@ -346,6 +361,7 @@ class Sync:
             uv = next(w for w in host.wheels if w.name == wheels.UV.name)
             lock = [w for w in host.wheels if w.name != wheels.UV.name]
             started = time.monotonic()
+            self.progress(host, "building", 0.65)
             reply = self._call(host, {
                 OP: Env.BUILD, "requirements": host.env.requirements(),
                 "files": [w.item for w in lock], "uv": uv.item,
@@ -360,26 +376,8 @@ class Sync:
         self._each(one, hosts, BUILD_SECONDS + 60)
 
 
-def _first_reply(interp: programs.Interpreter, timeout: float) -> dict[str, Any]:
-    """The first JSON reply of a program that goes on running (wheelserve.py's port)."""
-    out = bytearray()
-    end = time.monotonic() + timeout
-    while b"\n" not in out and time.monotonic() < end:
-        chunk = interp.proc.recv(4096)
-        if not chunk:
-            break
-        out.extend(chunk)
-    line = bytes(out).split(b"\n", 1)[0]
-    if line.startswith(protocol.EVENT):
-        line = line[len(protocol.EVENT):]
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        return {}
-    return reply if isinstance(reply, dict) else {}
-
-
 def sync(inv: Inventory, pool: Connections, home: Path, *, build: bool = True,
          say: Callable[[str], None] = lambda _text: None) -> EnvReport:
-    """Every `environment:` host made the lock's (``build``), or only looked at."""
-    return Sync(inv, pool, home, say=say).run(build=build)
+    """Every `environment:` host made the lock's (``build``), or only looked at; a ready
+    host's environment interpreter is left parked for the command's next program there."""
+    return Sync(inv, pool, home, say=say).run(build=build, keep=True)

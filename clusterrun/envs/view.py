@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import Any, Optional, TextIO
 
 from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
 
@@ -28,13 +28,66 @@ def line(host: HostEnv) -> str:
     return "; ".join(describe_problem(host))
 
 
-def render_plain(report: EnvReport, out: TextIO) -> None:
+def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -> None:
+    """A line per host on ``out``; a host that could not get its environment (no wheel for
+    its platform, unreachable, a full disk) says why on ``err`` when given."""
     for host in report.hosts:
-        out.write(line(host) + "\n")
+        (err if err is not None and host.state == "failed" else out).write(line(host) + "\n")
     if report.sent:
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 
 
+def as_json(report: EnvReport) -> dict[str, Any]:
+    return {"ok": report.ok, "sent_bytes": report.sent,
+            "hosts": [h.as_json() for h in report.hosts]}
+
+
 def render_json(report: EnvReport, out: TextIO) -> None:
-    out.write(json.dumps({"ok": report.ok, "sent_bytes": report.sent,
-                          "hosts": [h.as_json() for h in report.hosts]}) + "\n")
+    out.write(json.dumps(as_json(report)) + "\n")
+
+
+def check_json(report: EnvReport, out: TextIO) -> None:
+    """`check --json` when a host's environment is not the lock's: check's own object, each
+    host failing (or passing) its `environment` check and nothing else run (no node rank is
+    given yet), and the environments as `env --json` gives them."""
+    hosts = []
+    for host in report.hosts:
+        detail = line(host) if not host.ok else f"{host.path} is the lock's"
+        hosts.append({"host": host.spec.host, "name": host.spec.name, "node_rank": None,
+                      "ok": host.ok, "interface": None, "address": None, "python": None,
+                      "torch": None, "gpus": 0,
+                      "checks": [{"name": "environment", "ok": host.ok, "warning": False,
+                                  "detail": detail}]})
+    json.dump({"ok": False, "master_addr": None, "master_port": None, "hosts": hosts,
+               "pairs": None, "environment": as_json(report)}, out, indent=2)
+    out.write("\n")
+
+
+class Bars:
+    """`clusterrun env` on a terminal: a progress bar per host on stderr while wheels move and
+    builds run (rich, loaded only here), cleared when done; ``say`` prints above them."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.bars = Progress(TextColumn("{task.fields[host]}"), BarColumn(),
+                             TextColumn("{task.description}"),
+                             console=Console(stderr=True), transient=True)
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Bars:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.bars.stop()
+
+    def say(self, text: str) -> None:
+        self.bars.console.print(f"clusterrun: {text}", highlight=False, markup=False)
+
+    def update(self, host: HostEnv, text: str, done: float) -> None:
+        name = host.spec.name
+        if name not in self.tasks:
+            self.tasks[name] = self.bars.add_task(text, total=1.0, host=name)
+        self.bars.update(self.tasks[name], description=text, completed=done)

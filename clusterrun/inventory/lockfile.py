@@ -1,5 +1,5 @@
-"""Reading `environment:`: a pinned lock (a requirements file of `==` pins) and where its wheels
-come from.
+"""Reading `environment:`: a pinned lock (a requirements file of `==` pins, or a uv project's
+uv.lock: inventory/uvlock.py) and where its wheels come from.
 
 Read and checked with the inventory, before any host is contacted: every line that is not a pin
 is refused with the lock's own file and line, since a host builds exactly what the lock names,
@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from clusterrun.inventory import uvlock
 from clusterrun.inventory.checker import Checker
 from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
 from clusterrun.inventory.yaml_lines import Located
@@ -67,11 +68,13 @@ def _lock_path(chk: Checker, loc: Located) -> Optional[Path]:
                  "inventory's directory.")
         return None
     path = chk.path.parent / os.path.expanduser(value)
-    if path.name in {"uv.lock", "pyproject.toml"}:
-        chk.fail(loc.line, f"environment: {value!r}: uv projects are not read yet; export a "
-                 "pinned requirements file with `uv export --no-hashes --format "
-                 "requirements-txt > requirements.lock` and name that.")
-        return None
+    project = uvlock.project_lock(path)
+    if project is not None:
+        if not project.is_file():
+            chk.fail(loc.line, f"environment: {value!r}: a uv project needs its uv.lock beside "
+                     f"pyproject.toml ({project} is missing); run `uv lock` there.")
+            return None
+        return project.resolve()
     if not path.is_file():
         chk.fail(loc.line, f"environment: {value!r}: no such file ({path}). The path is "
                  "relative to the inventory's directory.")
@@ -118,6 +121,15 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 def _read(chk: Checker, loc: Located, path: Path) -> Optional[PythonEnv]:
     where = str(path)
+    if path.name == "uv.lock":
+        try:
+            return uvlock.read(path)
+        except uvlock.LockProblem as exc:
+            if exc.line:  # the message's place is uv.lock's line
+                chk.fail(exc.line, f"{exc}.", where)
+            else:
+                chk.fail(loc.line, f"environment: the uv project's lock {path}: {exc}.")
+            return None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

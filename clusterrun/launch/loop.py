@@ -275,7 +275,10 @@ class AttemptLoop:
         return ended.result
 
     def _public(self, plan: LaunchPlan) -> dict[str, object]:
-        return dict(plan.public(), inventory=str(self.inv.path))
+        found = dict(plan.public(), inventory=str(self.inv.path))
+        if self.environment:  # `ps` shows the lock's hash from the start of the run
+            found["environment"] = self.environment
+        return found
 
 
 def excludes(code_dir: Path, opts: LaunchOptions, specs: Iterable[HostSpec]) -> tuple[str, ...]:

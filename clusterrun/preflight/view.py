@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight.report import CheckReport, HostReport, Pairs
@@ -70,8 +70,9 @@ def _status(host: HostReport) -> str:
     return "FAIL" if host.reached else "UNREACHABLE"
 
 
-def render_json(report: CheckReport, out: TextIO) -> None:
-    json.dump(report.as_json(), out, indent=2)
+def render_json(report: CheckReport, out: TextIO,
+                extra: Optional[dict[str, Any]] = None) -> None:
+    json.dump({**report.as_json(), **(extra or {})}, out, indent=2)
     out.write("\n")
 
 

@@ -15,7 +15,8 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
     """One row per run, newest first, as this machine recorded it (`clusterrun ps` settles the
     runs nobody watches first: logs.settle). ``hosts`` are the current attempt's; ``attempt``
     is that attempt's number, ``attempts`` and ``quarantined`` the run's lists (empty for a
-    run that never restarted)."""
+    run that never restarted); ``environment`` the `environment:` lock's hash the ranks ran
+    in (None without one)."""
     rows = []
     for run in store.all_runs(home):
         status = RunStatus.of(run)
@@ -31,7 +32,8 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
             "detached": status.detached, "attempt": status.attempt,
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
             "quarantined": list(status.quarantined), "root_cause": root_cause(run),
-            "nccl": nccl_summary(run), "outcome": status.outcome, "stalled": status.stalled})
+            "nccl": nccl_summary(run), "outcome": status.outcome, "stalled": status.stalled,
+            "environment": plan.get("environment")})
     return rows
 
 
@@ -97,6 +99,11 @@ def state_text(row: dict[str, Any]) -> str:
     if row["attempt"] > 1:
         return f"{state} (attempt {row['attempt']}/{row['max_attempts']})"
     return state
+
+
+def environment_line(row: dict[str, Any]) -> str:
+    """The line under a run's row that names its `environment:` lock ('' for none)."""
+    return f"  environment: {row['environment']}" if row.get("environment") else ""
 
 
 def quarantine_line(row: dict[str, Any]) -> str:

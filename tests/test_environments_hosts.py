@@ -1,0 +1,177 @@
+"""`environment:` on the namespace cluster, its other forms and failures: a uv project built on
+the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
+torch, and a host whose disk fills during the build (exit 6, host and path named, nothing
+half-built left in envs/)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster, run_cli
+from tests.envtools import host_path, tiny_wheel
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = ["node4", "node5"]
+NUMPY = "2.3.4"
+
+
+def env_json(*args: str) -> tuple[int, dict[str, Any], str]:
+    cp = run_cli("env", "--json", *args, timeout=600)
+    return cp.returncode, json.loads(cp.stdout or "{}"), cp.stderr
+
+
+def numpy_wheel(folder: Path) -> Path:
+    """numpy's wheel for this machine, from pip's configured (local) sources."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--only-binary=:all:", "-d", str(folder), f"numpy=={NUMPY}"],
+                   check=True, timeout=300)
+    return next(folder.glob("numpy-*.whl"))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def workdir(cluster: Cluster) -> Iterator[str]:
+    path = f"/tmp/clusterrun-env-{uuid.uuid4().hex[:8]}"
+    yield path
+    for name in HOSTS:
+        cluster.run_on(name, "sh", "-c", f"umount {path}/envs 2>/dev/null || true")
+        shutil.rmtree(host_path(cluster, name, path), ignore_errors=True)
+
+
+def in_env(cluster: Cluster, host: str, python: str, code: str) -> dict[str, Any]:
+    return dict(json.loads(cluster.run_on(host, python, "-c", code)))
+
+
+def test_a_uv_project_is_built_with_the_wheels_uv_locked(
+        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+    tiny = tiny_wheel(tmp_path / "wheels")
+    numpy = numpy_wheel(tmp_path / "dl")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "trainer"\nversion = "0.1.0"\n'
+        f'dependencies = ["numpy=={NUMPY}", "clusterrun-tinypkg"]\n')
+    (project / "uv.lock").write_text(
+        'version = 1\nrevision = 3\nrequires-python = ">=3.11"\n\n'
+        '[[package]]\nname = "clusterrun-tinypkg"\nversion = "0.1"\n'
+        'source = { registry = "../wheels" }\n'
+        f'wheels = [\n    {{ path = "{tiny.name}", hash = "sha256:{sha256(tiny)}" }},\n]\n\n'
+        f'[[package]]\nname = "numpy"\nversion = "{NUMPY}"\n'
+        'source = { registry = "https://pypi.org/simple" }\n'
+        f'wheels = [\n    {{ url = "https://x/{numpy.name}", hash = "sha256:{sha256(numpy)}" }},\n'
+        ']\n\n'
+        '[[package]]\nname = "trainer"\nversion = "0.1.0"\nsource = { virtual = "." }\n'
+        'dependencies = [\n    { name = "clusterrun-tinypkg" },\n'
+        "    { name = \"colorama\", marker = \"sys_platform == 'win32'\" },\n"
+        '    { name = "numpy" },\n]\n')
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
+        "python": "/usr/bin/python3", "workdir": workdir,
+        "environment": {"lock": "proj", "find_links": ["wheels"]}})
+    code, built, err = env_json(str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in built["hosts"]} == {"built"}
+    assert len({h["hash"] for h in built["hosts"]}) == 1
+    env = built["hosts"][1]["path"]
+    found = in_env(cluster, "node5", f"{env}/bin/python",
+                   "import json, numpy, tinypkg; print(json.dumps({'numpy': numpy.__version__, "
+                   "'where': numpy.__file__, 'tiny': tinypkg.WORD}))")
+    assert found == {"numpy": NUMPY, "where": found["where"], "tiny": "tiny"}
+    assert found["where"].startswith(f"{env}/lib/")
+
+    # A wheel that is not the one uv locked (the lock's sha256 changed) is refused here.
+    lock = (project / "uv.lock").read_text().replace(sha256(numpy), "0" * 64)
+    (project / "uv.lock").write_text(lock)
+    shutil.rmtree(home / "wheels")
+    cp = run_cli("env", str(inv), timeout=300)
+    assert cp.returncode == 3, cp.stderr
+    assert "is not one the lock" in cp.stderr and "uv.lock" in cp.stderr
+
+
+@pytest.fixture(scope="module")
+def base_python_with_torch() -> Iterator[str]:
+    """A base interpreter (not a virtual environment) whose own site-packages holds torch, as a
+    vendor's or a cluster module's Python does: Debian's python3.11 copied under a prefix of its
+    own, the standard library linked, and lib/python3/dist-packages (Debian's site directory)
+    holding this interpreter's packages. Under /var/tmp, which the hosts share."""
+    place = Path(tempfile.mkdtemp(prefix="clusterrun-basepy-", dir="/var/tmp"))
+    try:
+        (place / "bin").mkdir()
+        shutil.copy2("/usr/bin/python3.11", place / "bin" / "python3.11")
+        (place / "lib").mkdir()
+        (place / "lib" / "python3.11").symlink_to("/usr/lib/python3.11")
+        (place / "lib" / "python3").mkdir()
+        (place / "lib" / "python3" / "dist-packages").symlink_to(
+            sysconfig.get_paths()["purelib"])
+        python = str(place / "bin" / "python3.11")
+        found = subprocess.run([python, "-c", "import sys, torch; print(sys.prefix)"],
+                               capture_output=True, text=True, timeout=120, check=False)
+        if found.returncode != 0 or found.stdout.strip() != str(place):
+            pytest.skip(f"no base Python with torch could be made here: {found.stderr[-300:]}")
+        yield python
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+@pytest.mark.usefixtures("home", "clean")
+def test_system_site_packages_keeps_the_hosts_own_torch(
+        cluster: Cluster, tmp_path: Path, workdir: str, base_python_with_torch: str) -> None:
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "requirements.lock").write_text(f"numpy=={NUMPY}\nclusterrun-tinypkg==0.1\n")
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
+        "python": base_python_with_torch, "workdir": workdir,
+        "environment": {"lock": "requirements.lock", "find_links": ["wheels"],
+                        "system_site_packages": True}})
+    code, built, err = env_json(str(inv))
+    assert code == 0, err
+    hosts = {h["name"]: h for h in built["hosts"]}
+    assert {h["state"] for h in hosts.values()} == {"built"}
+    assert all(h["drift"] == [] for h in hosts.values())  # the base's torch is not drift
+    base = str(Path(base_python_with_torch).parent.parent)
+    for name in HOSTS:
+        env = hosts[name]["path"]
+        found = in_env(cluster, name, f"{env}/bin/python",
+                       "import json, numpy, torch, tinypkg; print(json.dumps({"
+                       "'torch': torch.__file__, 'numpy': numpy.__file__}))")
+        assert found["torch"].startswith(f"{base}/lib/python3/dist-packages/torch/")
+        assert found["numpy"].startswith(f"{env}/lib/")  # the lock's comes first
+    code, again, err = env_json("--check", str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in again["hosts"]} == {"ready"}
+
+
+def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
+        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "requirements.lock").write_text(f"numpy=={NUMPY}\nclusterrun-tinypkg==0.1\n")
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
+        "python": "/usr/bin/python3", "workdir": workdir,
+        "environment": {"lock": "requirements.lock", "find_links": ["wheels"]}})
+    # node5's envs/ is a 4 MiB file system of its own: the wheels fit in its store, numpy's
+    # unpacked files (tens of MB) do not.
+    cluster.run_on("node5", "mkdir", "-p", f"{workdir}/envs")
+    cluster.run_on("node5", "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", f"{workdir}/envs")
+    cp = run_cli("env", str(inv), timeout=600)
+    assert cp.returncode == 6, cp.stderr
+    assert f"node5: no space left in {workdir}/envs" in cp.stderr
+    assert "Traceback" not in cp.stderr
+    assert "node4" not in cp.stderr.split("no space left")[0].splitlines()[-1]
+    left = cluster.run_on("node5", "ls", "-A", f"{workdir}/envs").split()
+    assert not [n for n in left if not n.startswith(".") or n.startswith(".tmp-")], left
+    ok = cluster.run_on("node4", "ls", f"{workdir}/envs").split()
+    assert len(ok) == 1  # node4 built the lock's environment
