@@ -39,8 +39,8 @@ class LockProblem(Exception):
 def _toml(text: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # pragma: no cover - older controllers: pip's own copy of tomli
-        from pip._vendor import tomli as tomllib
+    else:  # pragma: no cover - older controllers: the same parser, from PyPI
+        import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
     try:
         data: dict[str, Any] = tomllib.loads(text)
         return data
@@ -49,10 +49,8 @@ def _toml(text: str) -> dict[str, Any]:
 
 
 def _markers() -> Any:
-    try:
-        from packaging import markers, specifiers
-    except ImportError:  # pragma: no cover - pip's own copy, always there beside pip
-        from pip._vendor.packaging import markers, specifiers  # type: ignore[no-redef]
+    from packaging import markers, specifiers
+
     return markers, specifiers
 
 
