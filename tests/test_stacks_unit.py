@@ -184,14 +184,23 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
                {"function": "all_reduce", "file": TORCH, "line": 3252}]
     assert pystack.user_frame(wrapped, code)["call"] == "all_reduce"  # type: ignore[index]
     # The controller shows the line under the odd rank, and the worker's own stack.
-    rank = from_reply("node2", dict(entry, where=said, state="S", last_line="step 7"))
+    line = pystack.at(entry["user"])
+    assert line == "<module> (train.py:33) `for step, batch in enumerate(loader):`"
+    rank = from_reply("node2", dict(entry, where=said, at=line, state="S", last_line="step 7"))
     found = Collected("r", [waiting(0, "node1"), rank])
     text = view.render(found)
     assert f"  {said}" in text
+    assert f"odd one out: rank 3 (node2): {line}" in text, text
     assert "    DataLoader worker 1 (pid 41):" in text
     assert f"        Shards.__getitem__  {train}:19" in text
     lines, record = report(found, 10)
     assert lines[2] == f"stall:   {said}" and record["odd"][0]["where"] == said
+    # The odd rank's own line, and so the root cause a stopped stall records, is the user's
+    # line, not the stdlib selector's frame the rank's innermost is.
+    assert lines[1] == f"stall: odd one out: rank 3 on node2 (pid 40) in {line}; last line: " \
+        "'step 7'", lines
+    assert stallreport.stop_detail(lines).startswith(  # type: ignore[no-untyped-call]
+        f"stalled, odd one out: rank 3 on node2 (pid 40) in {line}")
 
 
 def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:

@@ -296,6 +296,13 @@ def _phrase(user, active):
     return out
 
 
+def at(user):
+    """The user's own frame, short, for the one line that names an odd rank (and the root cause
+    a stopped stall records): ``<module> (train.py:33) `for batch in loader:```."""
+    return "%s (%s:%d)%s" % (user["function"], user["file"].rsplit("/", 1)[-1], user["line"],
+                             " `%s`" % user["text"] if user.get("text") else "")
+
+
 def where(entry):
     """One line for a rank a user can act on: its own innermost line and the library call it is
     in, then each child process (a DataLoader worker) that is in the user's code."""
@@ -352,6 +359,8 @@ def dump_all(pyspy, ranks, rundir):
             entry["user"] = user_frame(main.get("frames") or [], code)
             entry["children"] = children(pyspy, pid, code)
             entry["where"] = where(entry)
+            if entry["user"]:
+                entry["at"] = at(entry["user"])
         out[rank] = entry
 
     workers = [threading.Thread(target=one, args=item) for item in sorted(ranks.items())]

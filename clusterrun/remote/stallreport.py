@@ -116,7 +116,10 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
     odd, waiting = [], None
     for index, members in enumerate(found):
         wait = waits_in(members[0])
-        where = "the collective %s" % wait if wait else innermost(members[0])
+        # Outside a collective: the user's own line where there is one (a DataLoader's wait
+        # is a stdlib selector's frame, which nobody can act on), else the innermost frame.
+        where = "the collective %s" % wait if wait else (members[0].get("at")
+                                                           or innermost(members[0]))
         if index < len(found) - 1 or (len(found) == 1 and len(members) == 1):
             for rank in members:
                 stopped = rank.get("state") == "T"

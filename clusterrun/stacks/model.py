@@ -46,6 +46,7 @@ class RankStack:
     samples: Optional[int] = None  # --profile: how many samples the share is made of
     children: tuple[Child, ...] = ()
     where: Optional[str] = None  # the user's own line and call, its workers' (remote/pystack.py)
+    at: Optional[str] = None  # the user's own frame, short: ``<module> (train.py:9) `...```
 
     @property
     def main(self) -> Optional[Thread]:
@@ -69,6 +70,8 @@ class RankStack:
                                "threads": threads}
         if self.where:
             out["where"] = self.where
+        if self.at:
+            out["at"] = self.at
         if self.children:
             out["children"] = [{"pid": c.pid, "label": c.label, "threads": _threads(c.threads)}
                                for c in self.children]
@@ -113,7 +116,7 @@ def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
                            _read_threads(c.get("threads")), c.get("state"))
                      for c in entry.get("children") or [])
     return RankStack(rank=int(entry["rank"]), node=node, pid=int(entry["pid"]), threads=threads,
-                     children=children, where=entry.get("where"),
+                     children=children, where=entry.get("where"), at=entry.get("at"),
                      state=entry.get("state"), error=entry.get("error"),
                      last_line=str(entry.get("last_line") or ""),
                      wait_share=_wait_share(entry.get("profile")),

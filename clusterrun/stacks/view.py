@@ -124,7 +124,8 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
         odd = len(found) > 1 and index < len(found) - 1
         lines.append("")
         wait = waiting_in(group.first)
-        what = f"waiting in {wait}" if wait else innermost(group.first)
+        # Outside a collective: the user's own line where there is one (remote/stallreport.py).
+        what = f"waiting in {wait}" if wait else (group.first.at or innermost(group.first))
         tag = "odd one out: " if odd else ""
         lines.append(f"{tag}{group.label}: {what}")
         for rank in group.ranks if (odd or len(group.ranks) <= 4) else group.ranks[:1]:
