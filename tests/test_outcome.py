@@ -168,3 +168,25 @@ def test_fold_names_host_sets_like_pdsh() -> None:
     assert fold(["node3", "node1", "node2", "node7", "gpu-a"]) == "gpu-a,node[1-3,7]"
     assert fold(["n01", "n02", "n03"]) == "n[01-03]"
     assert fold(["solo"]) == "solo"
+
+
+def test_a_stopped_stall_shows_the_blamed_ranks_last_lines_not_torchruns_stop(tmp_path) -> None:
+    """The node log of a node a stall stop failed holds torchrun's SIGTERM traceback; the
+    root cause's last lines are the blamed rank's own, or none where no rank stood out."""
+    from clusterrun.runs.store import RunDir
+
+    run = RunDir(tmp_path / "run-1")
+    for name, text in (("node.log", "torch...SignalException: Process 1 got signal: 15\n"),
+                       ("rank-3.log", "epoch 0 step 0 loss 0.720\n")):
+        path = run.mirror("node2", name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    odd = RootCause("node2", None, 7, "node2: stalled, odd one out: rank 3 on node2 (pid 9) in "
+                    "<module> (train.py:19); last line: 'epoch 0 step 0 loss 0.720'")
+    lines = outcome.report(run, [], odd, None, True)
+    assert lines[1:] == ["  last lines of [node2 r3]:", "    epoch 0 step 0 loss 0.720"], lines
+    alike = RootCause("node2", None, 7, "node2: stalled, no rank made progress for 15 s; "
+                      "6 ranks, 1 different stack")
+    assert outcome.report(run, [], alike, None, True) == [f"root cause: {alike.detail}"]
+    failed = RootCause("node2", None, 1, "node2: torchrun exited with code 1")
+    assert "SignalException" in outcome.report(run, [], failed, None, True)[-1]

@@ -145,9 +145,12 @@ def report(run: RunDir, nodes: list[NodeOutcome], root: Optional[RootCause],
     lines: list[str] = []
     if root is not None:
         lines.append(f"root cause: {root.detail}")
-        tail = last_lines(run, root.node, root.rank)
+        # A stopped stall's node log holds only torchrun's answer to the stop (a SIGTERM
+        # traceback): the blamed rank's own lines, or none where no rank stood out.
+        rank = root.blamed_rank if root.stalled else root.rank
+        tail = last_lines(run, root.node, rank) if rank is not None or not root.stalled else []
         if tail:
-            where = f"[{root.node}" + ("]" if root.rank is None else f" r{root.rank}]")
+            where = f"[{root.node}" + ("]" if rank is None else f" r{rank}]")
             lines.append(f"  last lines of {where}:")
             lines.extend(f"    {t}" for t in tail)
     elif interrupted is not None:
