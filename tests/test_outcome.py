@@ -11,7 +11,7 @@ import pytest
 from clusterrun.inventory.ranges import fold
 from clusterrun.launch import outcome
 from clusterrun.launch.outcome import Clock
-from clusterrun.launch.session import Fold
+from clusterrun.launch.watchers import Fold
 from clusterrun.plan.model import NodePlan
 from clusterrun.runs.state import exit_status, from_outcome
 from clusterrun.wire import End, RankExit, RootCause, Started, TorchrunExit

@@ -145,7 +145,7 @@ def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
 
 
 def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path) -> None:
-    from clusterrun.remote import pystack
+    from clusterrun.remote import pystack, userframe
     from clusterrun.stacks.model import from_reply
 
     train = tmp_path / "train.py"
@@ -164,16 +164,16 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
     code = str(tmp_path)
     entry = {"rank": 3, "pid": 40, "threads": [{"name": "MainThread", "active": False,
                                                  "frames": rank_frames}],
-             "user": pystack.user_frame(rank_frames, code),
+             "user": userframe.user_frame(rank_frames, code),
              "children": [{"pid": 41, "label": "DataLoader worker 1", "threads": [
                  {"name": "MainThread", "active": False, "frames": worker_frames}],
-                 "user": pystack.user_frame(worker_frames, code, 1)}]}
+                 "user": userframe.user_frame(worker_frames, code, 1)}]}
     # An idle worker (waiting for indices) has no line of its own: the inherited one is not it.
     idle = [*worker_frames[:2], {"function": "Queue.get", "file": "/usr/lib/python3.11/"
                                  "multiprocessing/queues.py", "line": 113}]
-    assert pystack.user_frame(idle, code, 1) is None
-    assert pystack.user_frame(idle, code)["line"] == 33  # type: ignore[index]
-    said = pystack.where(entry)
+    assert userframe.user_frame(idle, code, 1) is None
+    assert userframe.user_frame(idle, code)["line"] == 33  # type: ignore[index]
+    said = userframe.where(entry)
     assert said == ("rank 3 waits in `for step, batch in enumerate(loader):` (train.py:33), "
                     "inside `_BaseDataLoaderIter.__next__`; DataLoader worker 1 (pid 41) waits "
                     "in `time.sleep(3600)` (train.py:19) in `Shards.__getitem__`")
@@ -182,9 +182,9 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
     wrapped = [module, {"function": "_exception_logger.<locals>.wrapper", "file": "/venv/lib/"
                         "python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81},
                {"function": "all_reduce", "file": TORCH, "line": 3252}]
-    assert pystack.user_frame(wrapped, code)["call"] == "all_reduce"  # type: ignore[index]
+    assert userframe.user_frame(wrapped, code)["call"] == "all_reduce"  # type: ignore[index]
     # The controller shows the line under the odd rank, and the worker's own stack.
-    line = pystack.at(entry["user"])
+    line = userframe.at(entry["user"])
     assert line == "<module> (train.py:33) `for step, batch in enumerate(loader):`"
     rank = from_reply("node2", dict(entry, where=said, at=line, state="S", last_line="step 7"))
     found = Collected("r", [waiting(0, "node1"), rank])

@@ -207,6 +207,10 @@ GANG_OWN = {protocol.Gang.HELLO, protocol.Gang.AUTH, protocol.Gang.WELCOME,
             protocol.Gang.HEARTBEAT, protocol.Gang.STOP, protocol.Gang.FAILED, protocol.Gang.ENDED}
 ALL_PROBE = {v for n, v in vars(protocol.Probe).items() if n.isupper() and isinstance(v, str)}
 
+# A supervisor's watcher (remote/watcher.py) names the ops and gang messages it takes in these
+# class attributes; the supervisor hands it those (Supervisor.on_op, Supervisor.on_gang).
+WATCHER_TAKES = {"ops", "gang"}
+
 Unit = tuple[str, Optional[str]]  # (module, "Class" or "Class.method"; None: all of it)
 
 
@@ -230,7 +234,7 @@ CHANNELS = [
                        protocol.Lifeline.KILL, protocol.Lifeline.STALL,
                        protocol.Lifeline.RESUMED}),
             (("launch/session.py", None), ("stacks/watchdog.py", None)),
-            (("remote/run.py", "Supervisor.on_op"),),
+            (("remote/run.py", "Supervisor.on_op"), ("remote/watchdog.py", "Watch")),
             (("remote/watchdog.py", "Watch.on_op"),), frozenset({protocol.Lifeline.STALL})),
     Channel("the controller to exec's supervisors", "Lifeline",
             frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
@@ -296,6 +300,9 @@ def _refs(path: Path, unit: Optional[str], namespace: str) -> tuple[set[str], se
             handled_nodes |= {id(n) for n in ast.walk(node)}
         elif isinstance(node, ast.Dict):
             handled_nodes |= {id(n) for k in node.keys if k is not None for n in ast.walk(k)}
+        elif isinstance(node, ast.Assign) and any(  # a watcher's ops and gang: what it takes
+                isinstance(t, ast.Name) and t.id in WATCHER_TAKES for t in node.targets):
+            handled_nodes |= {id(n) for n in ast.walk(node.value)}
     sent: set[str] = set()
     handled: set[str] = set()
     for node in ast.walk(tree):

@@ -16,7 +16,7 @@ from clusterrun.console import Printer
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.slots import CannotReplace, Slots
-from clusterrun.launch import outcome, restarts, sync
+from clusterrun.launch import outcome, restarts, sync, watchers
 from clusterrun.launch.headstart import HeadStart
 from clusterrun.launch.interrupts import Interrupts
 from clusterrun.launch.options import LaunchOptions
@@ -36,7 +36,6 @@ from clusterrun.runs.journal import Journal, RunRecord
 from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import watchdog as stall_watchdog
 from clusterrun.stacks.ship import ship as ship_pyspy
 from clusterrun.transport.pool import Connections
 
@@ -153,16 +152,11 @@ class AttemptLoop:
         view = LogView(Printer(self.out))
         session = Session(plan, self.pool.transports, specs, mirror=mirror, view=view,
                           notify=self.say)
-        session.stall = stall_watchdog.for_session(plan, folder, journal, session.send,
-                                                   self.pool.options, say=self.say)
+        watchers.watch_stalls(session, folder, journal, self.pool.options, say=self.say)
         session.start()
         if plan.detach:
             return self._detached(journal, plan, session)
-        try:
-            session.watch(interrupts.received, interrupts.announce)
-        finally:
-            if session.stall is not None:  # a stall report still being made stays unsaid
-                session.stall.close()
+        session.watch(interrupts.received, interrupts.announce)
         session.end_lost()
         view.close()
         mirror.close()

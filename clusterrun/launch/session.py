@@ -1,9 +1,11 @@
 """A run in progress: one supervisor per host, their streams, heartbeats, and gang teardown.
 
 Every host's supervisor reports typed events (wire.py) and streams its log files; this side
-mirrors the files, prints the lines, and watches for the first failure or lost host, at which
-point every other host is told to stop (SIGTERM, grace, SIGKILL, done by the supervisors
-themselves). Heartbeats flow both ways on the same channel.
+mirrors the files, records each node's events, and hands them, the lines and every turn of its
+loop to its watchers (launch/watchers.py): the log view, the leases, NCCL's lines, the stall
+watchdog, the pause detector, and the teardown, which tells every other host to stop at the
+first failure or lost host (SIGTERM, grace, SIGKILL, done by the supervisors themselves).
+Heartbeats flow both ways on the same channel.
 
 Detached runs have no controller after the start: the master's supervisor is started first as
 the gang's hub (it reports the port it listens on), then every worker's supervisor with the
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
-import re
 import secrets
 import threading
 import time
@@ -24,27 +25,19 @@ from typing import Any, Callable, Optional, Union
 
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
-from clusterrun.launch import pause, tracking
-from clusterrun.launch.nccl import NcclWatch
-from clusterrun.launch.outcome import Clock, NodeOutcome, failures, node_failures
+from clusterrun.launch import pause, watchers
+from clusterrun.launch.outcome import Clock, NodeOutcome, node_failures
+from clusterrun.launch.watchers import START_SECONDS, Watcher
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.remote.protocol import OP, Lifeline
-from clusterrun.stacks.watchdog import Watchdog
 from clusterrun.transport import Process, Transport, parallel
 from clusterrun.transport.programs import call, release, start
 
 HEARTBEAT = 2.0
 LOST_CLEANUP = 10.0  # seconds to end what a lost node left, on a host that still answers
-START_SECONDS = 60.0
-TEARDOWN_MARGIN = 15.0
-
-# torchrun's own output once a run is ending: its tracebacks and warnings repeat what the root
-# cause says, ~25 lines per node. They stay in node.log; the console gets one line for them.
-TEARDOWN_OUTPUT = re.compile(
-    rb"closing signal|Traceback \(most recent call last\)|ChildFailedError|SignalException"
-    rb"|Received Signals\.|failed \(exitcode: ")
+READERS_JOIN = 5.0  # seconds the streams of ended nodes get to reach their end
 
 
 @dataclass(frozen=True)
@@ -79,48 +72,6 @@ def request(plan: LaunchPlan, node: NodePlan,
     return req
 
 
-class Fold:
-    """Shows node.log (torchrun's own output) line by line until the node's teardown begins,
-    then only counts it."""
-
-    def __init__(self, view: LogView, nodes: dict[str, NodeOutcome]) -> None:
-        self.view = view
-        self.nodes = nodes
-        self.quiet: set[str] = set()
-        self.pending: dict[str, bytes] = {}
-
-    def feed(self, node: str, file: str, data: bytes) -> None:
-        if file != "node.log":
-            self.view.feed(node, file, data)
-            return
-        text = self.pending.pop(node, b"") + data
-        *lines, rest = text.split(b"\n")
-        shown = []
-        for line in lines:
-            if node not in self.quiet and TEARDOWN_OUTPUT.search(line):
-                self.quiet.add(node)
-            if node in self.quiet:
-                self.nodes[node].folded += 1
-            else:
-                shown.append(line + b"\n")
-        if shown:
-            self.view.feed(node, file, b"".join(shown))
-        if rest:
-            self.pending[node] = rest
-
-    def hush(self, node: Optional[str] = None) -> None:
-        """The node's (or every node's) teardown has begun."""
-        self.quiet.update([node] if node is not None else self.nodes)
-
-    def close(self) -> None:
-        for node, rest in self.pending.items():
-            if node in self.quiet:
-                self.nodes[node].folded += 1
-            else:
-                self.view.feed(node, "node.log", rest)
-        self.pending.clear()
-
-
 class Session:
     def __init__(self, plan: LaunchPlan, transports: dict[str, Transport],
                  specs: dict[str, HostSpec], *, mirror: Mirror, view: LogView,
@@ -132,8 +83,6 @@ class Session:
         self.view = view
         self.notify = notify  # one line for the user, on stderr
         self.nodes = {n.name: NodeOutcome(n) for n in plan.nodes}
-        self.fold = Fold(view, self.nodes)
-        self.nccl = NcclWatch({n.name: n.ranks for n in plan.nodes}, notify)
         self.procs: dict[str, Process] = {}
         self.stderr: dict[str, bytearray] = {}
         self.events: queue.Queue[tuple[str, Item, float]] = queue.Queue()
@@ -143,7 +92,18 @@ class Session:
         self.silent: set[str] = set()  # nodes lost to silence: their hosts may not answer
         self.pauses = pause.Pauses()
         self.abandoned = False  # this controller fell silent past the lease: the nodes left
-        self.stall: Optional[Watchdog] = None  # the stall watchdog, when it is on
+        self.interrupts: list[int] = []  # watch()'s, for the teardown watcher
+        self.on_interrupt: Callable[[int, bool], None] = lambda signum, first: None
+        self.threads: dict[str, threading.Thread] = {}  # each node's reader, the heartbeats
+        self.over = threading.Event()  # the watch has ended
+        self.watchers: list[Watcher] = []
+        for watcher in watchers.standard(self):
+            self.add(watcher)
+
+    def add(self, watcher: Watcher) -> None:
+        """Registers a watcher (launch/watchers.py), before start(): it ticks after those
+        registered before it."""
+        self.watchers.append(watcher)
 
     # -- starting ------------------------------------------------------------------------
 
@@ -155,8 +115,11 @@ class Session:
         proc, self.stderr[spec.name] = started.proc, started.stderr
         self.procs[spec.name] = proc
         self.last_frame[spec.name] = time.monotonic()
-        threading.Thread(target=self._read, args=(spec.name, proc), daemon=True,
-                         name=f"clusterrun-read-{spec.name}").start()
+        self._thread(spec.name, f"clusterrun-read-{spec.name}", self._read, spec.name, proc)
+
+    def _thread(self, key: str, name: str, target: Callable[..., None], *args: Any) -> None:
+        self.threads[key] = threading.Thread(target=target, args=args, daemon=True, name=name)
+        self.threads[key].start()
 
     def _start_all(self, names: list[str], gang: Optional[dict[str, Any]] = None) -> None:
         """Start these hosts' supervisors at once; a host that cannot start counts as lost."""
@@ -164,15 +127,14 @@ class Session:
         for result in parallel.run(lambda spec: self._start_one(spec, gang), specs,
                                    START_SECONDS):
             if result.failure is not None:
-                self._lose(result.spec.name, result.failure.message)
+                self.lose(result.spec.name, result.failure.message)
         release(*(self.transports[spec.name] for spec in specs))  # the idle ones left there
 
     def start(self) -> None:
         names = [n.name for n in self.plan.nodes]
         if not self.plan.detach:
             self._start_all(names)
-            threading.Thread(target=self._heartbeats, daemon=True,
-                             name="clusterrun-heartbeat").start()
+            self._thread("", "clusterrun-heartbeat", self._heartbeats)
             return
         # The hub first: the workers need the port it listens on.
         secret = secrets.token_hex(32)
@@ -185,7 +147,7 @@ class Session:
         if hub.started is None or hub.started.hub_port is None:
             why = hub.lost or (hub.end.reason if hub.end else None) or "it did not start"
             for name in workers:
-                self._lose(name, f"not started: the master's supervisor failed ({why})")
+                self.lose(name, f"not started: the master's supervisor failed ({why})")
             return
         if workers:
             self._start_all(workers, {"role": "peer", "secret": secret, "hub_node": master,
@@ -200,7 +162,8 @@ class Session:
 
         def on_data(node: str, file: str, data: bytes) -> None:
             self.last_frame[name] = time.monotonic()
-            self.fold.feed(node, file, data)
+            for watcher in self.watchers:
+                watcher.data(node, file, data)
 
         try:
             receive(name, proc, self.mirror, on_event, on_data)
@@ -209,12 +172,12 @@ class Session:
         self.events.put((name, _Eof(), time.monotonic()))
 
     def _heartbeats(self) -> None:
-        while not self.all_done():
+        while not self.all_done() and not self.over.is_set():
             self.pauses.beating()
             for name in list(self.procs):
                 if not self.nodes[name].done:
                     self.send(name, {OP: Lifeline.HEARTBEAT})
-            time.sleep(HEARTBEAT)
+            self.over.wait(HEARTBEAT)
 
     def send(self, name: str, op: dict[str, Any]) -> None:
         """An operation for one host's supervisor (a heartbeat, a stop, the watchdog's)."""
@@ -235,7 +198,8 @@ class Session:
         supervisor, which ends it as failed (unless this is a second Ctrl-C: kill it all)."""
         if self.stopping_since is None:
             self.stopping_since = time.monotonic()
-        self.fold.hush()
+        for watcher in self.watchers:
+            watcher.stopping()
         for name, node in self.nodes.items():
             if node.done or (node_failures(node) and not force):
                 continue
@@ -244,7 +208,7 @@ class Session:
                 op["reason"] = reason
             self.send(name, op)
 
-    def _lose(self, name: str, why: str) -> None:
+    def lose(self, name: str, why: str) -> None:
         node = self.nodes[name]
         if node.done:
             return
@@ -263,52 +227,31 @@ class Session:
         return why + (": " + " | ".join(last) if last else "")
 
     def handle(self, name: str, ev: Item, arrived: float) -> None:
+        """Records a node's event, then hands it to the watchers that listen to its kind."""
         node = self.nodes[name]
+        if isinstance(ev, _Broken):
+            self.broken[name] = f"its stream broke ({ev.error})"
+            return
+        if isinstance(ev, _Eof):
+            if not node.done and not (self.plan.detach and node.started is not None):
+                self.lose(name, self._lost_reason(name))
+            return
         if isinstance(ev, wire.Started):
             node.started = ev
             node.clock = Clock.handshake(arrived, ev.elapsed)
-            if all(n.started is not None for n in self.nodes.values()):
-                note = tracking.untracked_note(self.nodes, self.specs)
-                if note:
-                    self.notify(note)
         elif isinstance(ev, wire.RankExit):
             node.rank_exits[ev.rank] = ev
-            if ev.code != 0 and not ev.stopping:
-                self.fold.hush(name)
         elif isinstance(ev, wire.NodeFailure):
             node.failure = ev
         elif isinstance(ev, wire.TorchrunExit):
             node.torchrun_exit = ev
         elif isinstance(ev, wire.NcclReport):
             node.nccl = ev
-            self.nccl.update(name, ev, arrived)
-        elif isinstance(ev, wire.Progress) and self.stall is not None:
-            self.stall.update(name, ev.quiet, arrived)
         elif isinstance(ev, wire.End):
             node.end = ev
-            self.pauses.unseen(ev.cause, self.abandoned, self.notify)
-        elif isinstance(ev, _Broken):
-            self.broken[name] = f"its stream broke ({ev.error})"
-        elif isinstance(ev, _Eof) and not node.done and not (
-                self.plan.detach and node.started is not None):
-            self._lose(name, self._lost_reason(name))
-
-    def check_timers(self, lease: float) -> None:
-        now = time.monotonic()
-        for name, node in self.nodes.items():
-            if node.done:
-                continue
-            quiet = now - self.last_frame.get(name, now)
-            if node.started is None and quiet > START_SECONDS:
-                self._lose(name, f"its supervisor did not start within {START_SECONDS:g} s")
-            elif quiet > lease:
-                self.silent.add(name)
-                self._lose(name, f"no word from it for {quiet:.0f} s (host down or network "
-                           "partitioned; its supervisor ends the run there when its lease runs "
-                           "out)")
-            elif self.stopping_since is not None and now - self.stopping_since > (
-                    self.plan.grace + TEARDOWN_MARGIN):
-                self._lose(name, "it did not confirm the stop in time")
+        for watcher in self.watchers:
+            if isinstance(ev, watcher.listens):
+                watcher.event(name, ev, arrived)
 
     def _pump(self, timeout: float) -> None:
         with contextlib.suppress(queue.Empty):
@@ -321,48 +264,35 @@ class Session:
 
     def watch(self, interrupts: list[int], on_interrupt: Callable[[int, bool], None]) -> None:
         """Until every node has ended or is lost. ``interrupts`` fills from signal handlers."""
-        seen = 0
+        self.interrupts, self.on_interrupt = interrupts, on_interrupt
         while not self.all_done():
             self._pump(0.2)
-            paused = self.pauses.turn()
-            if paused is not None:
-                self._resumed(*paused)
-            while seen < len(interrupts):
-                first = seen == 0
-                on_interrupt(interrupts[seen], first)
-                self.stop_all(force=not first, reason="interrupted on the controller")
-                seen += 1
-            if self.stopping_since is None:
-                found = failures(list(self.nodes.values()))
-                if found and not self.abandoned:  # if it was, the user has been told
-                    self.notify(f"{found[0].detail}; stopping every node")
-                if found:
-                    self.stop_all(reason=f"stopped after {found[0].detail}")
-            self.check_timers(self.plan.lease)
-            self.nccl.tick(time.monotonic())
-            if self.stall is not None and self.stopping_since is None:
-                self.stall.tick(time.monotonic())
-            self.view.tick()
+            for watcher in self.watchers:
+                watcher.tick(time.monotonic())
+        self.over.set()
+        # The heartbeats stop, and the ended nodes' streams reach their end, before the logs
+        # and their mirror are closed: none of their bytes arrives after. A lost node's stream
+        # is not waited for (its host may not answer).
+        deadline = time.monotonic() + READERS_JOIN
+        for key, thread in self.threads.items():
+            if key not in self.nodes or self.nodes[key].lost is None:
+                thread.join(max(0.0, deadline - time.monotonic()))
         while True:  # what is already queued (e.g. each node's end-of-stream)
             try:
                 self.handle(*self.events.get_nowait())
             except queue.Empty:
                 break
-        self.fold.close()
-        self.nccl.finish()
+        for watcher in reversed(self.watchers):
+            watcher.finish()
 
-    def _resumed(self, gap: float, silent: float) -> None:
-        """This controller did not run for ``gap`` seconds: that silence was its own, so every
-        node gets a fresh lease to be heard from (their reports are on their way)."""
+    def renew(self, gap: float) -> None:
+        """This controller did not run for ``gap`` seconds (watchers.Paused): every node gets a
+        fresh lease to be heard from, and a stop in progress as long again to be confirmed."""
         now = time.monotonic()
         for name in list(self.last_frame):
             self.last_frame[name] = now
         if self.stopping_since is not None:
             self.stopping_since += gap
-        self.abandoned = self.abandoned or silent > self.plan.lease
-        text = pause.notice(gap, silent, self.plan.lease)
-        if text:
-            self.notify(text)
 
     def stop_started(self) -> list[str]:
         """Detached, when not every node started: end it on those that did (their daemons no
@@ -406,4 +336,4 @@ class Session:
                                      for n in self.nodes.values()))
         for name, node in self.nodes.items():
             if node.started is None:
-                self._lose(name, "its supervisor did not start in time")
+                self.lose(name, "its supervisor did not start in time")

@@ -158,7 +158,7 @@ class Hub:
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
         elif op in (G.PROGRESS, G.STACKS, G.LINKS_PORT, G.LINKS_PAIRS):  # remote/watchdog.py
-            self.sup.watch.on_gang(conn.peer, msg)
+            self.sup.on_gang(conn.peer, msg)
 
     def _auth(self, conn, msg):
         who = msg.get("node")
@@ -275,7 +275,7 @@ class Peer:
             self.sup.gang_stop(msg.get("root_cause"), msg.get("stopped"))
         elif op in (G.STACKS, G.STALL_STOP, G.LINKS_LISTEN, G.LINKS_CONNECT, G.LINKS_CLOSE) \
                 and self.ready:  # the hub's stall watchdog
-            self.sup.watch.on_gang(None, msg)
+            self.sup.on_gang(None, msg)
 
     def _closed(self, _conn):
         self.conn = None
@@ -328,3 +328,18 @@ class Peer:
         if self.ready and now - self.conn.last_sent >= HEARTBEAT:
             self.conn.send({protocol.OP: G.HEARTBEAT})
         self.conn.flush()
+
+
+def join(sup, link, loop):
+    """Detached (``link``: the request's ``gang``): the master's supervisor becomes the hub, a
+    worker's its peer. OSError: it cannot listen, or not connect."""
+    if not link:
+        return
+    if link["role"] == "hub":
+        sup.hub = Hub(loop, sup, name=sup.name, secret=link["secret"], peers=link["peers"],
+                      addr=link["addr"], port=link.get("port"), lease=sup.lease,
+                      start_within=float(link.get("start_within", 60 + sup.lease)))
+    else:
+        sup.peer = Peer(loop, sup, name=sup.name, secret=link["secret"],
+                        hub_name=link["hub_node"], addr=link["addr"], port=int(link["port"]),
+                        lease=sup.lease)

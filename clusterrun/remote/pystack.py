@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-from clusterrun.remote import procs
+from clusterrun.remote import procs, userframe
 
 # torch.distributed calls a rank waits in while its peers have not arrived (the "waiting group"
 # of a stall). A frame of one of these in torch/distributed marks the rank as waiting.
@@ -246,79 +246,6 @@ def code_dir(pid):
     return None
 
 
-def _source(path, line):
-    """Line ``line`` of a source file, stripped, at most 120 characters ("" if unreadable)."""
-    try:
-        with open(path, "rb") as handle:
-            for number, text in enumerate(handle, 1):
-                if number == line:
-                    return text.decode("utf-8", "replace").strip()[:120]
-    except OSError:
-        pass
-    return ""
-
-
-def _library(path):
-    return ("site-packages/" in path or "dist-packages/" in path or "/lib/python" in path
-            or path.startswith("<"))
-
-
-def _wrapper(function):
-    """A decorator's frame (torch wraps its collectives): not the call a user made."""
-    return "<locals>" in function or function.rsplit(".", 1)[-1] in ("wrapper", "wrapped")
-
-
-def user_frame(frames, code, start=0):
-    """The innermost frame from ``start`` on in the user's own code (under ``code``, the
-    script's directory; else outside any installed package and the standard library), with its
-    source line and the library call it is in (the next frame inward that is not a decorator's):
-    ``{"function", "file", "line", "text", "call"}``."""
-    for index in range(len(frames) - 1, start - 1, -1):
-        frame = frames[index]
-        mine = frame["file"].startswith(code.rstrip("/") + "/") if code else \
-            not _library(frame["file"])
-        if mine:
-            inner = [f["function"] for f in frames[index + 1:] if not _wrapper(f["function"])]
-            return dict(frame, text=_source(frame["file"], frame["line"]),
-                        call=inner[0] if inner else None)
-    return None
-
-
-def _phrase(user, active):
-    """``waits in `for batch in loader` (train.py:33), in `_BaseDataLoaderIter.__next__```."""
-    text = "`%s`" % user["text"] if user.get("text") else "`%s`" % user["function"]
-    out = "%s %s (%s:%d)" % ("waits in" if active is False else "is in", text,
-                             user["file"].rsplit("/", 1)[-1], user["line"])
-    if user.get("text") and user.get("function") not in ("<module>", None):
-        out += " in `%s`" % user["function"]
-    if user.get("call"):
-        out += ", inside `%s`" % user["call"]
-    return out
-
-
-def at(user):
-    """The user's own frame, short, for the one line that names an odd rank (and the root cause
-    a stopped stall records): ``<module> (train.py:33) `for batch in loader:```."""
-    return "%s (%s:%d)%s" % (user["function"], user["file"].rsplit("/", 1)[-1], user["line"],
-                             " `%s`" % user["text"] if user.get("text") else "")
-
-
-def where(entry):
-    """One line for a rank a user can act on: its own innermost line and the library call it is
-    in, then each child process (a DataLoader worker) that is in the user's code."""
-    main = main_thread(entry.get("threads") or [])
-    user = entry.get("user")
-    if main is None or user is None:
-        return None
-    out = "rank %d %s" % (entry["rank"], _phrase(user, main.get("active")))
-    for child in entry.get("children") or []:
-        if child.get("user"):
-            cmain = main_thread(child.get("threads") or []) or {}
-            out += "; %s (pid %d) %s" % (child["label"], child["pid"],
-                                         _phrase(child["user"], cmain.get("active")))
-    return out
-
-
 def children(pyspy, pid, code, limit=8):
     """The rank's Python child processes (DataLoader workers, oldest first) and their stacks;
     a child py-spy cannot read (not Python) is left out."""
@@ -329,7 +256,7 @@ def children(pyspy, pid, code, limit=8):
         threads, error = dump(pyspy, child, tries=1)
         if error:
             continue
-        main = main_thread(threads) or {}
+        main = userframe.main_thread(threads) or {}
         frames = main.get("frames") or []
         loop = [i for i, f in enumerate(frames) if "torch/utils/data/_utils/worker.py" in f["file"]]
         if loop:
@@ -339,8 +266,9 @@ def children(pyspy, pid, code, limit=8):
             label = "child process"
         # A forked worker's stack still holds its parent's frames at the fork, outside the
         # worker's loop: only the frames the loop called are the worker's own.
+        user = userframe.user_frame(frames, code, loop[0] if loop else 0)
         out.append({"pid": child, "label": label, "state": proc_state(child),
-                    "threads": threads, "user": user_frame(frames, code, loop[0] if loop else 0)})
+                    "threads": threads, "user": user})
     return out
 
 
@@ -355,12 +283,12 @@ def dump_all(pyspy, ranks, rundir):
                  "error": error, "last_line": last_line(rundir, rank)}
         if not error:
             code = code_dir(pid)
-            main = main_thread(threads) or {}
-            entry["user"] = user_frame(main.get("frames") or [], code)
+            main = userframe.main_thread(threads) or {}
+            entry["user"] = userframe.user_frame(main.get("frames") or [], code)
             entry["children"] = children(pyspy, pid, code)
-            entry["where"] = where(entry)
+            entry["where"] = userframe.where(entry)
             if entry["user"]:
-                entry["at"] = at(entry["user"])
+                entry["at"] = userframe.at(entry["user"])
         out[rank] = entry
 
     workers = [threading.Thread(target=one, args=item) for item in sorted(ranks.items())]
@@ -369,11 +297,6 @@ def dump_all(pyspy, ranks, rundir):
     for worker in workers:
         worker.join()
     return [out[rank] for rank in sorted(out)]
-
-
-def main_thread(threads):
-    found = [t for t in threads if t.get("name") == "MainThread"] or threads[:1]
-    return found[0] if found else None
 
 
 def peer_wait(frames, active=None):
@@ -403,7 +326,7 @@ def data_wait(frames, active=None):
 
 def waiting_in(threads):
     """Where a rank's main thread waits for its peers (``peer_wait``), or None."""
-    main = main_thread(threads)
+    main = userframe.main_thread(threads)
     if main is None:
         return None
     return peer_wait(main.get("frames") or [], main.get("active"))

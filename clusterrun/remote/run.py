@@ -17,13 +17,13 @@ import os
 import signal
 import time
 
-from clusterrun.remote import cgroup, common, disk, gang, launcher, mainloop, nccl, procs, protocol
+from clusterrun.remote import cgroup, common, gang, launcher, mainloop, procs, protocol
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
 Phase = common.Phase
 
-from clusterrun.remote import watchdog
+from clusterrun.remote import watcher, watchers
 
 # After a rank of this node failed, torchrun stops the others itself; if it has not exited by
 # then, the supervisor does it.
@@ -75,7 +75,6 @@ class Supervisor:
         self.rank_exits = {}
         self.group, self.group_why = cgroup.for_job(req.get("env") or {}, self.name)
         self.tree = procs.Tree(self.group)
-        self.disk = disk.Watch(self.rundir)
         # What runs the ranks: torchrun, or (``ranks``, --no-torchrun) remote/launcher.py.
         self.launcher_name = "launcher" if req.get("ranks") else "torchrun"
         self.cleaning = False
@@ -84,9 +83,8 @@ class Supervisor:
         self.peer = None
         self.settle_by = None
         self.report_by = None
-        # What NCCL chose here, from the files NCCL_DEBUG_FILE names (none on a gloo run).
-        self.nccl = nccl.Watcher(self.rundir, req.get("public", {}).get("world_size"))
-        self.watch = watchdog.Watch(self, req)  # --stall-timeout
+        # What else watches the node (NCCL, the disk, stalls, the gang): they see only Node.
+        self.watchers = watchers.standard(watcher.Node(self), req)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -105,7 +103,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update(self.req["env"])
         env["CLUSTERRUN_RUNDIR"] = self.rundir
-        env.update(self.watch.rank_env(env))  # ptrace_scope 1: ranks py-spy may read
+        for each in self.watchers:
+            env.update(each.rank_env(env))  # ptrace_scope 1: ranks py-spy may read
         ranks = self.req.get("ranks")
         if ranks:  # --no-torchrun: clusterrun's own launcher, in torchrun's place
             pid = self.tree.start_function(
@@ -147,8 +146,15 @@ class Supervisor:
         if op in (protocol.Lifeline.STOP, protocol.Lifeline.KILL):
             why = msg.get("reason") or "stopped by the controller"
             self.stop(Cause.CONTROLLER, why, force=op == protocol.Lifeline.KILL)
-        elif op in (protocol.Lifeline.STALL, protocol.Lifeline.RESUMED):
-            self.watch.on_op(msg)
+        for each in self.watchers:
+            if op in each.ops:
+                each.on_op(msg)
+
+    def on_gang(self, peer, msg):
+        """A gang message for a watcher (gang.py passes on those it does not handle itself)."""
+        for each in self.watchers:
+            if msg.get(protocol.OP) in each.gang:
+                each.on_gang(peer, msg)
 
     def on_eof(self):
         if not self.detached:
@@ -168,6 +174,14 @@ class Supervisor:
             self.gang_failure(root)
         else:
             self.stop(Cause.PEER_STOPPED, "stopped with the master (%s)" % (stopped or "stop"))
+
+    def fail(self, code, detail, cause, force=False):
+        """A watcher's verdict (a full disk, a stall with --on-stall stop): this node's own
+        failure with exit status ``code``, reported, and its job stopped."""
+        elapsed = self.clock.elapsed()
+        self.writer.event(protocol.FAILURE, code=code, detail=detail, elapsed=elapsed)
+        self._failed(None, code, elapsed, detail)
+        self.stop(cause, detail, force=force)
 
     def _failed(self, rank, code, elapsed, detail=None):
         """This node's own failure (not caused by a stop): the first one is what it reports."""
@@ -216,26 +230,6 @@ class Supervisor:
             if code != 0 and not stopping:
                 self._failed(rank, code, elapsed)
 
-    def _nccl(self, force=False):
-        found = self.nccl.poll(time.monotonic(), force)
-        if found is not None:
-            self.state(nccl=found)  # for `ps`/`logs` of a detached run: nobody hears the event
-            self.writer.event(protocol.NCCL, **found)
-
-    def _check_disk(self):
-        """A run whose host can no longer keep its output is stopped, with the host named,
-        before lines go missing (docs/reliability.md: a full disk)."""
-        full = self.disk.check(time.monotonic())
-        if full is None or self.phase is not Phase.RUNNING:
-            return
-        detail = "%s: %s" % (self.name, full)
-        elapsed = self.clock.elapsed()
-        self.writer.event(protocol.FAILURE, code=disk.STATUS, detail=detail, elapsed=elapsed)
-        self._failed(None, disk.STATUS, elapsed, detail)
-        # At once, not after --grace: ranks printing flat out would fill the margin meanwhile,
-        # and the supervisor's own final state must still fit.
-        self.stop(Cause.DISK_FULL, detail, force=True)
-
     def _torchrun_exited(self):
         code = self.tree.code
         self.writer.event(protocol.TORCHRUN_EXIT, code=code, stopping=self.cause is not None)
@@ -254,8 +248,6 @@ class Supervisor:
                 self.stop(Cause.LEASE_EXPIRED, "lifeline lost: no heartbeat from the "
                           "controller for %d s" % quiet)
         self._check_ranks()
-        self._nccl()
-        self._check_disk()
         if self.tree.reap():
             self._torchrun_exited()
         now = time.monotonic()
@@ -266,10 +258,8 @@ class Supervisor:
             self.cleaning = True  # torchrun has gone, a daemon a rank forked has not
             self.tree.terminate(self.grace)
         self.tree.tick()
-        self.watch.tick(now)
-        for link in (self.hub, self.peer):
-            if link is not None:
-                link.tick()
+        for each in self.watchers:
+            each.tick(now)
         if self.tree.done:
             self._maybe_end(now)
 
@@ -288,7 +278,8 @@ class Supervisor:
             self.loop.once(common.POLL)
             self.tick()
         self._check_ranks()
-        self._nccl(force=True)
+        for each in self.watchers:
+            each.finish()
         return self.finish()
 
     def finish(self):
@@ -348,22 +339,6 @@ def daemonize(hold=False):
     return write_end
 
 
-def join_gang(sup, req, loop):
-    """Detached: the master becomes the hub, a worker its peer."""
-    link = req.get("gang")
-    if not link:
-        return
-    lease = float(req.get("lease", protocol.LEASE))
-    if link["role"] == "hub":
-        sup.hub = gang.Hub(loop, sup, name=sup.name, secret=link["secret"],
-                           peers=link["peers"], addr=link["addr"], port=link.get("port"),
-                           lease=lease, start_within=float(link.get("start_within", 60 + lease)))
-    else:
-        sup.peer = gang.Peer(loop, sup, name=sup.name, secret=link["secret"],
-                             hub_name=link["hub_node"], addr=link["addr"],
-                             port=int(link["port"]), lease=lease)
-
-
 def main(req):
     clock = common.Clock()
     umask = os.umask(0o077)
@@ -376,7 +351,7 @@ def main(req):
     loop.catch((*procs.STOP_SIGNALS, procs.FORCE_SIGNAL))
     sup = Supervisor(req, loop, writer, clock)
     try:
-        join_gang(sup, req, loop)
+        gang.join(sup, req.get("gang"), loop)
     except OSError as exc:
         first = writer.stamp(protocol.END, {"state": "failed",
                                             "reason": "cannot join the gang: %s" % exc})

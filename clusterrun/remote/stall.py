@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from clusterrun.remote import protocol, pystack
+from clusterrun.remote import protocol, pystack, userframe
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 REPORT = 2.0  # seconds between reports of this node's quiet time
@@ -138,7 +138,7 @@ class Progress:
         seen = self.waiting.get(pid)
         if seen is None or now - seen[0] > self.stack_age:
             threads, _error = pystack.dump(self.pyspy, pid, tries=1)
-            main = pystack.main_thread(threads) or {}
+            main = userframe.main_thread(threads) or {}
             frames, active = main.get("frames") or [], main.get("active")
             seen = (now, pystack.peer_wait(frames, active) is not None
                     or pystack.data_wait(frames, active))

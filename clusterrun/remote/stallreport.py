@@ -16,7 +16,7 @@ no rank and no host (``blind``).
 
 import re
 
-from clusterrun.remote import pystack
+from clusterrun.remote import pystack, userframe
 
 # The words of a blind report's first line, and so of its stop's detail: wire.RootCause reads
 # them to record a stopped stall that blames no host.
@@ -68,7 +68,7 @@ def fold_hosts(names):
 
 def main_stack(rank):
     """The rank's main thread's frames (outermost first) and py-spy's running flag."""
-    main = pystack.main_thread(rank.get("threads") or []) or {}
+    main = userframe.main_thread(rank.get("threads") or []) or {}
     return main.get("frames") or [], main.get("active")
 
 

@@ -16,7 +16,6 @@ import os
 import time
 
 from clusterrun.remote import (
-    cgroup,
     common,
     layout,
     linkwatch,
@@ -24,6 +23,7 @@ from clusterrun.remote import (
     pystack,
     stall,
     stallreport,
+    watcher,
 )
 
 PROGRESS = protocol.PROGRESS  # the event (attached) and the gang message (detached)
@@ -49,14 +49,21 @@ def shipped(rundir):
     return os.path.join(tools, found[-1]) if found else None
 
 
-class Watch:
-    def __init__(self, sup, req):
-        self.sup = sup
+class Watch(watcher.Watcher):
+    """The supervisor's watcher for --stall-timeout: it sees its node through ``node``
+    (watcher.Node), and the gang's hub or peer there on a detached run."""
+
+    ops = (protocol.Lifeline.STALL, protocol.Lifeline.RESUMED)  # the controller's verdict
+    gang = (G.PROGRESS, G.STACKS, G.STALL_STOP, *G.LINKS)
+
+    def __init__(self, node, req):
+        self.node = node
+        self.req = req
         self.timeout = float(req.get("stall_timeout") or 0)
         self.stop_run = req.get("on_stall") == protocol.STALL_STOP
         pyspy = (pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
-                 or shipped(sup.rundir))
-        self.progress = stall.Progress(sup.rundir, self._roots, pyspy,
+                 or shipped(node.rundir))
+        self.progress = stall.Progress(node.rundir, node.roots, pyspy,
                                        self.timeout or protocol.STALL_TIMEOUT)
         self.reported = 0.0
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)
@@ -74,42 +81,36 @@ class Watch:
         which `check` names. A value the user set is kept (a test can force the path)."""
         if env.get("CLUSTERRUN_PTRACER") or pystack.ptrace_scope() != 1 or os.geteuid() == 0:
             return {}
-        python = self.sup.req.get("python") or (self.sup.req.get("argv") or ["python3"])[0]
+        python = self.req.get("python") or (self.req.get("argv") or ["python3"])[0]
         return {"CLUSTERRUN_PTRACER": python}
 
-    def _roots(self):
-        roots = [self.sup.tree.pid] if self.sup.tree.pid else []
-        if self.sup.group:
-            roots.extend(cgroup.members(self.sup.group))
-        return roots
-
     def tick(self, now):
-        if self.timeout <= 0 or self.sup.phase.value != "running":
+        if self.timeout <= 0 or not self.node.running():
             return
         if self.progress.pyspy is None and now - self.spy_looked > stall.FIND_EVERY:
             self.spy_looked = now  # a `clusterrun stacks` may have shipped one since
-            self.progress.pyspy = shipped(self.sup.rundir)
+            self.progress.pyspy = shipped(self.node.rundir)
         self.progress.look(now)
         if now - self.reported >= stall.REPORT:
             self.reported = now
             quiet = round(self.progress.quiet(now), 1)
-            if self.sup.peer is not None:
-                self.sup.peer.send({protocol.OP: G.PROGRESS, "quiet": quiet})
-            elif self.sup.hub is None:
-                self.sup.writer.event(PROGRESS, quiet=quiet)
-        if self.sup.hub is not None:
+            if self.node.peer is not None:
+                self.node.peer.send({protocol.OP: G.PROGRESS, "quiet": quiet})
+            elif self.node.hub is None:
+                self.node.event(PROGRESS, quiet=quiet)
+        if self.node.hub is not None:
             self._hub(now)
-        elif self.sup.peer is not None:
-            self.link_peer.tick(self.sup.peer, now)
+        elif self.node.peer is not None:
+            self.link_peer.tick(self.node.peer, now)
         ready = self.dumper.take()
-        if ready is not None and self.sup.peer is not None:
-            self.sup.peer.send({protocol.OP: G.STACKS, "ranks": ready})
+        if ready is not None and self.node.peer is not None:
+            self.node.peer.send({protocol.OP: G.STACKS, "ranks": ready})
         elif ready is not None and self.gathering is not None:
-            self.gathering[1][self.sup.name] = ready
+            self.gathering[1][self.node.name] = ready
 
     def _hub(self, now):
-        quiet = {self.sup.name: self.progress.quiet(now)}
-        for peer, status in self.sup.hub.peers.items():
+        quiet = {self.node.name: self.progress.quiet(now)}
+        for peer, status in self.node.hub.peers.items():
             heard = self.quiet.get(peer)
             if status == "ended":
                 quiet[peer] = float("inf")  # its ranks have all finished: no progress there
@@ -120,18 +121,18 @@ class Watch:
             if not self.fired:
                 self.fired = True
                 self.gathering = (now + stall.STACKS_WAIT, {})
-                self.sup.hub.broadcast({protocol.OP: G.STACKS})
+                self.node.hub.broadcast({protocol.OP: G.STACKS})
                 self.dumper.start(self.progress)
         elif self.fired and self.gathering is None and self.links is None:
             self.resumed()
         if self.gathering is not None:
             deadline, got = self.gathering
-            want = {p for p, s in self.sup.hub.peers.items() if s == "connected"}
-            want.add(self.sup.name)
+            want = {p for p, s in self.node.hub.peers.items() if s == "connected"}
+            want.add(self.node.name)
             if want <= set(got) or now > deadline:
                 self.gathering = None
                 lines, found = report(got, self.timeout, want - set(got))
-                if found["odd_node"] is None and self.sup.hub.peers:  # none stands out: links?
+                if found["odd_node"] is None and self.node.hub.peers:  # none stands out: links?
                     self.links = self._link_test(now)
                     self.pending = (lines, found)
                 if self.links is None:
@@ -147,7 +148,7 @@ class Watch:
 
     def _link_test(self, now):
         try:
-            return linkwatch.HubTest(self.sup.hub, self.sup.hub.listener.getsockname()[0], now)
+            return linkwatch.HubTest(self.node.hub, self.node.hub.listener.getsockname()[0], now)
         except OSError:  # it cannot listen itself: the report goes out without the test
             return None
 
@@ -163,7 +164,7 @@ class Watch:
         elif op == G.STALL_STOP and peer is None:  # the hub: our rank is the stall's cause
             self.stop(str(msg.get("detail") or "stalled"))
         elif op in G.LINKS and peer is None:  # the hub tests the links
-            self.link_peer.on_message(self.sup.peer, msg)
+            self.link_peer.on_message(self.node.peer, msg)
         elif op in G.LINKS and self.links is not None:
             self.links.on_message(peer, msg)
 
@@ -185,18 +186,18 @@ class Watch:
     def stall_here(self, lines, report, stop=True):
         self.fired = True
         self._note(lines)
-        self.sup.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
+        self.node.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
         if not (stop and self.stop_run):
             return
         blamed = (report.get("links") or {}).get("blamed") or []
         detail = (linkwatch.stop_detail(next(x for x in lines if x.startswith(
             "stall: root cause: %s's" % blamed[0]))) if blamed else stallreport.stop_detail(lines))
         target = report.get("odd_node")
-        conn = self.sup.hub.conns.get(target) if self.sup.hub is not None and target else None
-        if blamed and target != self.sup.name and self.sup.hub is not None:
+        conn = self.node.hub.conns.get(target) if self.node.hub is not None and target else None
+        if blamed and target != self.node.name and self.node.hub is not None:
             # Its link is what failed, the gang's to it likely too: the hub records the failure
             # as that host's own (the root cause) and stops the others.
-            self.sup.hub.record({"node": target, "rank": None, "code": stall.STATUS,
+            self.node.hub.record({"node": target, "rank": None, "code": stall.STATUS,
                                  "signal": None, "lost": False,
                                  "detail": "%s: %s" % (target, detail)})
         elif conn is not None:  # the hub: the node of the odd rank out fails, as its own failure
@@ -208,22 +209,18 @@ class Watch:
         if self.fired:
             self.fired = False
             self._note(["the run moves again: running"])
-            self.sup.state(state="running")
+            self.node.state(state="running")
 
     def stop(self, detail):
         """--on-stall stop: this node fails with status 7; the gang ends the run everywhere."""
-        sup = self.sup
-        detail = "%s: %s" % (sup.name, detail)
-        elapsed = sup.clock.elapsed()
-        sup.writer.event(protocol.FAILURE, code=stall.STATUS, detail=detail, elapsed=elapsed)
-        sup._failed(None, stall.STATUS, elapsed, detail)  # as a full disk is: its own failure
-        sup.stop(common.Cause.STALLED, detail)
+        # As a full disk is: its own failure.
+        self.node.fail(stall.STATUS, "%s: %s" % (self.node.name, detail), common.Cause.STALLED)
 
     def _note(self, lines):
         """Into node.log, so `logs` shows the report with the run's other lines."""
         text = "".join("clusterrun: %s\n" % line for line in lines)
         try:
-            fd = os.open(os.path.join(self.sup.rundir, "node.log"),
+            fd = os.open(os.path.join(self.node.rundir, "node.log"),
                          os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
             try:
                 os.write(fd, text.encode("utf-8", "replace"))
