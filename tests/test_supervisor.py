@@ -250,9 +250,14 @@ def test_detached_gang_stops_everyone_when_a_worker_fails(tmp_path: Path, mark: 
 def test_detached_gang_loses_a_crashed_worker(tmp_path: Path, mark: str) -> None:
     hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100"}, {1: "sleep 100"})
     time.sleep(0.5)
-    for pid in _tree_of(peer_req):  # the worker's host crashes: everything of it dies at once
-        with contextlib.suppress(ProcessLookupError):  # one that exited since it was listed
-            os.kill(pid, signal.SIGKILL)
+    # The worker's host crashes: everything of it dies at once. Frozen first, so that no
+    # process of it sees another die (a supervisor that outlives its rank by a moment tells
+    # the hub of the rank's failure: not a crash).
+    tree = _tree_of(peer_req)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):  # one that exited since it was listed
+                os.kill(pid, sig)
     hub = wait_ended(hub_req, 15)
     assert hub["state"] == "stopped" and hub["cause"] == "peer_lost"
     assert hub["root_cause"]["node"] == "n1" and hub["root_cause"]["lost"]

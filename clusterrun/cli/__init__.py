@@ -65,6 +65,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the CLI and turn every outcome into an exit status: a command's Result
     through ``errors.exit_status`` (the one mapping), an error through its outcome."""
     signal.signal(signal.SIGTERM, _terminated)
+    # Ctrl-C too, where this process was started with SIGINT ignored (a script's background
+    # job, some test runners' workers): a launch's watch takes it in any case (Interrupts), so
+    # preflight does as well.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with connections.held():  # the connections to a run's hosts: closed when it ends
             status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
