@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 
-from clusterrun.remote import disk, gpus, mesh, pathcheck, protocol, sysinfo, throughput
+from clusterrun.remote import disk, envstate, gpus, mesh, pathcheck, protocol, sysinfo, throughput
 
 TYPE_CHECKING = False  # mypy takes it as true; hosts skip importing typing (~4 ms)
 if TYPE_CHECKING:
@@ -202,6 +202,10 @@ def facts(request):
         "workdir": check_workdir(request.get("workdir", "~/clusterrun")),
         "rsync": any(os.access(os.path.join(d, "rsync"), os.X_OK)
                      for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)),
+        # `environment:` (the request names the lock's hash): its state as pyenv.py's status
+        # reports it, so that a host already holding the lock's needs no status of its own.
+        "pyenv": envstate.state(request.get("workdir", "~/clusterrun"), request["lock"])
+        if request.get("lock") else None,
         **system_facts(request, torch or {}, [i["name"] for i in ifaces]),
     }
 
