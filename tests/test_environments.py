@@ -363,6 +363,16 @@ def test_a_warm_launch_asks_no_status_and_a_cold_or_drifted_one_asks_it_as_befor
     out = dry_run()
     assert sorted(asked) == ["n0", "n1"]
     assert f"n0: {path}  differs from the lock: handmade==1.0 not in the lock" in out
+    # A launch rebuilds it (as it always did), then runs in it.
+    script.write_text("import sys\nprint('prefix', sys.prefix)\n")
+    asked.clear()
+    code, out, err = run_main(capsys, "launch", "--no-check", "--no-torchrun", str(inv),
+                              str(script))
+    assert code == 0, err
+    assert sorted(asked) == ["n0", "n1"] and "building on" in err
+    assert f"prefix {path}" in out and not (site / "handmade-1.0.dist-info").exists()
+    asked.clear()
+    assert "ready" in dry_run() and asked == []
 
     subprocess.run(["rm", "-r", path], check=True)
     # A dry run builds nothing: preflight then finds no interpreter there, as it always did.
