@@ -317,3 +317,64 @@ def test_a_ready_environment_answers_from_its_own_interpreter_and_keeps_it_for_t
     with Connections(SshOptions()) as pool:  # `env` itself leaves nothing parked
         report = sync.Sync(inv, pool, home).run(build=False)
         assert report.hosts[0].in_env and not programs._parked.get(pool.get(inv.hosts[0]))
+
+
+@pytest.mark.slow
+def test_a_warm_launch_asks_no_status_and_a_cold_or_drifted_one_asks_it_as_before(
+        home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every host's workdir known: preflight's probe runs in the environment's interpreter and
+    reports the environment, and a host whose environment is the lock's gets no status call.
+    One that differs, or whose environment is gone, is asked its status as without this (the
+    same lines), and the launch goes on from there."""
+    from clusterrun.envs.sync import Sync
+
+    inv = local_inventory(tmp_path, hosts=2)
+    inv.write_text(inv.read_text().replace("defaults:\n", f"defaults:\n  workdir: {tmp_path}/wd\n"))
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    built = run_cli("env", str(inv), timeout=300)
+    assert built.returncode == 0, built.stderr
+    asked: list[str] = []
+    status = Sync._status
+
+    def counted(self: Sync, host: sync.HostEnv) -> dict[str, Any]:
+        asked.append(host.spec.name)
+        return status(self, host)
+
+    monkeypatch.setattr(Sync, "_status", counted)
+
+    def dry_run(expect: int = 0) -> str:
+        asked.clear()
+        code, out, err = run_main(capsys, "launch", "--dry-run", "--no-check", str(inv),
+                                  str(script))
+        assert code == expect, err
+        return out + err
+
+    out = dry_run()
+    [path] = {line.split()[1] for line in out.splitlines() if line.startswith("n0: ")}
+    assert path.startswith(f"{tmp_path}/wd/envs/")
+    assert f"{path}/bin/python" in out  # the ranks run the environment's interpreter
+    assert asked == []
+    assert f"n0: {path}  ready" in out and f"n1: {path}  ready" in out
+
+    site = next(Path(path).glob("lib/python3*/site-packages"))
+    (site / "handmade-1.0.dist-info").mkdir()
+    out = dry_run()
+    assert sorted(asked) == ["n0", "n1"]
+    assert f"n0: {path}  differs from the lock: handmade==1.0 not in the lock" in out
+    # A launch rebuilds it (as it always did), then runs in it.
+    script.write_text("import sys\nprint('prefix', sys.prefix)\n")
+    asked.clear()
+    code, out, err = run_main(capsys, "launch", "--no-check", "--no-torchrun", str(inv),
+                              str(script))
+    assert code == 0, err
+    assert sorted(asked) == ["n0", "n1"] and "building on" in err
+    assert f"prefix {path}" in out and not (site / "handmade-1.0.dist-info").exists()
+    asked.clear()
+    assert "ready" in dry_run() and asked == []
+
+    subprocess.run(["rm", "-r", path], check=True)
+    # A dry run builds nothing: preflight then finds no interpreter there, as it always did.
+    out = dry_run(expect=3)
+    assert sorted(asked) == ["n0", "n1"] and f"`{path}/bin/python` was not found" in out

@@ -19,7 +19,7 @@ from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import decide, limits, names, stacks
 from clusterrun.preflight import gpus as gpus_check
 from clusterrun.preflight.report import CheckReport
-from clusterrun.remote import gpus
+from clusterrun.remote import gpus, protocol
 from clusterrun.transport import SshOptions, shell
 from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.fake_hosts import FakeHost
@@ -31,11 +31,11 @@ from tests.conftest import fake_inventory, host_spec
 KEYED_BY_DATA = {"packages", "links", "env", "infiniband", "names.resolved", "nvidia.errors"}
 
 
-def real_facts(workdir: Path) -> dict[str, Any]:
+def real_facts(workdir: Path, **request: Any) -> dict[str, Any]:
     """The facts line the real probe sends from this machine."""
     proc = subprocess.run([sys.executable, "-u", "-c", shell.BOOTSTRAP],
                           input=shell.program_input("probe.py", {"workdir": str(workdir),
-                                                                 "dns_timeout": 5})
+                                                                 "dns_timeout": 5, **request})
                           + b'{"op": "exit"}\n', stdout=subprocess.PIPE, timeout=60, check=True)
     return dict(json.loads(proc.stdout.splitlines()[0])["facts"])
 
@@ -73,6 +73,29 @@ def test_the_fake_host_sends_every_key_the_real_probe_sends(tmp_path: Path) -> N
     differ = {p: (t, fake_shape[p]) for p, t in real_shape.items()
               if "null" not in (t, fake_shape[p]) and t != fake_shape[p]}
     assert not differ, f"(probe's type, fake's type) differ: {differ}"
+
+
+def test_asked_for_an_environment_the_probe_reports_what_pyenv_status_does(
+        tmp_path: Path) -> None:
+    """With `environment:` the probe names the lock's hash, and reports the environment there
+    as pyenv.py's status does (envs/warm.py judges a warm host by it); the fake host sends the
+    same keys, and neither sends one without a lock."""
+    workdir, lock = tmp_path / "workdir", "0123456789abcdef"
+    env = workdir / "envs" / lock
+    (env / "lib" / "python3.11" / "site-packages" / "NumPy-2.3.4.dist-info").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.11.2\n")
+    real = real_facts(workdir, lock=lock)["pyenv"]
+    assert real["env"] == {"path": str(env), "python": "3.11.2", "dists": ["numpy==2.3.4"]}
+    proc = subprocess.run([sys.executable, "-u", "-c", shell.BOOTSTRAP],
+                          input=shell.program_input("pyenv.py", {"op": "status", "lock": lock,
+                                                                 "workdir": str(workdir)}),
+                          stdout=subprocess.PIPE, timeout=60, check=True)
+    status = json.loads(proc.stdout.splitlines()[-1].removeprefix(protocol.EVENT))
+    assert real == {key: status[key] for key in real}
+    fake = FakeHost("10.0.0.1", [Interface("eth0", "10.0.0.1/24")]).all_facts(
+        {"workdir": str(workdir), "lock": lock}, "10.0.0.1")["pyenv"]
+    assert sorted(fake) == sorted(real)
+    assert shape(fake)["env"] == "null" and real_facts(workdir)["pyenv"] is None
 
 
 def test_the_real_probes_facts_leave_no_check_unknown(tmp_path: Path) -> None:

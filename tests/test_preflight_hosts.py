@@ -244,6 +244,26 @@ def test_host_side_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert sysinfo.nccl_version({"nvidia-nccl-cu12": "2.21.5"}, None) == "2.21.5"
 
 
+def test_torch_is_found_by_its_files_and_its_metadata_only_where_it_is_listed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's version.py first; without one, importlib.metadata only where a torch dist-info
+    is on sys.path (importing it costs every torch-less host ~15 ms): no torch is None."""
+    bare, listed, built = tmp_path / "bare", tmp_path / "listed", tmp_path / "built"
+    (bare / "numpy-2.3.4.dist-info").mkdir(parents=True)
+    (listed / "torch-2.5.1.dist-info").mkdir(parents=True)
+    (listed / "torch-2.5.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.5.1\n")
+    (built / "torch").mkdir(parents=True)
+    (built / "torch" / "version.py").write_text("__version__ = '2.13.0+cpu'\ncuda = None\n")
+    monkeypatch.setattr("sys.path", [str(tmp_path / "absent"), str(bare)])
+    assert sysinfo.torch_info() is None
+    monkeypatch.setattr("sys.path", [str(bare), str(listed)])
+    assert sysinfo.torch_info() == {"version": "2.5.1", "cuda": None, "path": None}
+    monkeypatch.setattr("sys.path", [str(built), str(listed)])
+    assert sysinfo.torch_info() == {"version": "2.13.0+cpu", "cuda": None,
+                                    "path": str(built / "torch" / "version.py")}
+
+
 def test_connect_many_reports_each_target_at_once() -> None:
     listener = remote_mesh.EphemeralListener("127.0.0.1")
     closed = socket.socket()

@@ -207,12 +207,14 @@ class Sync:
         return reply
 
     def status(self) -> None:
+        """Each host's status, but for the hosts whose status preflight's probe gave already
+        (envs/ahead.py)."""
         def one(host: HostEnv) -> None:
             host.status = self._status(host)
             host.platform = platforms.from_status(host.spec.name, host.status)
             self.progress(host, "gathering wheels", 0.1)
 
-        self._each(one, self.hosts, STATUS_SECONDS + 30)
+        self._each(one, [h for h in self.hosts if not h.status], STATUS_SECONDS + 30)
 
     # 2. wheels
     def resolve(self) -> None:

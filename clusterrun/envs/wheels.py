@@ -114,6 +114,13 @@ def resolve(cache: Cache, env: PythonEnv, platform: Platform, hosts: Sequence[st
     return [w for w in found.values() if w is not None]
 
 
+def cached(cache: Cache, env: PythonEnv, platform: Platform) -> Optional[list[Wheel]]:
+    """The lock's wheels for ``platform`` as ``resolve`` gives them, from the cache alone: None
+    where pip would have to be asked."""
+    found = [cache.known(p, platform, env) for p in [*env.pins, UV]]
+    return None if any(w is None for w in found) else [w for w in found if w is not None]
+
+
 def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
               hosts: Sequence[str]) -> dict[str, Wheel]:
     cache.root.mkdir(parents=True, exist_ok=True)

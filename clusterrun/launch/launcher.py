@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 from clusterrun.envs.sync import EnvReport
 from clusterrun.errors import PreflightError, Result, UnreachableError, UsageError
@@ -26,6 +26,9 @@ from clusterrun.preflight.report import CheckReport
 from clusterrun.stacks.ship import hash_ahead
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
+
+if TYPE_CHECKING:
+    from clusterrun.envs.warm import Warm
 
 __all__ = ["LaunchOptions", "execute", "job_for", "run"]
 
@@ -99,29 +102,65 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         hash_ahead()
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
-        envs = _environments(inv, pool, home, dry_run=opts.dry_run, err=err)
+        warm = _warm(inv, pool, home, err)
+        envs: Optional[EnvReport] = None
+        if warm is not None:
+            from clusterrun.envs.warm import NotWarm
+
+            try:
+                return _checked(warm.inventory(inv), job, warm.report(), pool, sources,
+                                opts=opts, home=home, out=out, err=err, warm=warm)
+            except NotWarm:  # a host's environment is not the lock's: the sync as without
+                envs = warm.rest(build=not opts.dry_run)
+                if not opts.dry_run:
+                    envs.raise_if_failed()
+        else:
+            envs = _environments(inv, pool, home, dry_run=opts.dry_run, err=err)
         if envs is not None:
             inv = envs.inventory(inv)  # each host's `python:`: its environment's interpreter
-        slots = Slots.initial(inv, opts.min_nodes)
-        # Each host's manifest of the code is read as soon as its facts are in (read only;
-        # a dry run copies nothing and needs none).
-        head = None if opts.dry_run or not opts.sync else HeadStart(
-            job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
-        loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out or sys.stdout,
-                           err, head)
-        loop.environment = envs.lock if envs is not None else None
-        report = _judge(loop.check(1, on_facts=head.read if head else None), opts, err)
-        plan = loop.plan(1, report, None)
-        if opts.dry_run:
-            loop.out.write("\n".join(planview.dry_run(plan, [h.name for h in inv.spares])) + "\n")
-            if envs is not None:
-                from clusterrun.envs import view as envview
+        return _checked(inv, job, envs, pool, sources, opts=opts, home=home, out=out, err=err)
 
-                loop.out.write("\nenvironments (`environment:`, built by launch where not "
-                               "ready):\n")
-                envview.render_plain(envs, loop.out)
-            return Result()
-        return loop.run(plan, report, home)
+
+def _warm(inv: Inventory, pool: Connections, home: Path, err: TextIO) -> Optional[Warm]:
+    """Where every `environment:` host's workdir is known, its environment is judged from
+    preflight's probe, run in that environment's interpreter (envs/warm.py): a warm launch
+    asks no status of its own."""
+    if not any(h.environment for h in inv.hosts):
+        return None
+    from clusterrun.envs.warm import Warm
+
+    return Warm.of(inv, pool, home, say=_sayer(err))
+
+
+def _checked(inv: Inventory, job: Job, envs: Optional[EnvReport], pool: Connections,
+             sources: EnvSources, *, opts: LaunchOptions, home: Path, out: Optional[TextIO],
+             err: TextIO, warm: Optional[Warm] = None) -> Result:
+    """Preflight of ``inv`` (each host's `python:` its environment's interpreter), the plan,
+    and the attempts (or, with --dry-run, the plan printed). ``warm``: preflight stops after
+    the facts where a host's environment is not the lock's (envs/warm.NotWarm)."""
+    slots = Slots.initial(inv, opts.min_nodes)
+    # Each host's manifest of the code is read as soon as its facts are in (read only;
+    # a dry run copies nothing and needs none).
+    head = None if opts.dry_run or not opts.sync else HeadStart(
+        job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
+    loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out or sys.stdout,
+                       err, head)
+    loop.environment = envs.lock if envs is not None else None
+    on_facts = head.read if head else None
+    checked = loop.check(1, on_facts=warm.gate(on_facts) if warm else on_facts,
+                         after_facts=warm.after_facts if warm else None)
+    report = _judge(checked, opts, err)
+    plan = loop.plan(1, report, None)
+    if opts.dry_run:
+        loop.out.write("\n".join(planview.dry_run(plan, [h.name for h in inv.spares])) + "\n")
+        if envs is not None:
+            from clusterrun.envs import view as envview
+
+            loop.out.write("\nenvironments (`environment:`, built by launch where not "
+                           "ready):\n")
+            envview.render_plain(envs, loop.out)
+        return Result()
+    return loop.run(plan, report, home)
 
 
 def execute(job: Job, plan: LaunchPlan, inv: Inventory, report: CheckReport,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Union
@@ -69,11 +69,13 @@ class AttemptLoop:
     # -- before an attempt -----------------------------------------------------------------
 
     def check(self, attempt: int, *,
-              on_facts: Optional[Callable[[HostReport], None]] = None) -> CheckReport:
+              on_facts: Optional[Callable[[HostReport], None]] = None,
+              after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None
+              ) -> CheckReport:
         """Preflight of the attempt's hosts, failing hosts replaced where spares allow."""
         return spares.check(self.inv, self.pool, self.slots, attempt=attempt,
                             data_path=self.opts.check, allow_busy_gpus=self.opts.allow_busy_gpus,
-                            say=self.say, on_facts=on_facts)
+                            say=self.say, on_facts=on_facts, after_facts=after_facts)
 
     def plan(self, attempt: int, report: CheckReport, run_id: Optional[str]) -> LaunchPlan:
         return planning.build(self.slots.inventory(self.inv), report, self.job,

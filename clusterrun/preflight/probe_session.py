@@ -30,8 +30,10 @@ class ProbeSession:
         self._transport = transport
         # Chained: once it has answered, the same interpreter can run the command's next
         # program on this host (a manifest read, the copy, the supervisor) with no new login.
-        self._interp = start(transport, spec, "probe.py", {"workdir": spec.workdir},
-                             chain=True)
+        # `environment:`: the probe also reports the lock's environment there (envs/ahead.py).
+        request = {"workdir": spec.workdir,
+                   **({"lock": spec.environment.digest} if spec.environment else {})}
+        self._interp = start(transport, spec, "probe.py", request, chain=True)
         self._proc, self._stderr = self._interp.proc, self._interp.stderr
         self._lines: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()

@@ -3,6 +3,7 @@ its slot, or the run shrinks with --min-nodes) and the new set is checked again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, Optional
 
 from clusterrun.inventory import Inventory
@@ -22,14 +23,16 @@ def problem(host: HostReport) -> str:
 
 def check(inv: Inventory, pool: Connections, slots: Slots, *, attempt: int, data_path: bool,
           allow_busy_gpus: bool, say: Callable[[str], None],
-          on_facts: Optional[Callable[[HostReport], None]] = None) -> CheckReport:
+          on_facts: Optional[Callable[[HostReport], None]] = None,
+          after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None) -> CheckReport:
     """Preflight of the attempt's hosts. A host that fails is replaced and the new set checked
     again; when nothing can replace it, the failing report is returned, as a launch without
-    spares would see it (``slots.quarantined`` lists the hosts left out). ``on_facts``: see
-    preflight.run."""
+    spares would see it (``slots.quarantined`` lists the hosts left out). ``on_facts``,
+    ``after_facts``: see preflight.run."""
     while True:
         report = preflight.run(slots.inventory(inv), pool, data_path=data_path,
-                               allow_busy_gpus=allow_busy_gpus, on_facts=on_facts)
+                               allow_busy_gpus=allow_busy_gpus, on_facts=on_facts,
+                               after_facts=after_facts)
         # Without the checks (--no-check), only a host that cannot be reached is left out.
         bad = [h for h in report.hosts if (not h.ok if data_path else not h.reached)]
         if not bad or not slots.replaceable:

@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import random
-import re
 import socket
 import struct
 import subprocess
@@ -20,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from clusterrun.remote import disk, gpus, mesh, pathcheck, protocol, sysinfo, throughput
+from clusterrun.remote import disk, envstate, gpus, mesh, pathcheck, protocol, sysinfo, throughput
 
 TYPE_CHECKING = False  # mypy takes it as true; hosts skip importing typing (~4 ms)
 if TYPE_CHECKING:
@@ -126,31 +125,6 @@ def route(addr):
     return {"dev": dev, "src": src, "local": False}
 
 
-def read_version_file(path, field):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    match = re.search(r"^%s\s*(?::\s*\S+\s*)?=\s*['\"]([^'\"]+)['\"]" % field, text, re.M)
-    return match.group(1) if match else None
-
-
-def torch_info():
-    """torch's version read from its files, without importing it."""
-    for entry in sys.path:
-        version_py = os.path.join(entry or ".", "torch", "version.py")
-        if os.path.isfile(version_py):
-            return {"version": read_version_file(version_py, "__version__"),
-                    "cuda": read_version_file(version_py, "cuda"), "path": version_py}
-    try:
-        from importlib import metadata
-
-        return {"version": metadata.version("torch"), "cuda": None, "path": None}
-    except Exception:
-        return None
-
-
 def resolve_self(timeout):
     """How long this host takes to look its own name up (torch does it at start-up)."""
     name = socket.gethostname()
@@ -187,7 +161,7 @@ def facts(request):
     ssh = os.environ.get("SSH_CONNECTION", "").split()
     nvidia = gpus.facts()
     # Each runs subprocesses or walks sys.path: once per probe, shared with system_facts.
-    ifaces, torch = interfaces(), torch_info()
+    ifaces, torch = interfaces(), sysinfo.torch_info()
     return {
         "hostname": socket.gethostname(),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
@@ -202,6 +176,10 @@ def facts(request):
         "workdir": check_workdir(request.get("workdir", "~/clusterrun")),
         "rsync": any(os.access(os.path.join(d, "rsync"), os.X_OK)
                      for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)),
+        # `environment:` (the request names the lock's hash): its state as pyenv.py's status
+        # reports it, so that a host already holding the lock's needs no status of its own.
+        "pyenv": envstate.state(request.get("workdir", "~/clusterrun"), request["lock"])
+        if request.get("lock") else None,
         **system_facts(request, torch or {}, [i["name"] for i in ifaces]),
     }
 

@@ -30,7 +30,7 @@ import sys
 import time
 import zipfile
 
-from clusterrun.remote import common, protocol
+from clusterrun.remote import common, envstate, protocol
 
 BLOCK = 1 << 20
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -60,67 +60,15 @@ def has(workdir, sha, name):
     return os.path.isfile(store_path(workdir, sha, name))
 
 
-def canonical(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def distributions(env):
-    """``name==version`` of every distribution installed in the environment's own folder."""
-    found = []
-    for lib in ("lib", "lib64"):
-        base = os.path.join(env, lib)
-        with contextlib.suppress(OSError):
-            for entry in os.listdir(base):
-                site = os.path.join(base, entry, "site-packages")
-                if not entry.startswith("python") or not os.path.isdir(site):
-                    continue
-                for item in os.listdir(site):
-                    for suffix in (".dist-info", ".egg-info"):
-                        if item.endswith(suffix) and "-" in item:
-                            name, _, version = item[:-len(suffix)].partition("-")
-                            found.append("%s==%s" % (canonical(name), version.split("-")[0]))
-        if found:
-            break
-    return sorted(set(found))
-
-
-def interpreter(env):
-    """The environment's Python version, from its pyvenv.cfg."""
-    cfg = _read(os.path.join(env, "pyvenv.cfg"))
-    for line in (cfg or "").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() in ("version_info", "version"):
-            return value.strip()
-    return None
-
-
-def _read(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def describe(env):
-    if not os.path.isfile(os.path.join(env, "pyvenv.cfg")):
-        return None
-    return {"path": env, "python": interpreter(env), "dists": distributions(env)}
-
-
 def status(req):
     workdir = workdir_of(req)
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names \
-        else None
     ssh = (os.environ.get("SSH_CONNECTION") or "").split()
-    env = os.path.join(workdir, "envs", req["lock"])
-    found = describe(env)
-    return {"python": "%d.%d.%d" % sys.version_info[:3], "python_path": sys.executable,
-            "machine": os.uname()[4], "system": os.uname()[0], "libc": libc,
-            "workdir": workdir, "ssh_server_address": ssh[2] if len(ssh) == 4 else None,
-            "env": found,
-            "missing": [w["sha"] for w in req.get("want", [])
-                        if not has(workdir, w["sha"], w["name"])]}
+    found = envstate.state(workdir, req["lock"])
+    found.update(python_path=sys.executable,
+                 ssh_server_address=ssh[2] if len(ssh) == 4 else None,
+                 missing=[w["sha"] for w in req.get("want", [])
+                          if not has(workdir, w["sha"], w["name"])])
+    return found
 
 
 def _store_from(workdir, item, read):
@@ -261,7 +209,7 @@ def build(req):
         common.make_private_dir(envs)
         with open(os.path.join(envs, ".%s.lock" % req["lock"]), "a") as held:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another launch's build: wait for it
-            found = describe(final)
+            found = envstate.describe(final)
             if found and found["dists"] == expected and found["python"] == req["python"]:
                 os.utime(final)
                 return {"built": False, "env": found}
@@ -279,7 +227,7 @@ def build(req):
             finally:
                 _clear(envs, ".tmp-%s-" % req["lock"])
             return {"built": True, "seconds": round(time.monotonic() - start, 2),
-                    "env": describe(final)}
+                    "env": envstate.describe(final)}
     except OSError as exc:
         raise _disk(exc, final) from None
 

@@ -125,6 +125,10 @@ class FakeHost:
             "workdir": {"path": workdir, "ok": True, "error": None, "free": self.disk_free,
                         "free_at": workdir},
             "rsync": True,
+            # `environment:` asked for: the platform, and no environment built (none is here).
+            "pyenv": {"python": self.python, "machine": platform.machine(), "system": "Linux",
+                      "libc": "glibc 2.36", "workdir": workdir, "env": None}
+            if request.get("lock") else None,
             "names": {"hostname": name, "fqdn": name, "resolved": {name: lookup}},
             "port_range": [32768, 60999],
             "packages": self.packages(),
