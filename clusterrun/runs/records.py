@@ -1,10 +1,12 @@
 """A run's records as types: what its state.json says, each entry of its attempts list, each
 event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is what
-users and tests read: its shape is the one docs/observability.md describes), and each node's
-state as its host keeps it (read only: the host's supervisor writes it).
+users and tests read: its shape is the one docs/observability.md describes), each node's
+state as its host keeps it (read only: the host's supervisor writes it), and the fields of an
+attempt's plan.json that commands read again (``PlanRecord``, read only). summary.json's type is
+runs/summary.py's.
 
 runs.journal is their one writer; everything outside runs/ reads a run through these types
-(``RunStatus.of(run)``), never through the raw dict.
+(``RunStatus.of(run)``, ``PlanRecord.of(run)``), never through the raw dict.
 """
 
 from __future__ import annotations
