@@ -19,6 +19,7 @@ from clusterrun.runs.journal import Journal, RunRecord, events
 from clusterrun.runs.masking import Masks
 from clusterrun.runs.records import Event, EventKind
 from clusterrun.runs.state import RunState
+from clusterrun.runs.summary import Summary
 from tests.conftest import REPO, run_cli
 
 RUN_ID = "20260101-000000-train-0001"
@@ -42,8 +43,8 @@ def test_a_run_ends_once_and_every_change_is_one_event(tmp_path: Path) -> None:
     journal.attempt_ended(1, status=3, root={"node": "b", "rank": 1, "code": 3, "detail": "x",
                                              "lost": False})
     journal.attempt_ended(1, status=143, root=None)  # a second end of the attempt: kept as is
-    assert journal.finished(RunState.FAILED, status=3, summary={"exit_status": 3}) \
-        is RunState.FAILED
+    assert journal.finished(RunState.FAILED, status=3,
+                            summary=Summary.from_json({"exit_status": 3})) is RunState.FAILED
     # `stop` (or a later `ps`) after the end changes nothing and says nothing.
     assert journal.finished(RunState.STOPPED, status=143) is RunState.FAILED
     assert kinds(journal) == ["started", "attempt_begun", "first_line", "rank_failed",
@@ -70,7 +71,7 @@ def test_a_restart_quarantine_and_a_stall_are_recorded(tmp_path: Path) -> None:
     assert not journal.stalled(2, {"odd": [3]})  # one report per stall
     assert journal.run.state["state"] == "stalled"
     assert journal.resumed(2) and not journal.resumed(2)
-    journal.attempt_ended(2, status=0, root=None, summary={"attempt": 2},
+    journal.attempt_ended(2, status=0, root=None, summary=Summary.from_json({"attempt": 2}),
                           seen=RunState.SUCCEEDED)
     journal.finished(RunState.SUCCEEDED, status=0)
     assert kinds(journal) == ["started", "attempt_begun", "host_lost", "attempt_ended",
@@ -222,7 +223,8 @@ def test_every_writer_of_a_run_masks_its_secrets_and_no_file_holds_them(tmp_path
     later.stalled(1, {"ranks": [{"last": [f"got {token}x", "abc"]}]})
     later.attempt_ended(1, status=1, root={"node": "a", "rank": 0, "code": 1, "lost": False,
                                            "detail": f"rank 0 said {token}"})
-    later.finished(RunState.FAILED, status=1, summary={"root_cause": {"detail": token}})
+    later.finished(RunState.FAILED, status=1,
+                   summary=Summary.from_json({"root_cause": {"detail": token}}))
     first = next(e for e in events(journal.run) if e["event"] == "first_line")
     assert first["line"] == "logged in with ******; lr 0.1"
     assert journal.run.state["stall"] == {"ranks": [{"last": ["got ******x", "abc"]}]}

@@ -129,7 +129,7 @@ def test_the_footer_groups_nodes_by_what_happened_to_them(tmp_path) -> None:
     assert lines[-1].startswith("torchrun's shutdown output (tracebacks, closing signals) "
                                 "folded for node[1,3]")
     summary = outcome.summary(run, [a, b, c, d], root=root, status=3, interrupted=None,
-                              checks={})
+                              checks={}).to_json()
     by_name = {n["name"]: n for n in summary["nodes"]}
     assert (by_name["node2"]["state"], by_name["node2"]["exit_code"]) == ("failed", 3)
     assert by_name["node1"]["outcome"] == "stopped after node2 failed"

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from clusterrun.inventory.slots import Quarantine
 from clusterrun.runs import store
 from clusterrun.runs.journal import Journal, RunRecord
-from clusterrun.runs.records import AttemptRecord, NodeState, RunStatus
+from clusterrun.runs.records import AttemptRecord, NodeState, PlanNode, PlanRecord, RunStatus
 from clusterrun.runs.state import RunState
+from clusterrun.runs.summary import KEYS, NodeSummary, Summary
+from clusterrun.wire import RootCause
 
 RUN_ID = "20260101-000000-train-0001"
 
@@ -31,7 +35,7 @@ def test_a_state_the_journal_wrote_reads_back_as_the_same_file(tmp_path: Path) -
     second = journal.attempt_begun(2, ["a", "c"], {"name": "train"})
     assert journal.stalled(2, {"odd": [3]}) and journal.resumed(2)
     assert journal.stragglers(2, [1], {"0": 0.5, "1": 0.01})
-    journal.ended(2, RunState.SUCCEEDED, status=0, summary={"exit_status": 0})
+    journal.ended(2, RunState.SUCCEEDED, status=0, summary=Summary.from_json({"exit_status": 0}))
     for folder in (journal.run, second):
         status = RunStatus.of(folder)
         assert text(status) == folder.file("state.json").read_text()
@@ -90,3 +94,67 @@ def test_a_hosts_state_as_status_py_answers_it() -> None:
     assert stalled.run_state is RunState.STALLED and stalled.stall == {"lines": ["x"]}
     assert NodeState.from_json({"state": "missing"}).run_state is None
     assert NodeState.from_json(None) == NodeState()
+
+
+def test_a_summary_names_every_key_and_the_journal_writes_them_in_their_order(
+        tmp_path: Path) -> None:
+    """summary.json as the journal writes it at the end of a restarted run that a stopped
+    stall ended, with an `environment:` lock: the attempt's keys, then what the launch and
+    the journal add, always in this order (docs/observability.md, docs/restarts.md,
+    docs/troubleshooting.md and docs/environments.md name them); read back, the same file."""
+    journal = Journal.start(tmp_path, RunRecord(RUN_ID, "train", ("a", "b"), "inv.yaml",
+                                                max_restarts=1), {"run_id": RUN_ID})
+    journal.attempt_begun(1, ["a", "b"], {})
+    journal.attempt_ended(1, status=1, root=None)
+    journal.host_quarantined(Quarantine("b", "lost (no word for 30 s)", 5.0, 1))
+    second = journal.attempt_begun(2, ["a", "c"], {"name": "train"})
+    assert journal.stalled(2, {"odd": [3]})
+    stall = RootCause("c", None, 7, "c: stalled, stall: odd one out: rank 3 on c")
+    attempt = Summary(RUN_ID, 7, None, stall,
+                      (NodeSummary("a", 0, [0, 1], "stopped", 143, None, {"0": 143}),),
+                      {"files": 2, "identical": 2, "differ": []}).with_(environment="e3b0c442")
+    journal.ended(2, RunState.FAILED, status=7, root=stall.public(), summary=attempt)
+    written = json.loads(journal.run.file("summary.json").read_text())
+    assert list(written) == [
+        "run_id", "exit_status", "interrupted", "root_cause", "nodes", "logs", "nccl",
+        "settled_by", "environment", "outcome", "stalled", "attempt", "attempts", "quarantined",
+        "stall"]
+    assert list(written) == list(KEYS)  # a key the type names and never writes fails here
+    assert list(json.loads(second.file("summary.json").read_text())) == [
+        "run_id", "exit_status", "interrupted", "root_cause", "nodes", "logs", "nccl",
+        "settled_by", "environment", "outcome", "stalled"]
+    assert list(written["nodes"][0]) == ["name", "node_rank", "ranks", "state", "exit_code",
+                                         "signal", "reason", "outcome", "rank_exits"]
+    summary = Summary.of(journal.run)
+    assert summary is not None
+    assert json.dumps(summary.to_json(), indent=2) + "\n" \
+        == journal.run.file("summary.json").read_text()
+    assert (summary.environment, summary.outcome, summary.attempt) == ("e3b0c442", "stalled", 2)
+    assert summary.stalled == {"node": "c", "rank": 3} and summary.stall == {"odd": [3]}
+    assert [a.attempt for a in summary.attempts or ()] == [1, 2]
+    assert [q["host"] for q in summary.quarantined or ()] == ["b"]
+    assert summary.root_cause is not None and summary.root_cause.node == "c"
+    # A summary made here, read back, is the same summary.
+    assert Summary.from_json(attempt.to_json()) == attempt
+    with pytest.raises(TypeError, match="no key environ"):
+        attempt.with_(environ="x")
+
+
+def test_a_plan_reads_as_the_fields_its_readers_use(tmp_path: Path) -> None:
+    run = store.RunDir(tmp_path / RUN_ID)
+    run.path.mkdir()
+    store.write_json(run.file("plan.json"), {
+        "run_id": RUN_ID, "name": "train", "created": 12.5, "world_size": 4,
+        "environment": "e3b0c442", "nodes": [
+            {"name": "a", "host": "10.0.0.1", "node_rank": 0, "ranks": [0, 1],
+             "address": "192.168.0.1", "rundir": "/w/runs/x/a"},
+            {"name": "b", "host": "10.0.0.2", "node_rank": 1, "ranks": [2, 3]},
+            {"host": "nameless"}]})
+    plan = PlanRecord.of(run)
+    assert (plan.name, plan.created, plan.world_size, plan.environment) \
+        == ("train", 12.5, 4, "e3b0c442")
+    assert plan.node_names == {"a", "b"}
+    assert plan.node("a") == PlanNode("a", "10.0.0.1", 0, (0, 1), "192.168.0.1")
+    b = plan.node("b")
+    assert b is not None and (b.address, b.ranks) == (None, (2, 3)) and plan.node("c") is None
+    assert PlanRecord.of(store.RunDir(tmp_path / "none")) == PlanRecord()

@@ -14,6 +14,7 @@ from clusterrun.launch.restarts import AttemptResult, next_step
 from clusterrun.runs import lifecycle, ps, store
 from clusterrun.runs.journal import Journal, RunRecord
 from clusterrun.runs.state import RunState, combine, exit_status, from_outcome, merge, result
+from clusterrun.runs.summary import Summary
 from clusterrun.wire import RootCause
 
 FINAL = [s for s in RunState if s.final]
@@ -109,7 +110,7 @@ def test_a_stopped_stall_is_recorded_stalled_with_the_blamed_host_and_rank(
     journal.attempt_begun(1, ["node0", "node2"], {})
     stall = RootCause("node2", None, 7, STALL_DETAIL)
     journal.ended(1, RunState.FAILED, status=7, root=stall.public(),
-                  summary={"exit_status": 7})
+                  summary=Summary.from_json({"exit_status": 7}))
     state = run.state
     blamed = {"node": "node2", "rank": 3}
     assert (state["state"], state["outcome"], state["stalled"]) == ("failed", "stalled", blamed)
@@ -151,7 +152,8 @@ def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: P
     journal = Journal.start(tmp_path, RunRecord("20260101-000000-x-0000", "x",
                                                 ("node0", "node2"), "inv.yaml"), {})
     journal.attempt_begun(1, ["node0", "node2"], {})
-    journal.ended(1, RunState.FAILED, status=7, root=stall.public(), summary={"exit_status": 7})
+    journal.ended(1, RunState.FAILED, status=7, root=stall.public(),
+                  summary=Summary.from_json({"exit_status": 7}))
     blamed = journal.run.state["stalled"]
     assert blamed["node"] is None and blamed["rank"] is None, blamed
     assert blamed["why"] == ("no rank made progress for 15 s; no rank's stack could be read, "

@@ -48,6 +48,7 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
     from clusterrun.logs import show as logview_cmd
     from clusterrun.logs.view import Filter
     from clusterrun.runs import attempts
+    from clusterrun.runs.records import PlanRecord
 
     try:
         grep = re.compile(pattern) if pattern else None
@@ -63,14 +64,14 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
         earlier = "1" if total == 2 else f"1 to {total - 1}"
         note(f"run {run.id}: attempt {total} of {total} (earlier: --attempt {earlier})")
     # Hosts and ranks may differ between attempts: check against the one shown.
-    plan = attempts.attempt_dir(run, attempt or total).plan
-    known = {n["name"] for n in plan.get("nodes", [])}
+    plan = PlanRecord.of(attempts.attempt_dir(run, attempt or total))
+    known = plan.node_names
     unknown = set(nodes) - known
     of = f"attempt {attempt or total} of run {run.id}" if total > 1 else f"run {run.id}"
     if unknown:
         raise UsageError(f"{of} has no node {', '.join(sorted(unknown))}; its "
                          f"nodes: {', '.join(sorted(known))}.")
-    world = int(plan.get("world_size") or 0)
+    world = plan.world_size
     missing = sorted(set(ranks_) - set(range(world)))
     if missing:
         raise UsageError(f"{of} has no rank {', '.join(map(str, missing))}; it has "

@@ -52,12 +52,13 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
     import json
 
     from clusterrun.runs import attempts
+    from clusterrun.runs.records import PlanRecord
     from clusterrun.stacks import collect, view
 
     run = names.resolve(home(write=False), run_id, note=note)
-    plan = attempts.current(run).plan
-    nodes = _node_names(node_set, {n["name"] for n in plan.get("nodes", [])})
-    world = int(plan.get("world_size") or 0)
+    plan = PlanRecord.of(attempts.current(run))
+    nodes = _node_names(node_set, plan.node_names)
+    world = plan.world_size
     missing = sorted(set(ranks_) - set(range(world)))
     if missing:
         raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "

@@ -246,7 +246,7 @@ class AttemptLoop:
                                                 status=status, interrupted=ended.interrupted)
         k = ended.plan.attempt
         if self.environment:  # the lock's hash every host ran (`environment:`)
-            summary = dict(summary, environment=self.environment)
+            summary = summary.with_(environment=self.environment)
         state = journal.ended(k, ended.state, status=status, summary=summary,
                               root=ended.root.public() if ended.root else None)
         if status != 0 and not reported:  # a failed attempt's root cause is said when it ends

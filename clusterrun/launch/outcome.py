@@ -207,14 +207,14 @@ def node_text(node: NodeOutcome, root: Optional[RootCause],
 
 
 def summary(run: RunDir, nodes: list[NodeOutcome], *, root: Optional[RootCause], status: int,
-            interrupted: Optional[int], checks: Json) -> Json:
-    """summary.json (runs/summary.py): each node's state and exit code are its own (its
-    supervisor's), never the controller's."""
+            interrupted: Optional[int], checks: Json) -> Summary:
+    """An attempt's summary.json (runs/summary.py): each node's state and exit code are its own
+    (its supervisor's), never the controller's."""
     return Summary(
         run.id, status, signal.Signals(interrupted).name if interrupted else None, root,
         tuple(_node_summary(n, root, interrupted) for n in nodes), checks,
         nccl=nccl.summary([nccl.HostNccl(n.plan.name, n.plan.ranks, n.nccl) for n in nodes],
-                          sum(n.plan.nproc for n in nodes))).to_json()
+                          sum(n.plan.nproc for n in nodes)))
 
 
 def _node_summary(n: NodeOutcome, root: Optional[RootCause],
@@ -228,8 +228,8 @@ def _node_summary(n: NodeOutcome, root: Optional[RootCause],
 
 
 def attempt_summary(folder: RunDir, nodes: Sequence[NodeOutcome], *, root: Optional[RootCause],
-                    status: int, interrupted: Optional[int]) -> tuple[Json, dict[str, Any]]:
-    """An attempt's summary.json content, and the check of its mirrors against the hosts'."""
+                    status: int, interrupted: Optional[int]) -> tuple[Summary, dict[str, Any]]:
+    """An attempt's summary, and the check of its mirrors against the hosts'."""
     logs = verify(folder, {n.plan.name: n.end.checksums if n.end else {} for n in nodes})
     return summary(folder, list(nodes), root=root, status=status, interrupted=interrupted,
                    checks=logs), logs

@@ -9,13 +9,13 @@ import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror, verify
 from clusterrun.runs import attempts, lifecycle, remote
 from clusterrun.runs.journal import Journal
-from clusterrun.runs.records import Json, NodeState
+from clusterrun.runs.records import Json, NodeState, PlanRecord
 from clusterrun.runs.state import RunState, combine, exit_status
 from clusterrun.runs.store import RunDir, now
 from clusterrun.runs.summary import SETTLED, NodeSummary, Summary
@@ -100,7 +100,7 @@ class Stalls:
         self.states: dict[str, NodeState] = {}
         self._lock = threading.Lock()  # one follower thread per host
 
-    def __call__(self, node: str, state: dict[str, Any]) -> None:
+    def __call__(self, node: str, state: Json) -> None:
         with self._lock:
             self.states[node] = NodeState.from_json(state)
             record_stall(self.journal, self.k, list(self.states.values()))
@@ -113,18 +113,20 @@ def _root_cause(per_node: dict[str, NodeState]) -> Optional[RootCause]:
 
 
 def _summary(run: RunDir, per_node: dict[str, NodeState], unreachable: list[str], *,
-             root: Optional[RootCause], status: int, checks: Json) -> Json:
-    """summary.json (runs/summary.py) for a run (one attempt's folder) whose controller was
-    not there at the end: each node as its host's state file says."""
-    plan_nodes = {n["name"]: n for n in run.plan.get("nodes", [])}
+             root: Optional[RootCause], status: int, checks: Json) -> Summary:
+    """The summary (runs/summary.py) of a run (one attempt's folder) whose controller was not
+    there at the end: each node as its host's state file says."""
+    plan = PlanRecord.of(run)
     nodes = []
     for name, state in per_node.items():
-        node = plan_nodes.get(name, {})
+        node = plan.node(name)
         lost = name in unreachable
+        ranks = node.ranks if node is not None else None
         nodes.append(NodeSummary(
-            name, node.get("node_rank"), node.get("ranks"),
+            name, node.node_rank if node is not None else None,
+            list(ranks) if ranks is not None else None,
             "lost" if lost else state.state, None if lost else state.exit_code,
             state.reason or (state.error if lost else None),
             {str(r): c for r, c in sorted(state.rank_exits.items())}))
     return Summary(run.id, status, None, root, tuple(nodes), checks,
-                   settled_by=SETTLED).to_json()
+                   settled_by=SETTLED)

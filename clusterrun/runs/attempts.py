@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from clusterrun.remote import layout
-from clusterrun.runs.records import AttemptRecord, Json, RunStatus
+from clusterrun.runs.records import AttemptRecord, Json, PlanRecord, RunStatus
 from clusterrun.runs.store import RunDir
 
 
@@ -68,9 +68,9 @@ def quarantined(run: RunDir) -> list[Json]:
 
 def hosts(run: RunDir, k: int) -> list[str]:
     """Attempt k's hosts: its plan's nodes, else what the attempts list recorded."""
-    nodes = attempt_dir(run, k).plan.get("nodes") or []
+    nodes = PlanRecord.of(attempt_dir(run, k)).nodes
     if nodes:
-        return [str(n.get("name")) for n in nodes]
+        return [n.name for n in nodes]
     for entry in records(run):
         if entry.attempt == k:
             return list(entry.hosts)

@@ -31,6 +31,7 @@ from clusterrun.runs.masking import Masks
 from clusterrun.runs.records import AttemptRecord, Event, EventKind, Json, RunStatus
 from clusterrun.runs.state import RunState, merge
 from clusterrun.runs.store import RunDir
+from clusterrun.runs.summary import Summary
 from clusterrun.wire import root_cause
 
 EVENTS = "events.jsonl"
@@ -132,7 +133,7 @@ class Journal:
             change.event(EventKind.HOST_QUARANTINED, **entry.public())
 
     def attempt_ended(self, k: int, *, status: int, root: Optional[Json],
-                      summary: Optional[Json] = None,
+                      summary: Optional[Summary] = None,
                       seen: Optional[RunState] = None, ended_at: Optional[float] = None) -> None:
         """Attempt k is over: its summary (in its folder), its own state (attempt folders only:
         attempt 1's state is the run's), and its entry in the attempts list. An entry that has
@@ -142,7 +143,7 @@ class Journal:
         ended_at = ended_at or store.now()
         root = self.masks.json(root)  # a rank's own words may be in its detail
         if summary is not None:
-            store.write_json(folder.file("summary.json"), self.masks.json(summary))
+            store.write_json(folder.file("summary.json"), self.masks.json(summary.to_json()))
         if k > 1 and seen is not None:
             self._record(folder, seen, {"exit_status": status, "ended_at": ended_at})
         with self._changing() as change:
@@ -206,7 +207,7 @@ class Journal:
             return True
 
     def ended(self, k: int, seen: RunState, *, status: int,
-              root: Optional[Json] = None, summary: Optional[Json] = None,
+              root: Optional[Json] = None, summary: Optional[Summary] = None,
               ended_at: Optional[float] = None, **fields: object) -> RunState:
         """The one end of a run, however it ends (it succeeded or failed, its copy or its
         detached start failed, Ctrl-C, a stopped stall, `stop`): attempt k, its last, is closed
@@ -216,22 +217,22 @@ class Journal:
         stall = stopped_stall(root)
         if stall is not None:  # not "failed" like a rank that exits 7: it stalled
             fields.update(stall)
-            summary = dict(summary, **stall) if summary is not None else None
+            summary = summary.with_(**stall) if summary is not None else None
         self.attempt_ended(k, status=status, root=root, summary=summary if k > 1 else None,
                            seen=seen, ended_at=ended_at)
         if summary is not None:
-            summary = dict(summary, **({"attempt": k} if k > 1 else {}),
-                           attempts=self.attempts(), quarantined=self.quarantined())
+            summary = summary.with_(**({"attempt": k} if k > 1 else {}),
+                                    attempts=self.attempts(), quarantined=self.quarantined())
         return self.finished(seen, status=status, summary=summary, ended_at=ended_at, **fields)
 
-    def finished(self, seen: RunState, *, status: int, summary: Optional[Json] = None,
+    def finished(self, seen: RunState, *, status: int, summary: Optional[Summary] = None,
                  ended_at: Optional[float] = None, **fields: object) -> RunState:
         """The run ended as ``seen`` (its summary in the run folder). Returns the state it
         ended with: the one recorded first, when someone saw the end before."""
         if summary is not None:
             stall = RunStatus.of(self.run).stall  # the last stall report (#21), if there was one
-            summary = dict(summary, stall=stall) if stall and "stall" not in summary else summary
-            store.write_json(self.run.file("summary.json"), self.masks.json(summary))
+            summary = summary.with_(stall=stall) if stall and summary.stall is None else summary
+            store.write_json(self.run.file("summary.json"), self.masks.json(summary.to_json()))
         return self._record(self.run, seen,
                             {"exit_status": status, "ended_at": ended_at or store.now(),
                              **self.masks.json(fields)})

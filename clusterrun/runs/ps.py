@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.runs import attempts, lifecycle, store
-from clusterrun.runs.records import RunStatus
+from clusterrun.runs.records import PlanRecord, RunStatus
 from clusterrun.runs.summary import Summary
 
 
@@ -20,11 +20,11 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
     rows = []
     for run in store.all_runs(home):
         status = RunStatus.of(run)
-        plan = run.plan
-        started = status.started_at or plan.get("created")
+        plan = PlanRecord.of(run)
+        started = status.started_at or plan.created
         ended = status.ended_at
         rows.append({
-            "id": run.id, "name": plan.get("name"),
+            "id": run.id, "name": plan.name,
             "state": status.state.value if status.state is not None else "unknown",
             "hosts": attempts.hosts(run, status.attempt), "started_at": started,
             "ended_at": ended, "duration": round((ended or time.time()) - started, 1)
@@ -33,7 +33,7 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
             "quarantined": list(status.quarantined), "root_cause": root_cause(run),
             "nccl": nccl_summary(run), "outcome": status.outcome, "stalled": status.stalled,
-            "environment": plan.get("environment")})
+            "environment": plan.environment})
     return rows
 
 

@@ -1,10 +1,12 @@
 """A run's records as types: what its state.json says, each entry of its attempts list, each
 event of its events.jsonl, with one ``to_json``/``from_json`` each (the JSON on disk is what
-users and tests read: its shape is the one docs/observability.md describes), and each node's
-state as its host keeps it (read only: the host's supervisor writes it).
+users and tests read: its shape is the one docs/observability.md describes), each node's
+state as its host keeps it (read only: the host's supervisor writes it), and the fields of an
+attempt's plan.json that commands read again (``PlanRecord``, read only). summary.json's type is
+runs/summary.py's.
 
 runs.journal is their one writer; everything outside runs/ reads a run through these types
-(``RunStatus.of(run)``), never through the raw dict.
+(``RunStatus.of(run)``, ``PlanRecord.of(run)``), never through the raw dict.
 """
 
 from __future__ import annotations
@@ -229,6 +231,63 @@ class NodeState:
                    root_cause(raw.get("root_cause")),
                    dict(sums) if isinstance(sums, dict) else {}, _float(raw.get("ended_at")),
                    stall if isinstance(stall, dict) else None, bool(raw.get("unreachable")))
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    """One node of an attempt's plan.json, as the commands that reach a run again read it."""
+
+    name: str
+    host: str
+    node_rank: Optional[int] = None
+    ranks: Optional[tuple[int, ...]] = None  # as plan.json keeps them: [first, last]
+    address: Optional[str] = None  # where its ranks talk to the others
+
+    @classmethod
+    def from_json(cls, raw: object) -> Optional[PlanNode]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            return None
+        ranks = raw.get("ranks")
+        return cls(raw["name"], str(raw.get("host") or ""), _int(raw.get("node_rank")),
+                   tuple(r for r in ranks if _int(r) is not None)
+                   if isinstance(ranks, list) else None,
+                   _str(raw.get("address")))
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """An attempt's plan.json as the commands that reach a run again read it (`logs`, `stacks`,
+    `ps`, the settling of a run nobody watched): only the fields they use. The file itself is
+    LaunchPlan.public()'s (plan/model.py), written once by the journal."""
+
+    name: Optional[str] = None
+    created: Optional[float] = None
+    world_size: int = 0
+    environment: Optional[str] = None  # the `environment:` lock's hash (launch/loop.py)
+    nodes: tuple[PlanNode, ...] = ()
+
+    @property
+    def node_names(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+    def node(self, name: str) -> Optional[PlanNode]:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    @classmethod
+    def from_json(cls, raw: object) -> PlanRecord:
+        if not isinstance(raw, dict):
+            return cls()
+        nodes = raw.get("nodes")
+        found = [PlanNode.from_json(n) for n in nodes] if isinstance(nodes, list) else []
+        world = raw.get("world_size")
+        return cls(_str(raw.get("name")), _float(raw.get("created")),
+                   int(world) if isinstance(world, (int, float)) and world else 0,
+                   _str(raw.get("environment")), tuple(n for n in found if n is not None))
+
+    @classmethod
+    def of(cls, run: RunDir) -> PlanRecord:
+        """The plan in ``run``'s folder (a run's, attempt 1's, or an attempt's own)."""
+        return cls.from_json(run.plan)
 
 
 def _int(value: object) -> Optional[int]:

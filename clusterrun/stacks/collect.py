@@ -10,6 +10,7 @@ from clusterrun.remote import layout
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
+from clusterrun.runs.records import PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.model import Collected, from_reply
 from clusterrun.stacks.profile import judged, stragglers
@@ -73,9 +74,9 @@ def _nodes_for(run: RunDir, nodes: Optional[set[str]],
         return None
     keep = set(nodes or ())
     if ranks is not None:
-        for node in run.plan.get("nodes", []):
-            if ranks & set(node.get("ranks") or ()) and (nodes is None or node["name"] in nodes):
-                keep.add(node["name"])
+        for node in PlanRecord.of(run).nodes:
+            if ranks & set(node.ranks or ()) and (nodes is None or node.name in nodes):
+                keep.add(node.name)
         if nodes is not None:
             keep &= set(nodes)
     return keep

@@ -26,6 +26,7 @@ from clusterrun.preflight.report import Blocked, Pairs
 from clusterrun.remote import protocol, stallreport
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
+from clusterrun.runs.records import PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.programs import Interpreter, ProgramError, start
@@ -104,7 +105,7 @@ class _Host:
 def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links:
     """Every host of the run's current attempt to every other, on the run's addresses."""
     attempt = attempts.current(run)
-    addresses = {n["name"]: str(n.get("address") or n["host"]) for n in attempt.plan["nodes"]}
+    addresses = {n.name: n.address or n.host for n in PlanRecord.of(attempt).nodes}
     out = Links([], [], addresses)
     if len(addresses) < 2:  # one host: its ranks talk over loopback, no link to test
         return out
