@@ -324,3 +324,21 @@ def test_launch_ships_py_spy_once_by_content_to_hosts_without_one(tmp_path: Path
     facts = {"ptrace": sysinfo.ptrace(str(workdir))}  # type: ignore[no-untyped-call]
     assert facts["ptrace"]["shipped"] == [copy.name]
     assert launch(facts) == [] and said == []
+
+
+def test_stacks_rank_asks_the_node_whose_range_holds_it(tmp_path: Path) -> None:
+    """plan.json keeps a node's ranks as [first, last]: `stacks --rank 3` asks the node of
+    ranks 0-7, not only a node whose first or last rank is 3."""
+    import json
+
+    from clusterrun.runs.store import RunDir
+    from clusterrun.stacks.collect import _nodes_for
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    (run.path / "plan.json").write_text(json.dumps({"nodes": [
+        {"name": "gpu-a", "host": "10.0.0.1", "node_rank": 0, "ranks": [0, 7]},
+        {"name": "gpu-b", "host": "10.0.0.2", "node_rank": 1, "ranks": [8, 15]}]}))
+    assert _nodes_for(run, None, {3}) == {"gpu-a"}
+    assert _nodes_for(run, None, {7, 8}) == {"gpu-a", "gpu-b"}
+    assert _nodes_for(run, None, {16}) == set()

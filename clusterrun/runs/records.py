@@ -243,6 +243,12 @@ class PlanNode:
     ranks: Optional[tuple[int, ...]] = None  # as plan.json keeps them: [first, last]
     address: Optional[str] = None  # where its ranks talk to the others
 
+    def holds(self, rank: int) -> bool:
+        """Whether ``rank`` runs on this node (plan.json's ``[first, last]``, both included)."""
+        if not self.ranks or len(self.ranks) != 2:
+            return False
+        return self.ranks[0] <= rank <= self.ranks[1]
+
     @classmethod
     def from_json(cls, raw: object) -> Optional[PlanNode]:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):

@@ -75,7 +75,7 @@ def _nodes_for(run: RunDir, nodes: Optional[set[str]],
     keep = set(nodes or ())
     if ranks is not None:
         for node in PlanRecord.of(run).nodes:
-            if ranks & set(node.ranks or ()) and (nodes is None or node.name in nodes):
+            if any(node.holds(r) for r in ranks) and (nodes is None or node.name in nodes):
                 keep.add(node.name)
         if nodes is not None:
             keep &= set(nodes)
