@@ -158,3 +158,19 @@ def test_a_plan_reads_as_the_fields_its_readers_use(tmp_path: Path) -> None:
     b = plan.node("b")
     assert b is not None and (b.address, b.ranks) == (None, (2, 3)) and plan.node("c") is None
     assert PlanRecord.of(store.RunDir(tmp_path / "none")) == PlanRecord()
+    assert b.holds(2) and b.holds(3) and not b.holds(1) and not b.holds(4)
+
+
+def test_a_settled_summary_records_the_environment_the_plan_ran(tmp_path: Path) -> None:
+    """A run nobody watched to its end is settled later (`ps`, `logs`): its summary still says
+    which `environment:` lock the hosts ran, as the launch's own does."""
+    from clusterrun.logs import settle
+
+    run = store.RunDir(tmp_path / RUN_ID)
+    run.path.mkdir()
+    store.write_json(run.file("plan.json"), {"run_id": RUN_ID, "environment": "e3b0c442",
+                                            "nodes": [{"name": "a", "ranks": [0, 1]}]})
+    summary = settle._summary(run, {"a": NodeState.from_json({"state": "succeeded",
+                                                              "exit_code": 0})},
+                              [], root=None, status=0, checks={})
+    assert summary.to_json()["environment"] == "e3b0c442"

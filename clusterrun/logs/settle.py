@@ -129,4 +129,4 @@ def _summary(run: RunDir, per_node: dict[str, NodeState], unreachable: list[str]
             state.reason or (state.error if lost else None),
             {str(r): c for r, c in sorted(state.rank_exits.items())}))
     return Summary(run.id, status, None, root, tuple(nodes), checks,
-                   settled_by=SETTLED)
+                   settled_by=SETTLED, environment=plan.environment)
