@@ -33,7 +33,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 # What a measurement depends on: a change here outside the results files the benchmarks write
 # themselves marks the results "dirty" (a change to the docs does not).
 CODE = ("clusterrun", "benchmarks", "payloads", "pyproject.toml")
-RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json")
+RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json",
+           "benchmarks/environments")
 
 
 def _git(*args: str) -> str:

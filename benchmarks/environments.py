@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from common import REPO, cluster, ssh_argv  # puts the repository on sys.path
+from common import REPO, cluster, finish, provenance, ssh_argv  # puts the repository on sys.path
 
 from clusterrun import sandbox
 
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--out", default=None,
                         help="default: benchmarks/environments[-light].json")
     args = parser.parse_args()
+    prov = provenance()
     results = []
     with tempfile.TemporaryDirectory(prefix="clusterrun-envbench-") as folder:
         tmp = Path(folder)
@@ -133,7 +134,8 @@ def main() -> None:
             results.append(dict(one_size(tmp, n, args.rounds, light=args.light), light=args.light))
             print(json.dumps(results[-1]), flush=True)
     name = "environments-light.json" if args.light else "environments.json"
-    Path(args.out or Path(__file__).with_name(name)).write_text(json.dumps(results, indent=1)
+    record = {"provenance": finish(prov), "results": results}  # what the figures came from
+    Path(args.out or Path(__file__).with_name(name)).write_text(json.dumps(record, indent=1)
                                                                 + "\n")
 
 
