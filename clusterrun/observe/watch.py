@@ -22,7 +22,7 @@ from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import Process, SshOptions, Transport, connect, shell
-from clusterrun.transport.programs import drain, send
+from clusterrun.transport.programs import drain, read_lines, send
 
 RECONNECT = 5.0  # seconds between tries to reach a lost host again
 
@@ -73,18 +73,8 @@ class Link:
             self._disconnect()
 
     def read(self, proc: Process) -> None:
-        buffer = b""
-        while True:
-            try:
-                chunk = proc.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                self.take(line.strip())
+        for line in read_lines(proc):
+            self.take(line.strip())
         if self.proc is proc:
             said = bytes(self.stderr).decode("utf-8", "replace").strip().splitlines()
             self.down = "connection closed" + (f": {said[-1]}" if said else "")

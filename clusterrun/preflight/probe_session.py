@@ -15,7 +15,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.remote import protocol
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
-from clusterrun.transport.programs import ProgramError, park, start
+from clusterrun.transport.programs import ProgramError, park, read_lines, start
 
 _EOF = object()
 _NEXT = object()  # the probe has ended and its interpreter waits for the next program
@@ -40,22 +40,12 @@ class ProbeSession:
         self.facts: dict[str, Any] = self._answer(protocol.Probe.FACTS)
 
     def _read(self) -> None:
-        buf = b""
-        while True:
-            try:
-                chunk = self._proc.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self._lines.put(_EOF)
+        for line in read_lines(self._proc):
+            if line == shell.NEXT:  # the last line of its output: stop reading there
+                self._lines.put(_NEXT)
                 return
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if line == shell.NEXT:  # the last line of its output: stop reading there
-                    self._lines.put(_NEXT)
-                    return
-                self._lines.put(line)
+            self._lines.put(line)
+        self._lines.put(_EOF)
 
     def _answer(self, key: str) -> Any:
         try:

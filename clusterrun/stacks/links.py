@@ -29,7 +29,7 @@ from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
-from clusterrun.transport.programs import Interpreter, ProgramError, start
+from clusterrun.transport.programs import Interpreter, ProgramError, read_lines, start
 
 PAIR_SECONDS = mesh.PAIR_SECONDS  # a connect that takes longer is a broken link, as in `check`
 LISTEN_SECONDS = 20.0  # the program's start on a host (its interpreter, over SSH)
@@ -60,21 +60,11 @@ class _Host:
         self._reader.start()
 
     def _read(self) -> None:
-        buf = b""
-        while True:
-            try:
-                chunk = self.interp.proc.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.answers.put(None)
-                return
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if line.startswith(protocol.EVENT):
-                    with contextlib.suppress(ValueError):
-                        self.answers.put(json.loads(line[len(protocol.EVENT):]))
+        for line in read_lines(self.interp.proc):
+            if line.startswith(protocol.EVENT):
+                with contextlib.suppress(ValueError):
+                    self.answers.put(json.loads(line[len(protocol.EVENT):]))
+        self.answers.put(None)
 
     def answer(self, key: str, timeout: float) -> Any:
         try:

@@ -6,7 +6,7 @@ import contextlib
 import json
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -43,6 +43,22 @@ def drain(proc: Process, limit: int = 64 * 1024) -> tuple[threading.Thread, byte
     thread = threading.Thread(target=pump, daemon=True, name="clusterrun-stderr")
     thread.start()
     return thread, tail
+
+
+def read_lines(proc: Process) -> Iterator[bytes]:
+    """A program's stdout line by line (without the newline), as it arrives, until the stream
+    ends or fails (an unfinished last line is dropped: it was never written whole)."""
+    buf = b""
+    while True:
+        try:
+            chunk = proc.recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        *done, buf = buf.split(b"\n")
+        yield from done
 
 
 def send(proc: Process, program: str, request: dict[str, Any], *, chain: bool = False) -> None:
