@@ -11,14 +11,19 @@ hosts with their own py-spy can be read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import shutil
 import struct
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
+
+from clusterrun.home import home
 
 INSTALL = "pip install py-spy"
 
@@ -88,18 +93,49 @@ def local() -> Optional[Binary]:
     path = here if os.path.isfile(here) else shutil.which("py-spy")
     if not path:
         return None
-    return read(path)
+    return read(path, remember=True)
 
 
-def read(path: str) -> Binary:
-    digest = hashlib.sha256()
+def read(path: str, *, remember: bool = False) -> Binary:
+    """The binary at ``path``. With ``remember``, its digest is kept under $CLUSTERRUN_HOME by
+    the file's identity (inode, size, mtime), so each launch does not hash 8 MB again; a file
+    that changed in any of those is hashed anew."""
+    stat = os.stat(path)
+    key = {"path": os.path.realpath(path), "ino": stat.st_ino, "size": stat.st_size,
+           "mtime_ns": stat.st_mtime_ns}
+    remembered = home() / "cache" / "pyspy.json"
+    sha = _remembered_sha(remembered, key) if remember else None
     with open(path, "rb") as handle:
         head = handle.read(64)
-        digest.update(head)
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+        if sha is None:
+            digest = hashlib.sha256(head)
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+            sha = digest.hexdigest()
+            if remember:
+                _remember(remembered, {**key, "sha": sha})
     system, machine = header_kind(head)
-    return Binary(path, digest.hexdigest(), os.path.getsize(path), system, machine)
+    return Binary(path, sha, stat.st_size, system, machine)
+
+
+def _remembered_sha(file: Path, key: dict[str, object]) -> Optional[str]:
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or {k: found.get(k) for k in key} != key:
+        return None
+    sha = found.get("sha")
+    return sha if isinstance(sha, str) and len(sha) == 64 else None
+
+
+def _remember(file: Path, entry: dict[str, object]) -> None:
+    # Only a shortcut: a home that cannot be written costs the hash next time, nothing else.
+    with contextlib.suppress(OSError):
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = file.with_name(f"{file.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(entry), encoding="utf-8")
+        os.replace(temporary, file)
 
 
 def chunks(binary: Binary) -> list[bytes]:

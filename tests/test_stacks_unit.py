@@ -3,6 +3,7 @@ words, and what `check` says about a host where stacks cannot be taken."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -342,3 +343,34 @@ def test_stacks_rank_asks_the_node_whose_range_holds_it(tmp_path: Path) -> None:
     assert _nodes_for(run, None, {3}) == {"gpu-a"}
     assert _nodes_for(run, None, {7, 8}) == {"gpu-a", "gpu-b"}
     assert _nodes_for(run, None, {16}) == set()
+
+
+def test_pyspy_digest_remembered_by_file_identity(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch reads py-spy's digest from $CLUSTERRUN_HOME instead of hashing 8 MB again;
+    a binary that changed (size, mtime or inode) is hashed anew, and a home that cannot be
+    written costs only the hash."""
+    import hashlib
+
+    from clusterrun import pyspy
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(home))
+    binary = tmp_path / "py-spy"
+    binary.write_bytes(b"\x7fELF" + bytes(range(256)) * 16)
+    first = pyspy.read(str(binary), remember=True)
+    assert first.sha == hashlib.sha256(binary.read_bytes()).hexdigest()
+    kept = home / "cache" / "pyspy.json"
+    assert json.loads(kept.read_text())["sha"] == first.sha
+    kept.write_text(kept.read_text().replace(first.sha, "f" * 64))  # proves the file is read
+    assert pyspy.read(str(binary), remember=True).sha == "f" * 64
+    assert pyspy.read(str(binary)).sha == first.sha  # without remember: always hashed
+
+    binary.write_bytes(b"\x7fELF" + bytes(range(256)) * 17)
+    changed = pyspy.read(str(binary), remember=True)
+    assert changed.sha == hashlib.sha256(binary.read_bytes()).hexdigest() != first.sha
+
+    blocked = tmp_path / "a-file"  # a home under a file: no one, root included, writes there
+    blocked.write_text("")
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(blocked / "home"))
+    assert pyspy.read(str(binary), remember=True).sha == changed.sha

@@ -23,7 +23,6 @@ from clusterrun.plan.build import EnvSources
 from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
-from clusterrun.stacks.ship import hash_ahead
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
 
@@ -98,8 +97,6 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
         environment.read_env_file(sources.env_file)
     if opts.master_port is not None:
         inv = dataclasses.replace(inv, master_port=opts.master_port)
-    if opts.stall_timeout > 0 and not opts.dry_run:  # launch may ship it (stacks/ship.py)
-        hash_ahead()
     # One connection per host, opened by preflight and reused by sync and the supervisors.
     with Connections(ssh) as pool:
         warm = _warm(inv, pool, home, err)

@@ -11,7 +11,6 @@ is said and the run goes on: the watchdog there counts growing CPU as progress, 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -23,12 +22,6 @@ from clusterrun.transport import Transport, parallel
 from clusterrun.transport.programs import call
 
 SECONDS = 120.0  # for all hosts: 8 MB each, at once
-
-
-def hash_ahead() -> None:
-    """Hash this machine's py-spy (8 MB) on a thread of its own while preflight runs, so that
-    ``ship`` finds it done (pyspy.local keeps it) and a warm launch waits for nothing."""
-    threading.Thread(target=pyspy.local, daemon=True, name="clusterrun-pyspy-hash").start()
 
 
 def copy_name(binary: pyspy.Binary) -> str:
