@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from clusterrun.home import home_setting
-from clusterrun.inventory.pylock import PythonEnv
+
+if TYPE_CHECKING:  # read by inventory/lockfile.py only for an inventory with `environment:`
+    from clusterrun.inventory.pylock import PythonEnv
 
 AUTO = "auto"
 

@@ -7,9 +7,9 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, lockfile, ranges, slurm, values, yaml_lines
+from clusterrun.inventory import hostfile, ranges, slurm, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
@@ -22,6 +22,9 @@ from clusterrun.inventory.hosts import (
     local_workdir,
 )
 from clusterrun.inventory.yaml_lines import Located
+
+if TYPE_CHECKING:
+    from clusterrun.inventory.pylock import PythonEnv
 
 _HOST_SETTINGS = (
     "user",
@@ -61,6 +64,14 @@ def _replace(spec: HostSpec, **changes: Any) -> HostSpec:
     return replace(spec, **changes)
 
 
+def _environment(chk: _Checker, value: Located) -> Optional[PythonEnv]:
+    # Imported here: reading a lock (TOML, uv's graph) is for inventories that have one, and
+    # every command reads an inventory.
+    from clusterrun.inventory import lockfile
+
+    return lockfile.parse(chk, value)
+
+
 def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
     """Parse the keys a host and `defaults` share; absent keys are absent from the result."""
     parsers: dict[str, Callable[[Located], Any]] = {
@@ -80,7 +91,7 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
                                            values.CONTAINER_RULE),
         "container_engine": lambda v: values.engine(chk, v),
         "proxy_jump": lambda v: _jump(chk, v),
-        "environment": lambda v: lockfile.parse(chk, v),
+        "environment": lambda v: _environment(chk, v),
         "container_user": lambda v: values.text(chk, v, "container_user",
                                                 values.CONTAINER_USER_RE,
                                                 "give a user name or uid, optionally :group."),

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
-from clusterrun.envs.sync import EnvReport
 from clusterrun.errors import PreflightError, Result, UnreachableError, UsageError
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.slots import Slots
@@ -26,7 +25,8 @@ from clusterrun.preflight.report import CheckReport
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # environments are imported when an inventory has one (launch's start time)
+    from clusterrun.envs.sync import EnvReport
     from clusterrun.envs.warm import Warm
 
 __all__ = ["LaunchOptions", "execute", "job_for", "run"]
