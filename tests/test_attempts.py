@@ -215,7 +215,7 @@ def test_the_current_attempts_hosts_are_the_ones_reached(restarted: store.RunDir
     specs = remote.host_specs(attempts.current(restarted))
     assert [spec.name for spec, _ in specs] == SECOND
     assert [spec.host for spec, _ in specs] == ["10.0.2.1", "10.0.2.2", "10.0.2.3"]
-    assert [node["rundir"].rsplit("/", 2)[1] for _, node in specs] == ["a2"] * 3
+    assert [node.rundir.rsplit("/", 2)[1] for _, node in specs] == ["a2"] * 3
 
 
 class _NoLogs:

@@ -258,6 +258,7 @@ def test_a_host_that_connects_after_top_let_it_go_is_not_left_connected(
 
     from clusterrun.inventory import HostSpec
     from clusterrun.observe import watch as watching
+    from clusterrun.runs.records import PlanNode
     from clusterrun.transport import SshOptions
 
     release = threading.Event()
@@ -272,7 +273,8 @@ def test_a_host_that_connects_after_top_let_it_go_is_not_left_connected(
     monkeypatch.setattr(watching, "drain", lambda _proc, _limit: (None, bytearray()))
     monkeypatch.setattr(watching, "send", lambda *_args: None)
     spec = HostSpec(host="10.0.0.1", name="gpu-a", master=True, line=1)
-    link = watching.Link(spec, {"rundir": "/tmp/r/gpu-a", "ranks": [0, 0]}, SshOptions())
+    node = PlanNode("gpu-a", "10.0.0.1", 0, (0, 0), rundir="/tmp/r/gpu-a")
+    link = watching.Link(spec, node, SshOptions())
     opening = threading.Thread(target=link.open)
     opening.start()
     link.close()  # while it connects

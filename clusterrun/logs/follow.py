@@ -13,7 +13,7 @@ from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
 from clusterrun.remote import protocol
 from clusterrun.runs import attempts
-from clusterrun.runs.records import RunStatus
+from clusterrun.runs.records import PlanNode, RunStatus
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
 from clusterrun.transport import SshOptions, Transport
@@ -34,11 +34,11 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
     while it is followed (a detached run's hub says when the run stalls)."""
     ends: dict[str, dict[str, Any]] = {}
 
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> None:
+    def one(transport: Transport, spec: HostSpec, node: PlanNode) -> None:
         # In the interpreter the command's status or stop left there, when there is one, and
         # left for the next program after it (programs.start): one login for the command.
         started = start(transport, spec, "tail.py", {
-            "rundir": node["rundir"], "follow": keep_following,
+            "rundir": node.rundir, "follow": keep_following,
             "offsets": mirror.offsets(spec.name)}, chain=True)
 
         def on_event(raw: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, Ra
 from clusterrun.remote import protocol
 from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs import remote as remote_runs
+from clusterrun.runs.records import PlanNode
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import Process, SshOptions, Transport, connect, shell
 from clusterrun.transport.programs import drain, read_lines, send
@@ -30,7 +31,7 @@ RECONNECT = 5.0  # seconds between tries to reach a lost host again
 class Link:
     """One host: its connection, its sampler, and the last answer it gave."""
 
-    def __init__(self, spec: HostSpec, node: dict[str, Any], ssh: SshOptions) -> None:
+    def __init__(self, spec: HostSpec, node: PlanNode, ssh: SshOptions) -> None:
         self.spec = spec
         self.node = node
         self.ssh = ssh
@@ -58,9 +59,9 @@ class Link:
             self.transport = connect(self.spec, self.ssh)
             proc = self.transport.run(shell.remote_python(self.spec, site=False))
             _, self.stderr = drain(proc, 4096)
-            send(proc, "sampler.py", {"rundir": self.node["rundir"],
-                                      "interface": self.node.get("interface"),
-                                      "ranks": self.node.get("ranks")})
+            send(proc, "sampler.py", {"rundir": self.node.rundir,
+                                      "interface": self.node.interface,
+                                      "ranks": self.node.ranks})
             self.proc, self.down = proc, None
             threading.Thread(target=self.read, args=(proc,), daemon=True,
                              name=f"top-{self.name}").start()
@@ -189,14 +190,14 @@ class Watch:
         hosts, ranks = [], []
         for link in self.links:
             status, why = self.host_status(link)
-            interface = str(link.node.get("interface") or "")
+            interface = link.node.interface or ""
             reply = link.latest if status == OK else None
             if reply is not None:
                 host = HostSample.from_reply(link.name, interface, reply["host"])
                 ranks += [RankSample.from_reply(link.name, r) for r in reply["ranks"]]
             else:
                 host = HostSample(node=link.name, status=status, reason=why, interface=interface)
-                first, last = link.node.get("ranks") or (0, -1)
+                first, last = link.node.ranks or (0, -1)
                 ranks += [RankSample(rank=r, node=link.name) for r in range(first, last + 1)]
             hosts.append(host)
         ranks.sort(key=lambda r: r.rank)

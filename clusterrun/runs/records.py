@@ -242,6 +242,9 @@ class PlanNode:
     node_rank: Optional[int] = None
     ranks: Optional[tuple[int, ...]] = None  # as plan.json keeps them: [first, last]
     address: Optional[str] = None  # where its ranks talk to the others
+    rundir: str = ""  # the attempt's folder on the host
+    python: Optional[str] = None  # the interpreter its ranks ran (their environment's)
+    interface: Optional[str] = None  # the data interface its ranks use
 
     def holds(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (plan.json's ``[first, last]``, both included)."""
@@ -257,7 +260,8 @@ class PlanNode:
         return cls(raw["name"], str(raw.get("host") or ""), _int(raw.get("node_rank")),
                    tuple(r for r in ranks if _int(r) is not None)
                    if isinstance(ranks, list) else None,
-                   _str(raw.get("address")))
+                   _str(raw.get("address")), str(raw.get("rundir") or ""),
+                   _str(raw.get("python")), _str(raw.get("interface")))
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ those of ``attempts.current(run)``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 from clusterrun import wire
 from clusterrun.inventory import HostSpec
 from clusterrun.runs import connections
-from clusterrun.runs.records import NodeState
+from clusterrun.runs.records import NodeState, PlanNode
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.pool import Connections
@@ -20,14 +20,17 @@ from clusterrun.transport.programs import call
 
 T = TypeVar("T")
 
-def host_specs(run: RunDir) -> list[tuple[HostSpec, dict[str, Any]]]:
+def host_specs(run: RunDir) -> list[tuple[HostSpec, PlanNode]]:
     """Each node's connection settings and plan entry, from the attempt's plan.json."""
     out = []
-    for node in run.plan.get("nodes", []):
-        conn = dict(node.get("connection") or {})
-        conn.setdefault("host", node["host"])
-        conn.setdefault("name", node["name"])
-        spec = HostSpec(master=node.get("node_rank") == 0, line=0,
+    for raw in run.plan.get("nodes", []):
+        node = PlanNode.from_json(raw)
+        if node is None:
+            continue
+        conn = dict(raw.get("connection") or {})
+        conn.setdefault("host", node.host)
+        conn.setdefault("name", node.name)
+        spec = HostSpec(master=node.node_rank == 0, line=0,
                         **{k: v for k, v in conn.items() if v is not None})
         out.append((spec, node))
     return out
@@ -39,7 +42,7 @@ def _connections(ssh: SshOptions) -> Connections:
     return held.pool(ssh, Connections) if held is not None else Connections(ssh)
 
 
-def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, dict[str, Any]], T],
+def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, PlanNode], T],
                deadline: Optional[float]) -> parallel.GroupResult[HostSpec, T]:
     """``fn(transport, spec, plan entry)`` on every node of a run at once, over the command's
     connection to it (runs/connections.py)."""
@@ -67,8 +70,8 @@ def each_node(run: RunDir, ssh: SshOptions, fn: Callable[[Transport, HostSpec, d
 def status(run: RunDir, ssh: SshOptions) -> dict[str, NodeState]:
     """Per node, the supervisor's state.json there; a host that could not be asked is
     ``unreachable``, with the reason."""
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> NodeState:
-        reply = wire.parse(call(transport, spec, "status.py", {"rundir": node["rundir"]},
+    def one(transport: Transport, spec: HostSpec, node: PlanNode) -> NodeState:
+        reply = wire.parse(call(transport, spec, "status.py", {"rundir": node.rundir},
                                 timeout=30))
         if not isinstance(reply, wire.Status):
             raise wire.ProtocolError(f"{spec.name}: status.py answered {reply}")
@@ -93,9 +96,9 @@ class Stopped:
 
 
 def stop(run: RunDir, ssh: SshOptions, grace: float, force: bool) -> dict[str, Stopped]:
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> Stopped:
+    def one(transport: Transport, spec: HostSpec, node: PlanNode) -> Stopped:
         reply = wire.parse(call(transport, spec, "stop.py",
-                                {"rundir": node["rundir"], "grace": grace, "force": force},
+                                {"rundir": node.rundir, "grace": grace, "force": force},
                                 timeout=grace + 30))
         if not isinstance(reply, wire.StopResult):
             raise wire.ProtocolError(f"{spec.name}: stop.py answered {reply}")

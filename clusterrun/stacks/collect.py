@@ -10,7 +10,7 @@ from clusterrun.remote import layout
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
-from clusterrun.runs.records import PlanRecord
+from clusterrun.runs.records import PlanNode, PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.model import Collected, from_reply
 from clusterrun.stacks.profile import judged, stragglers
@@ -20,10 +20,10 @@ from clusterrun.transport.programs import call
 TIMEOUT = 30.0  # per host: py-spy itself answers in well under a second per rank
 
 
-def _request(node: dict[str, Any], ranks: Optional[list[int]],
+def _request(node: PlanNode, ranks: Optional[list[int]],
              binary: Optional[pyspy.Binary]) -> dict[str, Any]:
-    return {"rundir": node["rundir"], "python": node.get("python"),
-            "tools": layout.tools_dir(node["rundir"]),  # a shipped py-spy, for every run there
+    return {"rundir": node.rundir, "python": node.python,
+            "tools": layout.tools_dir(node.rundir),  # a shipped py-spy, for every run there
             "ranks": ranks,
             "pyspy": {"sha": binary.sha, "size": binary.size} if binary else None}
 
@@ -36,7 +36,7 @@ def unfit(name: str, binary: pyspy.Binary, reply: dict[str, Any]) -> str:
             f"host's Python environment ({pyspy.INSTALL})")
 
 
-def ask(transport: Transport, spec: HostSpec, node: dict[str, Any],
+def ask(transport: Transport, spec: HostSpec, node: PlanNode,
         ranks: Optional[list[int]] = None, profile: Optional[float] = None) -> dict[str, Any]:
     """One node's answer (remote/stacks.py), shipping py-spy if the host has none. With
     ``profile`` (seconds) every rank is sampled through that window first (--profile)."""
@@ -90,7 +90,7 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
     wanted = _nodes_for(attempt, nodes, ranks)
     rank_list = sorted(ranks) if ranks is not None else None
 
-    def one(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> dict[str, Any]:
+    def one(transport: Transport, spec: HostSpec, node: PlanNode) -> dict[str, Any]:
         if wanted is not None and spec.name not in wanted:
             return {"skipped": True}
         return ask(transport, spec, node, rank_list, profile)

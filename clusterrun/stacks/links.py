@@ -26,7 +26,7 @@ from clusterrun.preflight.report import Blocked, Pairs
 from clusterrun.remote import protocol, stallreport
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
-from clusterrun.runs.records import PlanRecord
+from clusterrun.runs.records import PlanNode, PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions, Transport, parallel
 from clusterrun.transport.programs import Interpreter, ProgramError, read_lines, start
@@ -100,7 +100,7 @@ def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links
     if len(addresses) < 2:  # one host: its ranks talk over loopback, no link to test
         return out
 
-    def listen(transport: Transport, spec: HostSpec, node: dict[str, Any]) -> _Host:
+    def listen(transport: Transport, spec: HostSpec, node: PlanNode) -> _Host:
         host = _Host(transport, spec, addresses[spec.name])
         try:
             host.port = int(host.answer("port", LISTEN_SECONDS))
