@@ -62,7 +62,7 @@ def main() -> int:
         containers.run(sb, HOST, BOX)
         docker.enable(sb, [HOST])
         docker.run(sb, HOST, BOX)
-        view = sandbox_cluster.read_state(sb.root)["view"]
+        view = sandbox_cluster.read_state(sb.root).view
         with_docker = {**sshd.SESSION_ENV,
                        "DOCKER_HOST": f"unix://{dockerd.socket_path(view, HOST)}"}
         candidates = {

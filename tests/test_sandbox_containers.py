@@ -132,12 +132,13 @@ def test_a_hosts_own_dockerd_is_found_through_ssh_and_leaves_nothing(tmp_path: P
         for host in ("node1", "node2"):
             sandbox_docker.run(sb, host, "job")
         sandbox_docker.docker(sb, "node1", "exec", "job", "touch", "/tmp/only-in-1")
-        view = sandbox_cluster.read_state(sb.root)["view"]
+        view = sandbox_cluster.read_state(sb.root).view
         seen = ssh(sb, "node2", 'echo "$DOCKER_HOST"; docker exec job ls -a / /tmp').split()
         assert seen[0] == f"unix://{sandbox_dockerd.socket_path(view, 'node2')}"
         assert ".dockerenv" in seen and "only-in-1" not in seen
-        entry = sandbox_cluster.read_state(sb.root)["docker"]["hosts"]
-        daemons = {h: entry[h]["daemon"]["pid"] for h in ("node1", "node2")}
+        docker = sandbox_cluster.read_state(sb.root).docker
+        assert docker is not None
+        daemons = {h: docker.hosts[h].daemon.pid for h in ("node1", "node2")}
         inits = {h: int(sandbox_docker.docker(sb, h, "inspect", "--format", "{{.State.Pid}}",
                                               "job").stdout) for h in ("node1", "node2")}
         sandbox_docker.disable(sb, ["node1"])

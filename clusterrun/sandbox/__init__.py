@@ -4,9 +4,6 @@ trying clusterrun and for its test suite."""
 from clusterrun.sandbox.cluster import (
     PARTITION_TABLE,
     Sandbox,
-    SandboxHost,
-    SandboxNetwork,
-    SandboxNic,
     add_network,
     down,
     exec_in,
@@ -19,6 +16,7 @@ from clusterrun.sandbox.cluster import (
     up,
 )
 from clusterrun.sandbox.logins import logins
+from clusterrun.sandbox.state import SandboxHost, SandboxNetwork, SandboxNic
 from clusterrun.sandbox.support import require_support
 
 __all__ = ["PARTITION_TABLE", "Sandbox", "SandboxHost", "SandboxNetwork", "SandboxNic",

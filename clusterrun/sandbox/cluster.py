@@ -22,39 +22,12 @@ import yaml
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import daemons, dockerd, neighbours, net, sshd
+from clusterrun.sandbox.state import SandboxHost, SandboxNetwork, SandboxNic, SandboxState
 from clusterrun.sandbox.support import require_support
 
 STATE_FILE = "sandbox.json"
 PARTITION_TABLE = "clusterrun_partition"
 _KEY = sshd.KEY
-
-
-@dataclass(frozen=True)
-class SandboxHost:
-    name: str
-    netns: str
-    ifname: str
-    address: str
-    veth: str  # host side, in the root namespace: `ip link set VETH down` cuts the cable
-    sshd_pid: int
-
-
-@dataclass(frozen=True)
-class SandboxNic:
-    host: str
-    ifname: str
-    address: str
-    veth: str
-
-
-@dataclass(frozen=True)
-class SandboxNetwork:
-    """A network added by add_network(): its own bridge and one more NIC per host."""
-
-    bridge: str
-    subnet: str
-    controller_address: str
-    nics: tuple[SandboxNic, ...]
 
 
 @dataclass(frozen=True)
@@ -87,15 +60,12 @@ def up(n: int, root: Path, *, decoy: bool = False, python: str = sys.executable,
     if not 1 <= n <= net.MAX_HOSTS:
         raise SandboxError(f"a sandbox has 1 to {net.MAX_HOSTS} hosts, not {n}")
     rc_text, root = sshd.rc_text(rc_file), Path(root).resolve()
-    state: dict[str, Any] = {
-        "version": 1, "status": "building", "created_root": _prepare_root(root),
-        "decoy": decoy, "python": python, "hosts": [], "networks": [],
-        "rc_file": str(rc_file) if rc_file else None, "rc_text": rc_text,
-    }
+    created = _prepare_root(root)
     try:
-        _build(root, state, n)
+        state = _build(root, n, created=created, decoy=decoy, python=python,
+                       rc_file=str(rc_file) if rc_file else None, rc_text=rc_text)
     except BaseException as exc:
-        leftovers = _cleanup_after_failure(root, created=state["created_root"])
+        leftovers = _cleanup_after_failure(root, created=created)
         if not isinstance(exc, SandboxError):
             raise
         raise SandboxError(f"sandbox up failed: {exc.message}{leftovers}") from exc
@@ -108,15 +78,16 @@ def down(root: Path) -> None:
     if not (root / STATE_FILE).exists():
         return  # never built, or already removed; a directory without state is not ours to wipe
     state = read_state(root)
-    prefix = state["prefix"]
-    links = [state["bridge"]] + [h["veth"] for h in state["hosts"]]
-    for network in state["networks"]:
-        links += [network["bridge"]] + [nic["veth"] for nic in network["nics"]]
-    spaces = {h["netns"] for h in state["hosts"]}
-    errors = dockerd.stop(state["hosts"], state.get("docker", {"hosts": {}}), state["view"])
-    enabled = set(state.get("containers", {}).get("hosts", []))  # see sandbox.containers
-    sshd.remove_containers(root, [h for h in state["hosts"] if h["name"] in enabled])
-    errors += daemons.stop(state.get("slurm", {}).get("daemons", []))  # see sandbox.slurm
+    prefix = state.prefix
+    links = [state.bridge] + [h.veth for h in state.hosts]
+    for network in state.networks:
+        links += [network.bridge] + [nic.veth for nic in network.nics]
+    spaces = {h.netns for h in state.hosts}
+    docker = state.docker.hosts if state.docker else {}  # see sandbox.docker
+    errors = dockerd.stop(state.hosts, docker, state.view)
+    enabled = set(state.containers.hosts if state.containers else [])  # see sandbox.containers
+    sshd.remove_containers(root, [h for h in state.hosts if h.name in enabled])
+    errors += daemons.stop(state.slurm.daemons if state.slurm else [])  # see sandbox.slurm
     errors += net.remove_kernel_objects(prefix, sorted(spaces), links)
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):
@@ -132,7 +103,7 @@ def down(root: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    if state.get("created_root"):
+    if state.created_root:
         with contextlib.suppress(OSError):
             root.rmdir()
 
@@ -140,7 +111,7 @@ def down(root: Path) -> None:
 def load(root: Path) -> Sandbox:
     root = Path(root).resolve()
     state = read_state(root)
-    if state["status"] != "up":
+    if state.status != "up":
         raise SandboxError(f"the sandbox at {root} was never completely built; run down on it")
     return _from_state(root, state)
 
@@ -148,37 +119,36 @@ def load(root: Path) -> Sandbox:
 def add_network(sb: Sandbox, *, ifnames: Sequence[str] | None = None) -> dict[str, str]:
     """Give every host one more NIC on a new bridge and /24; return {host name: new address}."""
     state = read_state(sb.root)
-    index = len(state["networks"]) + 1
+    index = len(state.networks) + 1
     if index > net.MAX_NETWORKS:
         raise SandboxError(f"a sandbox has at most {net.MAX_NETWORKS} added networks")
-    hosts = state["hosts"]
+    hosts = state.hosts
     names = list(ifnames) if ifnames is not None else [
         net.nic_name(k, len(hosts), index) for k in range(1, len(hosts) + 1)
     ]
-    net.check_new_ifnames(state, names)
+    net.check_new_ifnames(hosts, state.networks, names)
     with net.allocation_lock():
         subnet = net.free_subnet()
-        entry: dict[str, Any] = {
-            "bridge": net.bridge_name(state["prefix"], index), "subnet": subnet,
-            "controller_address": net.gateway_address(subnet),
-            "nics": [{"host": h["name"], "ifname": name, "address": net.host_address(subnet, k),
-                      "veth": net.veth_name(state["prefix"], k, index)}
-                     for k, (h, name) in enumerate(zip(hosts, names), 1)],
-        }
-        state["networks"].append(entry)
+        entry = SandboxNetwork(
+            bridge=net.bridge_name(state.prefix, index), subnet=subnet,
+            controller_address=net.gateway_address(subnet),
+            nics=tuple(SandboxNic(host=h.name, ifname=name, address=net.host_address(subnet, k),
+                                  veth=net.veth_name(state.prefix, k, index))
+                       for k, (h, name) in enumerate(zip(hosts, names), 1)))
+        before, state.networks = state.networks, (*state.networks, entry)
         write_state(sb.root, state)  # first, so that down() removes whatever gets built
         try:
             _wire_network(hosts, entry)
         except SandboxError:
             errors: list[str] = []
             present = net.link_names()
-            for link in [entry["bridge"]] + [nic["veth"] for nic in entry["nics"]]:
+            for link in [entry.bridge] + [nic.veth for nic in entry.nics]:
                 if link in present:
                     net.delete_quietly(["ip", "link", "delete", link], errors)
-            state["networks"].pop()
+            state.networks = before
             write_state(sb.root, state)
             raise
-    return {nic["host"]: nic["address"] for nic in entry["nics"]}
+    return {nic.host: nic.address for nic in entry.nics}
 
 
 def partition(sb: Sandbox, host_name: str) -> None:
@@ -269,64 +239,66 @@ def _prepare_root(root: Path) -> bool:
         return created
 
 
-def _build(root: Path, state: dict[str, Any], n: int) -> None:
+def _build(root: Path, n: int, *, created: bool, decoy: bool, python: str,
+           rc_file: str | None, rc_text: str) -> SandboxState:
     with net.allocation_lock():
         prefix, subnet = net.new_prefix(), net.free_subnet()
-        state.update(
+        state = SandboxState(
+            created_root=created, decoy=decoy, python=python, rc_file=rc_file, rc_text=rc_text,
             prefix=prefix, bridge=net.bridge_name(prefix), subnet=subnet,
             controller_address=net.gateway_address(subnet), view=str(net.RUN_DIR / prefix),
-            hosts=[{"name": f"node{k}", "netns": net.netns_name(prefix, k),
-                    "ifname": net.nic_name(k, n), "address": net.host_address(subnet, k),
-                    "veth": net.veth_name(prefix, k), "sshd_pid": 0} for k in range(1, n + 1)],
-        )
+            hosts=tuple(SandboxHost(name=f"node{k}", netns=net.netns_name(prefix, k),
+                                    ifname=net.nic_name(k, n), address=net.host_address(subnet, k),
+                                    veth=net.veth_name(prefix, k), sshd_pid=0)
+                        for k in range(1, n + 1)))
         write_state(root, state)  # before any kernel object exists, so down() finds them all
         with net.step("create the mount point directory"):
             (net.RUN_DIR / prefix).mkdir(mode=0o700)
         neighbours.make_room(n)
         # The bridge's address claims the subnet for sandboxes started after the lock is released.
-        net.ip_batch(net.bridge_lines(state["bridge"], state["controller_address"], "24"),
+        net.ip_batch(net.bridge_lines(state.bridge, state.controller_address, "24"),
                      step="create the bridge")
-    hosts = state["hosts"]
+    hosts = state.hosts
     with net.step("write host files"):
         sshd.keygen(root / "id_ed25519", "clusterrun-sandbox")
         shutil.copyfile(root / "id_ed25519.pub", root / "authorized_keys")
-        net.parallel(lambda h: sshd.write_host_files(root, state["view"], h, hosts,
-                                                   state.get("rc_text") or ""), hosts)
+        net.parallel(lambda h: sshd.write_host_files(root, state.view, h, hosts, state.rc_text),
+                     hosts)
     net.ip_batch([line for h in hosts for line in
-                  [f"netns add {h['netns']}", *net.veth_lines(h["netns"], h["veth"], h["ifname"],
-                                                           state["bridge"])]],
+                  [f"netns add {h.netns}", *net.veth_lines(h.netns, h.veth, h.ifname,
+                                                          state.bridge)]],
                  step="create namespaces and veth pairs")
-    net.parallel(lambda h: net.ip_batch(net.inside_lines(h, state), step=f"configure {h['name']}",
-                                     netns=h["netns"]), hosts)
+    net.parallel(lambda h: net.ip_batch(net.inside_lines(h, decoy=state.decoy),
+                                        step=f"configure {h.name}", netns=h.netns), hosts)
     with net.step("start sshd"):
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-        shared = sshd.shared_under_tmp(state["python"])
-        procs = {h["name"]: sshd.start(root, state["view"], h, shared) for h in hosts}
-    sshd.wait_ready(root, hosts, procs)
+        shared = sshd.shared_under_tmp(state.python)
+        procs = {h.name: sshd.start(root, state.view, h, shared) for h in hosts}
+    state.set_pids(sshd.wait_ready(root, hosts, procs))
     with net.step("write known_hosts and inventory"):
-        keys = [sshd.pubkey(root / h["name"] / (_KEY + ".pub")) for h in hosts]
-        known = "".join(f"{h['address']} {key}\n" for h, key in zip(hosts, keys))
+        keys = [sshd.pubkey(root / h.name / (_KEY + ".pub")) for h in state.hosts]
+        known = "".join(f"{h.address} {key}\n" for h, key in zip(state.hosts, keys))
         sshd.write_private(root / "known_hosts", known)
         _write_inventory(root, state)
-        state["status"] = "up"
+        state.status = "up"
         write_state(root, state)
+    return state
 
 
-def _wire_network(hosts: list[dict[str, Any]], entry: dict[str, Any]) -> None:
-    plen = entry["subnet"].split("/")[1]
-    net.ip_batch(net.bridge_lines(entry["bridge"], entry["controller_address"], plen),
+def _wire_network(hosts: Sequence[SandboxHost], entry: SandboxNetwork) -> None:
+    plen = entry.subnet.split("/")[1]
+    net.ip_batch(net.bridge_lines(entry.bridge, entry.controller_address, plen),
                  step="add network: create the bridge")
-    pairs = list(zip(hosts, entry["nics"]))
+    pairs = list(zip(hosts, entry.nics))
     net.ip_batch([line for h, nic in pairs
-                  for line in net.veth_lines(h["netns"], nic["veth"], nic["ifname"],
-                                             entry["bridge"])],
+                  for line in net.veth_lines(h.netns, nic.veth, nic.ifname, entry.bridge)],
                  step="add network: create veth pairs")
 
-    def configure(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    def configure(pair: tuple[SandboxHost, SandboxNic]) -> None:
         host, nic = pair
-        net.ip_batch([f"addr add {nic['address']}/{plen} dev {nic['ifname']}",
-                      f"link set {nic['ifname']} up"],
-                     step=f"add network: configure {host['name']}", netns=host["netns"])
+        net.ip_batch([f"addr add {nic.address}/{plen} dev {nic.ifname}",
+                      f"link set {nic.ifname} up"],
+                     step=f"add network: configure {host.name}", netns=host.netns)
 
     net.parallel(configure, pairs)
 
@@ -344,27 +316,26 @@ def _cleanup_after_failure(root: Path, *, created: bool) -> str:
 # ---------------------------------------------------------------- files and state
 
 
-def write_state(root: Path, state: dict[str, Any]) -> None:
-    sshd.write_private(root / STATE_FILE, json.dumps(state, indent=2) + "\n")
+def write_state(root: Path, state: SandboxState) -> None:
+    sshd.write_private(root / STATE_FILE, json.dumps(state.to_json(), indent=2) + "\n")
 
 
-def read_state(root: Path) -> dict[str, Any]:
+def read_state(root: Path) -> SandboxState:
     try:
-        state: dict[str, Any] = json.loads((root / STATE_FILE).read_text())
+        return SandboxState.from_json(json.loads((root / STATE_FILE).read_text()))
     except FileNotFoundError:
         raise SandboxError(f"no sandbox at {root} ({STATE_FILE} is missing)") from None
     except (OSError, ValueError) as exc:
         raise SandboxError(f"cannot read {root / STATE_FILE}: {exc}") from None
-    return state
 
 
-def _write_inventory(root: Path, state: dict[str, Any]) -> None:
-    hosts = state["hosts"]
+def _write_inventory(root: Path, state: SandboxState) -> None:
+    hosts = state.hosts
     doc = {
         "defaults": {"user": "root", "identity_file": str(root / "id_ed25519"),
-                     "known_hosts": str(root / "known_hosts"), "python": state["python"],
+                     "known_hosts": str(root / "known_hosts"), "python": state.python,
                      "workdir": "/tmp/clusterrun"},
-        "hosts": [{"host": h["address"], "name": h["name"]} for h in hosts],
+        "hosts": [{"host": h.address, "name": h.name} for h in hosts],
     }
     header = (f"# clusterrun sandbox: {len(hosts)} hosts in network namespaces on this machine "
               "(clusterrun sandbox down removes them)\n")
@@ -372,15 +343,9 @@ def _write_inventory(root: Path, state: dict[str, Any]) -> None:
     (root / "inventory.yaml").write_text(text)
 
 
-def _from_state(root: Path, state: dict[str, Any]) -> Sandbox:
-    hosts = tuple(SandboxHost(**{k: h[k] for k in (
-        "name", "netns", "ifname", "address", "veth", "sshd_pid")}) for h in state["hosts"])
-    networks = tuple(
-        SandboxNetwork(nw["bridge"], nw["subnet"], nw["controller_address"],
-                       tuple(SandboxNic(**nic) for nic in nw["nics"]))
-        for nw in state["networks"])
+def _from_state(root: Path, state: SandboxState) -> Sandbox:
     return Sandbox(
-        root=root, prefix=state["prefix"], bridge=state["bridge"], subnet=state["subnet"],
-        controller_address=state["controller_address"], hosts=hosts,
+        root=root, prefix=state.prefix, bridge=state.bridge, subnet=state.subnet,
+        controller_address=state.controller_address, hosts=state.hosts,
         inventory=root / "inventory.yaml", identity_file=root / "id_ed25519",
-        known_hosts=root / "known_hosts", decoy=state["decoy"], networks=networks)
+        known_hosts=root / "known_hosts", decoy=state.decoy, networks=state.networks)

@@ -20,10 +20,10 @@ import subprocess
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import cluster, net, sshd
+from clusterrun.sandbox.state import ContainersState
 
 IMAGE = "clusterrun-sandbox:latest"
 PACKAGES = "podman crun conmon"
@@ -52,15 +52,16 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
     names = [sb.host(name).name for name in hosts] if hosts is not None else [
         h.name for h in sb.hosts]
     state = cluster.read_state(sb.root)
-    entry = state.setdefault("containers", {"hosts": [], "mounts": None, "path": CONTAINER_PATH,
-                                            "image": False})
-    new = [name for name in dict.fromkeys(names) if name not in entry["hosts"]]
+    if state.containers is None:
+        state.containers = ContainersState(path=CONTAINER_PATH, hosts=[])
+    entry = state.containers
+    new = [name for name in dict.fromkeys(names) if name not in entry.hosts]
     if not new:
         return
-    view = state["view"]
+    view = state.view
     with net.step("write the container engines' configuration"):
-        if entry["mounts"] is None:
-            entry["mounts"], entry["path"] = python_mounts(state["python"])
+        if entry.mounts is None:
+            entry.mounts, entry.path = python_mounts(state.python)
         for name in new:
             (sb.root / name / sshd.CRUN_STATE).mkdir(parents=True, exist_ok=True)
             _write_config(sb.root / name / "containers", f"{view}/{name}/containers",
@@ -69,10 +70,10 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str] | None = None) -> None:
     # hosts recorded, and there can be none elsewhere. A retry after a failure mounts again,
     # over the first mounts, which does no harm.
     net.parallel(lambda name: _mount_config(sb, name, view), new)
-    if not entry["image"]:
+    if not entry.image:
         _import_image(sb, new[0], view)
-        entry["image"] = True
-    entry["hosts"] += new
+        entry.image = True
+    entry.hosts += new
     cluster.write_state(sb.root, state)
 
 
@@ -88,8 +89,8 @@ def run(sb: cluster.Sandbox, host: str, name: str, *, python: bool = True,
     """
     entry = _enabled(sb, host)
     if python:
-        mounts = ["/usr", *entry["mounts"]]
-        env = ["--env", f"PATH={entry['path']}"]
+        mounts = ["/usr", *(entry.mounts or [])]  # enable() has filled them in
+        env = ["--env", f"PATH={entry.path}"]
     else:
         mounts = [p for p in ("/usr/bin/sleep", "/usr/lib", "/usr/lib64") if os.path.exists(p)]
         env = []
@@ -118,10 +119,10 @@ def remove(sb: cluster.Sandbox, host: str, name: str) -> None:
 # ---------------------------------------------------------------- internals
 
 
-def _enabled(sb: cluster.Sandbox, host: str) -> dict[str, Any]:
+def _enabled(sb: cluster.Sandbox, host: str) -> ContainersState:
     sb.host(host)
-    entry: dict[str, Any] = cluster.read_state(sb.root).get("containers", {})
-    if host not in entry.get("hosts", []):
+    entry = cluster.read_state(sb.root).containers
+    if entry is None or host not in entry.hosts:
         raise SandboxError(f"containers are not enabled on {host}: call containers.enable first")
     return entry
 

@@ -12,11 +12,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clusterrun.errors import SandboxError
+from clusterrun.sandbox.state import DaemonRecord
 
 STOP_TIMEOUT = 5.0
 
@@ -25,7 +25,7 @@ STOP_TIMEOUT = 5.0
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def start(name: str, argv: Sequence[str], log: Path) -> dict[str, Any]:
+def start(name: str, argv: Sequence[str], log: Path) -> DaemonRecord:
     """Start a daemon in the foreground (argv must exec it, not fork: the pid is the
     daemon's), its output appended to log; return its record for the sandbox state."""
     with log.open("ab") as out:
@@ -38,24 +38,24 @@ def start(name: str, argv: Sequence[str], log: Path) -> dict[str, Any]:
     start_time = _start_time(proc.pid)
     if start_time is None:  # it died at once; the record must still name it
         start_time = -1
-    return {"name": name, "pid": proc.pid, "start": start_time}
+    return DaemonRecord(name=name, pid=proc.pid, start=start_time)
 
 
-def alive(record: Mapping[str, Any]) -> bool:
+def alive(record: DaemonRecord) -> bool:
     """Whether the recorded daemon still runs (a zombie does not)."""
-    child = _children.get(record["pid"])
+    child = _children.get(record.pid)
     if child is not None and child.poll() is not None:
         return False
-    return bool(_start_time(record["pid"]) == record["start"])
+    return _start_time(record.pid) == record.start
 
 
-def exit_status(record: Mapping[str, Any]) -> int | None:
+def exit_status(record: DaemonRecord) -> int | None:
     """The daemon's exit status, where this process started it and it has ended."""
-    child = _children.get(record["pid"])
+    child = _children.get(record.pid)
     return None if child is None else child.poll()
 
 
-def stop(groups: Sequence[Sequence[Mapping[str, Any]]],
+def stop(groups: Sequence[Sequence[DaemonRecord]],
          timeout: float = STOP_TIMEOUT) -> list[str]:
     """Stop the daemons one group after the other: SIGTERM, then SIGKILL for those still
     running after timeout. Return what survived, as error messages."""
@@ -65,7 +65,7 @@ def stop(groups: Sequence[Sequence[Mapping[str, Any]]],
             live = [r for r in group if alive(r)]
             for record in live:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(record["pid"], sig)
+                    os.kill(record.pid, sig)
             deadline = time.monotonic() + wait
             while live and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -73,7 +73,7 @@ def stop(groups: Sequence[Sequence[Mapping[str, Any]]],
             if not live:
                 break
         else:
-            errors += [f"{r['name']} (pid {r['pid']}) survives SIGKILL" for r in group if alive(r)]
+            errors += [f"{r.name} (pid {r.pid}) survives SIGKILL" for r in group if alive(r)]
     for pid, child in list(_children.items()):
         if child.poll() is not None:
             del _children[pid]

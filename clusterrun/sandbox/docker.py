@@ -20,10 +20,10 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import cluster, containers, daemons, dockerd, net, sshd
+from clusterrun.sandbox.state import DaemonRecord, DockerHost, DockerState
 
 IMAGE = containers.IMAGE  # docker names an imported image NAME:TAG, no localhost/ in front
 PACKAGE = "docker.io"
@@ -48,15 +48,16 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
     sessions DOCKER_HOST. Idempotent."""
     require_docker()
     state = cluster.read_state(sb.root)
-    entry = state.setdefault("docker", {"hosts": {}, "mounts": None,
-                                        "path": containers.CONTAINER_PATH})
-    new = [sb.host(name).name for name in dict.fromkeys(hosts) if name not in entry["hosts"]]
+    if state.docker is None:
+        state.docker = DockerState(path=containers.CONTAINER_PATH, hosts={})
+    entry = state.docker
+    new = [sb.host(name).name for name in dict.fromkeys(hosts) if name not in entry.hosts]
     if not new:
         return
-    view = state["view"]
+    view = state.view
     with net.step("write the docker daemons' files"):
-        if entry["mounts"] is None:
-            entry["mounts"], entry["path"] = containers.python_mounts(state["python"])
+        if entry.mounts is None:
+            entry.mounts, entry.path = containers.python_mounts(state.python)
         rootfs = sb.root / ROOTFS
         if not rootfs.exists():
             rootfs.write_bytes(containers.rootfs())
@@ -67,9 +68,9 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
             (home / "daemon.json").write_text("{}\n")
     # Each daemon is recorded before anything waits on it: down() stops what was started.
     for name in new:
-        entry["hosts"][name] = {"daemon": _start(sb, name, view), "cgroup": _cgroup(sb, name)}
+        entry.hosts[name] = DockerHost(daemon=_start(sb, name, view), cgroup=_cgroup(sb, name))
         cluster.write_state(sb.root, state)
-    net.parallel(lambda name: _wait_ready(sb, name, entry["hosts"][name]["daemon"]), new)
+    net.parallel(lambda name: _wait_ready(sb, name, entry.hosts[name].daemon), new)
     net.parallel(lambda name: _prepare(sb, name, view), new)
 
 
@@ -77,12 +78,11 @@ def disable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
     """Remove the hosts' containers, stop their daemons and take DOCKER_HOST out of their SSH
     sessions: the hosts are as before enable(), but for the daemons' files."""
     state = cluster.read_state(sb.root)
-    entry = state.get("docker", {"hosts": {}})
-    names = [name for name in hosts if name in entry["hosts"]]
+    enabled = state.docker.hosts if state.docker else {}
+    names = [name for name in hosts if name in enabled]
     for name in names:
         (sb.root / name / sshd.CONFIG).write_text("")
-    errors = dockerd.stop([h for h in state["hosts"] if h["name"] in names], entry,
-                          state["view"])
+    errors = dockerd.stop([h for h in state.hosts if h.name in names], enabled, state.view)
 
     def restart(name: str) -> None:
         host = sb.host(name)
@@ -90,7 +90,7 @@ def disable(sb: cluster.Sandbox, hosts: Sequence[str]) -> None:
 
     net.parallel(restart, names)
     for name in names:
-        del entry["hosts"][name]
+        del enabled[name]
     cluster.write_state(sb.root, state)
     if errors:
         raise SandboxError("docker disable left things behind: " + "; ".join(errors))
@@ -101,9 +101,10 @@ def run(sb: cluster.Sandbox, host: str, name: str, *, options: Sequence[str] = (
     removed, with the machine's /usr and the sandbox's Python mounted read-only at their own
     paths (the venv's bin first on PATH). options: e.g. --cap-add SYS_PTRACE."""
     entry = _enabled(sb, host)
-    volumes = [arg for path in ["/usr", *entry["mounts"]] for arg in ("-v", f"{path}:{path}:ro")]
+    mounts = ["/usr", *(entry.mounts or [])]  # enable() has filled them in
+    volumes = [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")]
     docker(sb, host, "run", "-d", "--name", name, "--network", "host", *volumes,
-           "--env", f"PATH={entry['path']}", *options, IMAGE, "sleep", "infinity")
+           "--env", f"PATH={entry.path}", *options, IMAGE, "sleep", "infinity")
 
 
 def remove(sb: cluster.Sandbox, host: str, name: str) -> None:
@@ -117,17 +118,17 @@ def docker(sb: cluster.Sandbox, host: str, *args: str,
            check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the docker client on the host, as an SSH session there would (DOCKER_HOST set)."""
     _enabled(sb, host)
-    view = cluster.read_state(sb.root)["view"]
+    view = cluster.read_state(sb.root).view
     return dockerd.client(sb.host(host).sshd_pid, host, view, list(args), check=check)
 
 
 # ---------------------------------------------------------------- internals
 
 
-def _enabled(sb: cluster.Sandbox, host: str) -> dict[str, Any]:
+def _enabled(sb: cluster.Sandbox, host: str) -> DockerState:
     sb.host(host)
-    entry: dict[str, Any] = cluster.read_state(sb.root).get("docker", {})
-    if host not in entry.get("hosts", {}):
+    entry = cluster.read_state(sb.root).docker
+    if entry is None or host not in entry.hosts:
         raise SandboxError(f"docker is not enabled on {host}: call docker.enable first")
     return entry
 
@@ -138,7 +139,7 @@ def _cgroup(sb: cluster.Sandbox, host: str) -> str:
     return f"clusterrun-sandbox-{sb.prefix}-{host}-docker"
 
 
-def _start(sb: cluster.Sandbox, host: str, view: str) -> dict[str, Any]:
+def _start(sb: cluster.Sandbox, host: str, view: str) -> DaemonRecord:
     """Start the host's dockerd, in its namespaces and a mount namespace of the daemon's own.
 
     In it, a directory of the host's own covers /etc/docker, where dockerd 20.10 writes its
@@ -174,10 +175,10 @@ def _start(sb: cluster.Sandbox, host: str, view: str) -> dict[str, Any]:
                          sb.root / host / dockerd.HOME / "dockerd.log")
 
 
-def _wait_ready(sb: cluster.Sandbox, host: str, record: dict[str, Any]) -> None:
+def _wait_ready(sb: cluster.Sandbox, host: str, record: DaemonRecord) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     log = sb.root / host / dockerd.HOME / "dockerd.log"
-    view = cluster.read_state(sb.root)["view"]
+    view = cluster.read_state(sb.root).view
     while True:
         if not daemons.alive(record):
             raise SandboxError(f"start dockerd on {host}: it exited with status "

@@ -8,12 +8,12 @@ import contextlib
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import daemons, net, sshd
+from clusterrun.sandbox.state import DockerHost, SandboxHost
 
 HOME = "docker"  # in a host's directory
 DOCKER_TIMEOUT = 60.0
@@ -24,28 +24,29 @@ def socket_path(view: str, host: str) -> str:
     return f"{view}/{host}/{HOME}/docker.sock"
 
 
-def stop(hosts: Sequence[dict[str, Any]], entry: dict[str, Any], view: str) -> list[str]:
-    """Remove the containers of these hosts (state entries) while each host's sshd lives, then
-    stop their daemons and remove their cgroups; return what survived, as error messages.
-    sandbox.down() calls it before it kills the hosts' processes: a container killed with its
-    host's processes, not removed, would leave its state and cgroups behind."""
-    records = [(h, entry["hosts"][h["name"]]) for h in hosts if h["name"] in entry["hosts"]]
+def stop(hosts: Sequence[SandboxHost], docker: Mapping[str, DockerHost], view: str) -> list[str]:
+    """Remove the containers of those of these hosts with a daemon in docker (by host name)
+    while each host's sshd lives, then stop their daemons and remove their cgroups; return
+    what survived, as error messages. sandbox.down() calls it before it kills the hosts'
+    processes: a container killed with its host's processes, not removed, would leave its state
+    and cgroups behind."""
+    records = [(h, docker[h.name]) for h in hosts if h.name in docker]
 
-    def remove_all(host: dict[str, Any]) -> None:
-        if host["sshd_pid"] not in net.netns_pids(host["netns"]):
+    def remove_all(host: SandboxHost) -> None:
+        if host.sshd_pid not in net.netns_pids(host.netns):
             return  # a crashed host: stopping its daemon stops what is left
         with contextlib.suppress(SandboxError):  # best effort: the daemon's stop follows
-            names = client(host["sshd_pid"], host["name"], view, ["ps", "-aq"],
+            names = client(host.sshd_pid, host.name, view, ["ps", "-aq"],
                             check=False).stdout.split()
             if names:
-                client(host["sshd_pid"], host["name"], view, ["rm", "--force", *names],
+                client(host.sshd_pid, host.name, view, ["rm", "--force", *names],
                         check=False)
 
-    alive = [(h, r) for h, r in records if daemons.alive(r["daemon"])]
+    alive = [(h, r) for h, r in records if daemons.alive(r.daemon)]
     net.parallel(remove_all, [h for h, _ in alive])
-    errors = daemons.stop([[r["daemon"] for _, r in records]])
+    errors = daemons.stop([[r.daemon for _, r in records]])
     for _, record in records:
-        remove_cgroups(record["cgroup"])
+        remove_cgroups(record.cgroup)
     return errors
 
 

@@ -20,9 +20,9 @@ def revive(root: Path, host_name: str) -> cluster.Sandbox:
     """Start the crashed host's sshd again; returns the sandbox as it now is (the host's sshd
     pid has changed)."""
     state = cluster.read_state(root)
-    host = next(h for h in state["hosts"] if h["name"] == host_name)
-    net.kill_netns_processes(host["netns"])  # whatever is left of the crashed host
-    proc = sshd.start(root, state["view"], host, sshd.shared_under_tmp(state["python"]))
-    sshd.wait_ready(root, [host], {host_name: proc})
+    host = state.host(host_name)
+    net.kill_netns_processes(host.netns)  # whatever is left of the crashed host
+    proc = sshd.start(root, state.view, host, sshd.shared_under_tmp(state.python))
+    state.set_pids(sshd.wait_ready(root, [host], {host_name: proc}))
     cluster.write_state(root, state)
     return cluster.load(root)

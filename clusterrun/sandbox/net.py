@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from clusterrun.errors import SandboxError
+from clusterrun.sandbox.state import SandboxHost, SandboxNetwork
 
 _T = TypeVar("_T")
 
@@ -269,10 +270,10 @@ def veth_lines(netns: str, veth: str, ifname: str, bridge: str) -> list[str]:
             f"link set {veth} master {bridge} up"]
 
 
-def inside_lines(host: dict[str, Any], state: dict[str, Any]) -> list[str]:
-    lines = ["link set lo up", f"addr add {host['address']}/24 dev {host['ifname']}",
-             f"link set {host['ifname']} up"]
-    if state["decoy"]:
+def inside_lines(host: SandboxHost, *, decoy: bool) -> list[str]:
+    lines = ["link set lo up", f"addr add {host.address}/24 dev {host.ifname}",
+             f"link set {host.ifname} up"]
+    if decoy:
         # A veth pair stands in for libvirt's bridge: this kernel has no `dummy` link type.
         bridge, peer, address = DECOY
         lines += [f"link add {bridge} type veth peer name {peer}",
@@ -281,15 +282,14 @@ def inside_lines(host: dict[str, Any], state: dict[str, Any]) -> list[str]:
     return lines
 
 
-def check_new_ifnames(state: dict[str, Any], names: list[str]) -> None:
-    hosts = state["hosts"]
+def check_new_ifnames(hosts: Sequence[SandboxHost], networks: Sequence[SandboxNetwork],
+                      names: list[str]) -> None:
     if len(names) != len(hosts):
         raise SandboxError(f"add_network needs one interface name per host ({len(hosts)}), "
                            f"got {len(names)}")
     for host, name in zip(hosts, names):
-        taken = {"lo", host["ifname"], *DECOY[:2]} | {
-            nic["ifname"] for nw in state["networks"] for nic in nw["nics"]
-            if nic["host"] == host["name"]}
+        taken = {"lo", host.ifname, *DECOY[:2]} | {
+            nic.ifname for nw in networks for nic in nw.nics if nic.host == host.name}
         if not IFNAME_RE.match(name) or name in taken:
-            raise SandboxError(f"{name!r} cannot be a new interface on {host['name']}: names are "
+            raise SandboxError(f"{name!r} cannot be a new interface on {host.name}: names are "
                                f"1-15 of [A-Za-z0-9_.-] and not one of {sorted(taken)}")

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import cluster, daemons, net, sshd
+from clusterrun.sandbox.state import DaemonRecord, SandboxState, SlurmState
 
 PACKAGES = "slurmctld slurmd slurm-client munge"
 DAEMONS = ("slurmd", "slurmctld", "munged")  # the order down() stops them in
@@ -107,35 +107,34 @@ def enable(sb: cluster.Sandbox, hosts: Sequence[str]) -> SlurmCluster:
         raise SandboxError(f"Slurm cannot run in a sandbox at {sb.root}: its configuration "
                            "cannot hold a path with spaces or such characters")
     state = cluster.read_state(sb.root)
-    if "slurm" in state:
-        entry = state["slurm"]
-        if entry["nodes"] != names:
+    if state.slurm is not None:
+        entry = state.slurm
+        if list(entry.nodes) != names:
             raise SandboxError(f"Slurm already runs in the sandbox at {sb.root}, on "
-                               f"{', '.join(entry['nodes'])}; a sandbox runs one")
-        dead = [r["name"] for group in entry["daemons"] for r in group if not daemons.alive(r)]
+                               f"{', '.join(entry.nodes)}; a sandbox runs one")
+        dead = [r.name for group in entry.daemons for r in group if not daemons.alive(r)]
         if dead:
             raise SandboxError(f"Slurm in the sandbox at {sb.root} is broken: {', '.join(dead)} "
                                "stopped running; rebuild the sandbox")
         return _cluster(sb.root, entry)
-    state["slurm"] = {
-        "nodes": names, "netns": f"cr-{sb.prefix}-{CONTROLLER}",
-        "veth": net.veth_name(sb.prefix, 0), "address": net.host_address(sb.subnet, 0),
-        "daemons": [[] for _ in DAEMONS],
-    }
+    entry = state.slurm = SlurmState(
+        nodes=tuple(names), netns=f"cr-{sb.prefix}-{CONTROLLER}",
+        veth=net.veth_name(sb.prefix, 0), address=net.host_address(sb.subnet, 0),
+        daemons=[[] for _ in DAEMONS])
     cluster.write_state(sb.root, state)  # first, so that down() finds whatever gets started
     try:
-        _start(sb, state)
+        _start(sb, state, entry)
     except BaseException as exc:
-        leftovers = _undo(sb.root, state)
+        leftovers = _undo(sb.root, state, entry)
         if not isinstance(exc, SandboxError):
             raise
         raise SandboxError(f"enable Slurm: {exc.message}{leftovers}") from exc
-    return _cluster(sb.root, state["slurm"])
+    return _cluster(sb.root, entry)
 
 
 def load(sb: cluster.Sandbox) -> SlurmCluster:
     """The Slurm that enable() started in this sandbox (in this process or another)."""
-    entry = cluster.read_state(sb.root).get("slurm")
+    entry = cluster.read_state(sb.root).slurm
     if entry is None:
         raise SandboxError(f"Slurm is not enabled in the sandbox at {sb.root}")
     return _cluster(sb.root, entry)
@@ -171,23 +170,23 @@ def wait_idle(slurm: SlurmCluster, timeout: float = READY_TIMEOUT) -> None:
 
 def pids(sb: cluster.Sandbox, host: str) -> list[int]:
     """Every process living in the host, except its sshd listener and slurmd: what jobs left."""
-    entry = cluster.read_state(sb.root).get("slurm", {})
-    own = {r["pid"] for group in entry.get("daemons", []) for r in group
-           if r["name"] == f"slurmd {host}"}
+    entry = cluster.read_state(sb.root).slurm
+    own = {r.pid for group in (entry.daemons if entry else []) for r in group
+           if r.name == f"slurmd {host}"}
     return [pid for pid in cluster.pids(sb, host) if pid not in own]
 
 
 # ---------------------------------------------------------------- starting
 
 
-def _start(sb: cluster.Sandbox, state: dict[str, Any]) -> None:
-    entry = state["slurm"]
+def _start(sb: cluster.Sandbox, state: SandboxState, entry: SlurmState) -> None:
+    """Start Slurm's daemons, each recorded in entry, part of state, as it starts."""
     home = sb.root / DIR
     conf = home / "slurm.conf"
-    netns, address = entry["netns"], entry["address"]
+    netns, address = entry.netns, entry.address
     with net.step("write Slurm's configuration"):
         _write_files(sb, home, entry)
-    net.ip_batch([f"netns add {netns}", *net.veth_lines(netns, entry["veth"], "eth0", sb.bridge)],
+    net.ip_batch([f"netns add {netns}", *net.veth_lines(netns, entry.veth, "eth0", sb.bridge)],
                  step="create the Slurm controller's namespace")
     net.ip_batch(["link set lo up", f"addr add {address}/{sb.subnet.split('/')[1]} dev eth0",
                   "link set eth0 up"], step="configure the Slurm controller", netns=netns)
@@ -213,12 +212,12 @@ def _start(sb: cluster.Sandbox, state: dict[str, Any]) -> None:
                 [(ctld, home / "slurmctld.out"), (munged, home / "munged.out")])
 
     watched = [(ctld, home / "slurmctld.out")]
-    for name in entry["nodes"]:
+    for name in entry.nodes:
         host = sb.host(name)
         out = home / "nodes" / name / "slurmd.out"
         record = _launch(sb.root, state, f"slurmd {name}", [
             "nsenter", "-t", str(host.sshd_pid), "-m", "-u", "-n", "--", "sh", "-c",
-            _slurmd_script(home, f"{state['view']}/{DIR}", conf, name)], out)
+            _slurmd_script(home, f"{state.view}/{DIR}", conf, name)], out)
         watched.append((record, out))
     slurm = _cluster(sb.root, entry)
     _wait_until("wait for the Slurm nodes", lambda: _all_idle(slurm), watched,
@@ -238,22 +237,22 @@ def _slurmd_script(home: Path, view: str, conf: Path, node: str) -> str:
     return "\n".join([*lines, f"exec {shlex.join(slurmd)}"])
 
 
-def _write_files(sb: cluster.Sandbox, home: Path, entry: dict[str, Any]) -> None:
+def _write_files(sb: cluster.Sandbox, home: Path, entry: SlurmState) -> None:
     home.mkdir(mode=0o755, exist_ok=True)
     munge = home / "munge"
     munge.mkdir(mode=0o755, exist_ok=True)  # munged: "execute permissions for all required"
     sshd.write_private(munge / "munge.key", secrets.token_hex(64) + "\n")
     (home / "ctld").mkdir(exist_ok=True)
-    for name in entry["nodes"]:
+    for name in entry.nodes:
         (home / "nodes" / name).mkdir(parents=True, exist_ok=True)
     # More CPUs than the machine has would drain the nodes ("low socket*core*thread count").
     cpus = min(2, os.cpu_count() or 1)
     nodes = [f"NodeName={name} NodeAddr={sb.host(name).address} CPUs={cpus} RealMemory=1000 "
-             "State=UNKNOWN" for name in entry["nodes"]]
+             "State=UNKNOWN" for name in entry.nodes]
     (home / "slurm.conf").write_text("\n".join([
         "# The Slurm of a clusterrun sandbox (clusterrun.sandbox.slurm); sandbox down ends it.",
         "ClusterName=sandbox",
-        f"SlurmctldHost={CONTROLLER}({entry['address']})",
+        f"SlurmctldHost={CONTROLLER}({entry.address})",
         f"SlurmctldPort={PORT}",
         "SlurmUser=root", "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={home}/munge/munge.socket",
@@ -280,33 +279,34 @@ def _write_files(sb: cluster.Sandbox, home: Path, entry: dict[str, Any]) -> None
     (home / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
 
 
-def _launch(root: Path, state: dict[str, Any], name: str, argv: list[str],
-            log: Path) -> dict[str, Any]:
+def _launch(root: Path, state: SandboxState, name: str, argv: list[str],
+            log: Path) -> DaemonRecord:
+    assert state.slurm is not None  # enable() put it there
     record = daemons.start(name, argv, log)
-    state["slurm"]["daemons"][DAEMONS.index(name.split(maxsplit=1)[0])].append(record)
+    state.slurm.daemons[DAEMONS.index(name.split(maxsplit=1)[0])].append(record)
     cluster.write_state(root, state)
     return record
 
 
-def _undo(root: Path, state: dict[str, Any]) -> str:
-    """Remove what a failed enable() started, so that it can be tried again."""
-    entry = state["slurm"]
-    errors = daemons.stop(entry["daemons"])
+def _undo(root: Path, state: SandboxState, entry: SlurmState) -> str:
+    """Remove what a failed enable() started (entry, part of state), so that it can be tried
+    again."""
+    errors = daemons.stop(entry.daemons)
     try:
-        net.kill_netns_processes(entry["netns"])
+        net.kill_netns_processes(entry.netns)
     except SandboxError as exc:
         errors.append(exc.message)
-    net.delete_quietly(["ip", "netns", "delete", entry["netns"]], errors)
+    net.delete_quietly(["ip", "netns", "delete", entry.netns], errors)
     if errors:
         return f" (cleanup also failed: {'; '.join(errors)}; run sandbox down on {root})"
     shutil.rmtree(root / DIR, ignore_errors=True)
-    del state["slurm"]
+    state.slurm = None
     cluster.write_state(root, state)
     return " (everything it had started was removed)"
 
 
 def _wait_until(what: str, ready: Callable[[], bool],
-                watched: Sequence[tuple[Mapping[str, Any], Path]],
+                watched: Sequence[tuple[DaemonRecord, Path]],
                 timeout: float = READY_TIMEOUT,
                 detail: Callable[[], str] | None = None) -> None:
     deadline = time.monotonic() + timeout
@@ -315,7 +315,7 @@ def _wait_until(what: str, ready: Callable[[], bool],
             if not daemons.alive(record):
                 status = daemons.exit_status(record)
                 ended = f"exited with status {status}" if status is not None else "is gone"
-                raise SandboxError(f"{what}: {record['name']} {ended}; {sshd.log_tail(log)}")
+                raise SandboxError(f"{what}: {record.name} {ended}; {sshd.log_tail(log)}")
         if time.monotonic() > deadline:
             more = [detail()] if detail else []
             more += [sshd.log_tail(log) for _, log in watched[:1]]
@@ -369,6 +369,6 @@ def _path(name: str) -> str:
     return _tool(name) or name
 
 
-def _cluster(root: Path, entry: dict[str, Any]) -> SlurmCluster:
-    return SlurmCluster(conf=root / DIR / "slurm.conf", nodes=tuple(entry["nodes"]),
-                        controller_address=entry["address"])
+def _cluster(root: Path, entry: SlurmState) -> SlurmCluster:
+    return SlurmCluster(conf=root / DIR / "slurm.conf", nodes=entry.nodes,
+                        controller_address=entry.address)

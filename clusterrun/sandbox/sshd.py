@@ -13,10 +13,10 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from clusterrun.errors import SandboxError
 from clusterrun.sandbox import net
+from clusterrun.sandbox.state import SandboxHost
 
 SSHD = "/usr/sbin/sshd"
 # sshd runs an AuthorizedKeysCommand only from a root-owned path none but root may write.
@@ -44,19 +44,19 @@ def keygen(path: Path, comment: str) -> None:
             step=f"generate key {path}")
 
 
-def write_host_files(root: Path, view: str, host: dict[str, Any], hosts: list[dict[str, Any]],
+def write_host_files(root: Path, view: str, host: SandboxHost, hosts: Sequence[SandboxHost],
                      rc_text: str = "") -> None:
-    home = root / host["name"]
+    home = root / host.name
     home.mkdir(mode=0o700)
     (home / "tmp").mkdir()
     (home / "tmp").chmod(0o1777)
-    names = "".join(f"{h['address']} {h['name']}\n" for h in hosts)
+    names = "".join(f"{h.address} {h.name}\n" for h in hosts)
     (home / "hosts").write_text("127.0.0.1 localhost\n" + names)
     # No nameserver: this machine's resolver is unreachable from the namespaces, and every
     # lookup would wait 10-20 s for it; names come from the hosts file, as on a real cluster.
     (home / "resolv.conf").write_text("options timeout:1 attempts:1\n")
-    (home / "bashrc").write_text(bashrc(f"{view}/{host['name']}/{LOGINS}", rc_text))
-    keygen(home / KEY, f"{host['name']}@clusterrun-sandbox")
+    (home / "bashrc").write_text(bashrc(f"{view}/{host.name}/{LOGINS}", rc_text))
+    keygen(home / KEY, f"{host.name}@clusterrun-sandbox")
 
 
 def bashrc(logins: str, rc_text: str = "") -> str:
@@ -163,15 +163,15 @@ def _hybrid_cgroups() -> bool:
     return any(m.split()[1:3] == ["/sys/fs/cgroup/unified", "cgroup2"] for m in mounts)
 
 
-def start(root: Path, view: str, host: dict[str, Any],
+def start(root: Path, view: str, host: SandboxHost,
           shared: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """Start the host's sshd in its namespace, with its own hostname and mounts."""
     # sshd reads its files through a view of root under /run, because root may itself lie
     # under /tmp, which the host's own /tmp covers.
-    home = f"{view}/{host['name']}"
+    home = f"{view}/{host.name}"
     options = {
         "UsePAM": "no", "StrictModes": "no", "PidFile": f"{home}/sshd.pid",
-        "HostKey": f"{home}/{KEY}", "ListenAddress": host["address"], "Port": "22",
+        "HostKey": f"{home}/{KEY}", "ListenAddress": host.address, "Port": "22",
         # The sandbox's key for every user, read by root: a user needs no home of its own
         # (a test's user may have none) and the sandbox's folder stays closed to others.
         "AuthorizedKeysCommand": f"{CAT} {view}/authorized_keys",
@@ -181,7 +181,7 @@ def start(root: Path, view: str, host: dict[str, Any],
         "KbdInteractiveAuthentication": "no", "MaxStartups": "200", "MaxSessions": "200",
         "Subsystem": "sftp internal-sftp",
     }
-    (root / host["name"] / CONFIG).touch()  # a file of its own drops the packaged sftp line
+    (root / host.name / CONFIG).touch()  # a file of its own drops the packaged sftp line
     sshd = [SSHD, "-D", "-e", "-f", f"{home}/{CONFIG}"]
     for key, value in options.items():
         sshd += ["-o", f"{key}={value}"]
@@ -192,7 +192,7 @@ def start(root: Path, view: str, host: dict[str, Any],
     script = [
         "set -e",
         *sys_lines(view),
-        f"printf %s {q(host['name'])} > /proc/sys/kernel/hostname",
+        f"printf %s {q(host.name)} > /proc/sys/kernel/hostname",
         f"mount --bind {q(str(root))} {q(view)}",
         f"mount --bind {q(home + '/hosts')} {q(hosts_target)}",
     ]
@@ -204,28 +204,29 @@ def start(root: Path, view: str, host: dict[str, Any],
         script.append(f"mount --bind {q(home + '/bashrc')} {q(rc_target)}")
     for path in shared:  # bound into the host's /tmp first, then carried along by --rbind
         inside = f"{home}/tmp/{os.path.relpath(path, '/tmp')}"
-        (root / host["name"] / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,
-                                                                         exist_ok=True)
+        (root / host.name / "tmp" / os.path.relpath(path, "/tmp")).mkdir(parents=True,
+                                                                       exist_ok=True)
         script.append(f"mount --bind {q(path)} {q(inside)}")
     script += [f"mount --rbind {q(home + '/tmp')} /tmp", f"exec {shlex.join(sshd)}"]
     # Not `ip netns exec`: its own remount of /sys drops /sys/fs/cgroup (see sys_lines).
-    argv = ["nsenter", f"--net={NETNS_DIR}/{host['netns']}", "unshare", "--uts", "--mount",
+    argv = ["nsenter", f"--net={NETNS_DIR}/{host.netns}", "unshare", "--uts", "--mount",
             "--propagation", "private", "sh", "-c", "\n".join(script)]
     # A crashed sshd (faults.crash) leaves its pid file: wait_ready must not take that pid for
     # the new listener's, or everything "but the listener" would include the new one.
-    (root / host["name"] / "sshd.pid").unlink(missing_ok=True)
-    with open(root / host["name"] / "sshd.log", "ab") as log:
+    (root / host.name / "sshd.pid").unlink(missing_ok=True)
+    with open(root / host.name / "sshd.log", "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)  # outlives `sandbox up`, no tty signals
-    _children[proc.pid] = (host["netns"], proc)
+    _children[proc.pid] = (host.netns, proc)
     return proc
 
 
-def wait_ready(root: Path, hosts: list[dict[str, Any]],
-               procs: dict[str, subprocess.Popen[bytes]]) -> None:
-    """Poll until every sshd has written its pid and accepts TCP; record the pids in hosts."""
+def wait_ready(root: Path, hosts: Sequence[SandboxHost],
+               procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, int]:
+    """Poll until every sshd has written its pid and accepts TCP; return the pids by host."""
     deadline = time.monotonic() + READY_TIMEOUT
-    pending = {h["name"]: h for h in hosts}
+    pending = {h.name: h for h in hosts}
+    pids: dict[str, int] = {}
     while pending:
         for name, host in list(pending.items()):
             code = procs[name].poll()
@@ -233,8 +234,8 @@ def wait_ready(root: Path, hosts: list[dict[str, Any]],
                 raise SandboxError(f"start sshd on {name}: it exited with status {code}; "
                                    f"{log_tail(root / name / 'sshd.log')}")
             pid = _read_pid(root / name / "sshd.pid")
-            if pid and accepts(host["address"]):
-                host["sshd_pid"] = pid
+            if pid and accepts(host.address):
+                pids[name] = pid
                 del pending[name]
         if pending and time.monotonic() > deadline:
             first = next(iter(pending))
@@ -243,7 +244,8 @@ def wait_ready(root: Path, hosts: list[dict[str, Any]],
                 f"after {READY_TIMEOUT:g} s; {first}: {log_tail(root / first / 'sshd.log')}")
         if pending:
             time.sleep(0.02)
-    settle([(h["netns"], h["sshd_pid"]) for h in hosts])
+    settle([(h.netns, pids[h.name]) for h in hosts])
+    return pids
 
 
 def settle(listeners: list[tuple[str, int]]) -> None:
@@ -285,7 +287,7 @@ def reap_children(killed_netns: set[str]) -> None:
             del _children[pid]
 
 
-def remove_containers(root: Path, hosts: Sequence[dict[str, Any]]) -> None:
+def remove_containers(root: Path, hosts: Sequence[SandboxHost]) -> None:
     """Remove the containers of these hosts (see clusterrun.sandbox.containers); down() calls
     it before it kills the hosts' processes.
 
@@ -294,19 +296,19 @@ def remove_containers(root: Path, hosts: Sequence[dict[str, Any]]) -> None:
     (each container's init, by pid and start time) finds what podman could not, such as the
     containers of a host whose processes were all killed, and those get SIGKILL.
     """
-    live = [h for h in hosts if _container_inits(root / h["name"] / CRUN_STATE)]
+    live = [h for h in hosts if _container_inits(root / h.name / CRUN_STATE)]
 
-    def podman_rm(host: dict[str, Any]) -> None:
-        argv = ["nsenter", "-t", str(host["sshd_pid"]), "-m", "-u", "-n", "--",
+    def podman_rm(host: SandboxHost) -> None:
+        argv = ["nsenter", "-t", str(host.sshd_pid), "-m", "-u", "-n", "--",
                 "podman", "rm", "--all", "--force", "--time", "0"]
         with contextlib.suppress(SandboxError, subprocess.TimeoutExpired):  # best effort
-            if host["sshd_pid"] in net.netns_pids(host["netns"]):
+            if host.sshd_pid in net.netns_pids(host.netns):
                 subprocess.run(argv, env=SESSION_ENV, capture_output=True, timeout=60,
                                check=False)
 
     net.parallel(podman_rm, live)
     for host in live:
-        for pid in _container_inits(root / host["name"] / CRUN_STATE):
+        for pid in _container_inits(root / host.name / CRUN_STATE):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # init of its pid namespace: all of it goes
 
