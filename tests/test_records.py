@@ -147,16 +147,19 @@ def test_a_plan_reads_as_the_fields_its_readers_use(tmp_path: Path) -> None:
         "run_id": RUN_ID, "name": "train", "created": 12.5, "world_size": 4,
         "environment": "e3b0c442", "nodes": [
             {"name": "a", "host": "10.0.0.1", "node_rank": 0, "ranks": [0, 1],
-             "address": "192.168.0.1", "rundir": "/w/runs/x/a"},
+             "address": "192.168.0.1", "rundir": "/w/runs/x/a", "python": "/w/envs/1/bin/python",
+             "interface": "eth1"},
             {"name": "b", "host": "10.0.0.2", "node_rank": 1, "ranks": [2, 3]},
             {"host": "nameless"}]})
     plan = PlanRecord.of(run)
     assert (plan.name, plan.created, plan.world_size, plan.environment) \
         == ("train", 12.5, 4, "e3b0c442")
     assert plan.node_names == {"a", "b"}
-    assert plan.node("a") == PlanNode("a", "10.0.0.1", 0, (0, 1), "192.168.0.1")
+    assert plan.node("a") == PlanNode("a", "10.0.0.1", 0, (0, 1), "192.168.0.1", "/w/runs/x/a",
+                                      "/w/envs/1/bin/python", "eth1")
     b = plan.node("b")
     assert b is not None and (b.address, b.ranks) == (None, (2, 3)) and plan.node("c") is None
+    assert (b.rundir, b.python, b.interface) == ("", None, None)
     assert PlanRecord.of(store.RunDir(tmp_path / "none")) == PlanRecord()
     assert b.holds(2) and b.holds(3) and not b.holds(1) and not b.holds(4)
 

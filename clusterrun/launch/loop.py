@@ -31,9 +31,7 @@ from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.runs import notify
 from clusterrun.runs.journal import Journal, RunRecord
-from clusterrun.runs.masking import Masks
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.ship import ship as ship_pyspy
@@ -93,9 +91,9 @@ class AttemptLoop:
             id=plan.run_id, name=plan.name, hosts=tuple(n.name for n in plan.nodes),
             inventory=str(self.inv.path), detached=plan.detach, controller_pid=os.getpid(),
             max_restarts=self.opts.max_restarts, notify=self.opts.notify)
-        # The secret values the ranks get (every attempt's plan has the same environment).
-        masks = Masks.of_env(kv for n in plan.nodes for kv in n.env)
-        with Journal.launching(home, record, self._public(plan), masks, self.say) as journal:
+        # Every attempt's plan gives the ranks the same environment, secrets included.
+        env = [kv for n in plan.nodes for kv in n.env]
+        with Journal.launching(home, record, self._public(plan), env, self.say) as journal:
             lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
             try:
                 with Interrupts(self.say) as interrupts:
@@ -103,8 +101,6 @@ class AttemptLoop:
             finally:
                 if lock is not None:
                     os.close(lock)
-        if plan.detach and self.opts.notify and result == Result():  # started everywhere
-            notify.watch(journal.run, self.say)
         return result
 
     def _attempts(self, journal: Journal, plan: LaunchPlan, report: CheckReport,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,18 +65,25 @@ class Journal:
         self.run = attempts.top(run)
         self.listeners = listeners
         self.masks = masks if masks is not None else Masks.load(self.run)
+        self.handed_over = False  # detached(): no launching process watches the run now
 
     # -- built with its hooks, once per command ---------------------------------------------
 
     @classmethod
     @contextmanager
-    def launching(cls, home: Path, record: RunRecord, plan: Json, masks: Masks,
+    def launching(cls, home: Path, record: RunRecord, plan: Json, env: Iterable[tuple[str, str]],
                   say: Optional[Callable[[str], None]] = None) -> Iterator[Journal]:
         """A new run's journal (``start``) with the run's `--notify` hook, for the launch;
-        on leaving, the hook's queued events are delivered."""
+        on leaving, the hook's queued events are delivered. ``env``: what the ranks get (name,
+        value); the secret values among it are masked in all that the run writes from now.
+        A run handed over (``detached``) with a hook gets its watcher then (notify.watch), which
+        runs the hook from here on."""
         log = store.runs_root(home) / record.id / "notify.log"
         with notify.hooks(record.notify, log, say=say) as listeners:
-            yield cls.start(home, record, plan, listeners, masks)
+            journal = cls.start(home, record, plan, listeners, Masks.of_env(env))
+            yield journal
+        if journal.handed_over and record.notify:
+            notify.watch(journal.run, say or (lambda _line: None))
 
     @classmethod
     @contextmanager
@@ -171,6 +178,7 @@ class Journal:
         with self._changing() as change:
             change.state = change.state.with_(controller_pid=None)
             change.event(EventKind.DETACHED)
+        self.handed_over = True
 
     def stalled(self, k: int, report: Json) -> bool:
         """No rank of attempt k has made progress for the stall timeout (#21): the run is
