@@ -139,8 +139,9 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
                  if spec.transport == "srun"
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
+        known = report.known  # the reply read into typed facts, once for this host's checks
         report.checks.extend(decide.host_checks(spec, report.facts))
-        report.checks.extend(gpus.host_checks(spec, report.facts, allow_busy_gpus=allow_busy_gpus))
+        report.checks.extend(gpus.host_checks(spec, known, allow_busy_gpus=allow_busy_gpus))
         if on_facts is not None:
             on_facts(report)
 

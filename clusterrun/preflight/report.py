@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.preflight.facts import HostFacts
 
 
 @dataclass
@@ -50,6 +51,13 @@ class HostReport:
     def reached(self) -> bool:
         """False when the host could not be connected to, authenticated or trusted."""
         return self.outcome is None or self.outcome.reached
+
+    @property
+    def known(self) -> HostFacts:
+        """The facts read into typed values (preflight/facts.py). Read from ``facts`` each
+        time: cheap, and right after ``facts`` is replaced; a check that reads several of them
+        reads this once."""
+        return HostFacts.from_json(self.facts)
 
     @property
     def gpus(self) -> int:

@@ -1,0 +1,53 @@
+"""The probe's reply read into typed facts (clusterrun/preflight/facts.py): every field the
+checks decide on, from a reply of the shape the probe sends (the fake host's, which
+test_fake_probe.py holds to the real probe's key for key), and what missing or odd fields read
+as."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
+from clusterrun.transport.fake_hosts import FakeHost, Interface
+
+
+def reply(**over: Any) -> dict[str, Any]:
+    host = FakeHost("10.0.0.1", [Interface("lo", "127.0.0.1/8"),
+                                 Interface("eth0", "10.0.0.1/24", mtu=9000, speed=100_000)],
+                    hostname="gpu-1", gpus=2)
+    return {**host.all_facts({"workdir": "~/clusterrun"}, "10.0.0.1"), **over}
+
+
+def test_the_gpus_of_a_probe_reply() -> None:
+    found = reply()
+    nvidia = found["nvidia"]
+    nvidia["gpus"][1].update(memory_used=40000, compute_mode="Exclusive_Process",
+                             ecc_uncorrected=2, remap_pending=None)
+    nvidia["apps"] = [{"gpu": 1, "gpu_uuid": nvidia["gpus"][1]["uuid"], "pid": 4242,
+                       "used_memory": 39990, "process_name": "python", "uid": 1001,
+                       "user": "alice", "visible": True, "mine": False}]
+    nvidia["errors"] = {"remapped_rows": "nvidia-smi exited 2: no"}
+    known = HostFacts.from_json(found)
+    assert known.gpus == 2
+    assert known.nvidia == NvidiaFacts(
+        smi="/usr/bin/nvidia-smi", driver="550.54.15",
+        gpus=(NvidiaGpu(0, "NVIDIA H100 80GB HBM3", "550.54.15", 1, 81559, "Default", 0, False,
+                        False, False),
+              NvidiaGpu(1, "NVIDIA H100 80GB HBM3", "550.54.15", 40000, 81559,
+                        "Exclusive_Process", 2, False, None, False)),
+        apps=(GpuApp(gpu=1, pid=4242, used_memory=39990, process_name="python", user="alice",
+                     visible=True, mine=False),),
+        errors={"remapped_rows": "nvidia-smi exited 2: no"})
+
+
+def test_a_cpu_host_and_missing_gpu_fields() -> None:
+    assert HostFacts.from_json(reply(gpus=0, nvidia=FakeHost("a", []).nvidia())) == HostFacts(
+        0, NvidiaFacts())
+    # No nvidia details at all (an older probe): unknown, not "no GPUs".
+    assert HostFacts.from_json({"gpus": 4}) == HostFacts(4, None)
+    assert HostFacts.from_json({"gpus": None, "nvidia": "odd"}) == HostFacts(0, None)
+    odd = NvidiaFacts.from_json({"smi": "/bin/nvidia-smi", "gpus": [{"name": "no index"},
+                                 {"index": 3, "memory_used": "lots", "remap_failure": 1}],
+                                 "apps": [{}], "errors": None})
+    assert odd == NvidiaFacts("/bin/nvidia-smi", None, (NvidiaGpu(3),), (GpuApp(),), {})
