@@ -9,6 +9,7 @@ from typing import Any
 
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
+from clusterrun.preflight.limit_facts import IbPort, Limits, Rlimit
 from clusterrun.transport.fake_hosts import FakeHost, Interface
 
 
@@ -42,12 +43,43 @@ def test_the_gpus_of_a_probe_reply() -> None:
 
 
 def test_a_cpu_host_and_missing_gpu_fields() -> None:
-    assert HostFacts.from_json(reply(gpus=0, nvidia=FakeHost("a", []).nvidia())) == HostFacts(
-        0, NvidiaFacts())
+    cpu = HostFacts.from_json(reply(gpus=0, nvidia=FakeHost("a", []).nvidia()))
+    assert (cpu.gpus, cpu.nvidia) == (0, NvidiaFacts())
     # No nvidia details at all (an older probe): unknown, not "no GPUs".
-    assert HostFacts.from_json({"gpus": 4}) == HostFacts(4, None)
-    assert HostFacts.from_json({"gpus": None, "nvidia": "odd"}) == HostFacts(0, None)
-    odd = NvidiaFacts.from_json({"smi": "/bin/nvidia-smi", "gpus": [{"name": "no index"},
-                                 {"index": 3, "memory_used": "lots", "remap_failure": 1}],
-                                 "apps": [{}], "errors": None})
-    assert odd == NvidiaFacts("/bin/nvidia-smi", None, (NvidiaGpu(3),), (GpuApp(),), {})
+    older = HostFacts.from_json({"gpus": 4})
+    assert (older.gpus, older.nvidia) == (4, None)
+    odd = HostFacts.from_json({"gpus": None, "nvidia": "odd"})
+    assert (odd.gpus, odd.nvidia) == (0, None)
+    found = NvidiaFacts.from_json({
+        "smi": "/bin/nvidia-smi", "apps": [{}], "errors": None,
+        "gpus": [{"name": "no index"}, {"index": 3, "memory_used": "lots", "remap_failure": 1}]})
+    assert found == NvidiaFacts("/bin/nvidia-smi", None, (NvidiaGpu(3),), (GpuApp(),), {})
+
+
+def test_the_limits_rdma_ports_and_environment_of_a_probe_reply() -> None:
+    found = reply(env={"NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "WARN"}, infiniband={
+        "mlx5_0": {"1": {"state": "ACTIVE", "link_layer": "InfiniBand",
+                         "rate": "200 Gb/sec (4X HDR)"}, "2": {"state": "DOWN"}},
+        "mlx5_1": {}})
+    known = HostFacts.from_json(found)
+    assert known.limits == Limits(nofile=Rlimit(65536, 1048576), memlock=Rlimit(8 << 20, 8 << 20),
+                                  stack=Rlimit(8 << 20, None), shm=32 << 30)
+    assert known.infiniband == {"mlx5_0": {"1": IbPort("ACTIVE", "InfiniBand",
+                                                       "200 Gb/sec (4X HDR)"),
+                                           "2": IbPort("DOWN")}, "mlx5_1": {}}
+    assert [p.active for p in known.infiniband["mlx5_0"].values()] == [True, False]
+    assert known.env == {"NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "WARN"}
+    # The fake host has no RDMA stack: the probe sends null, which is known to be none.
+    assert HostFacts.from_json(reply()).infiniband == {}
+
+
+def test_missing_or_odd_limits_are_unknown() -> None:
+    # No `infiniband` key at all: not reported (unknown), unlike null (no RDMA stack).
+    bare = HostFacts.from_json({})
+    assert (bare.limits, bare.infiniband, bare.env) == (Limits(), None, {})
+    odd = Limits.from_json({"nofile": [None, None], "memlock": [1024], "stack": "8192",
+                            "shm": {"free": 1}})
+    # [None, None]: unlimited; a /dev/shm without its size reads as empty, as it always did.
+    assert odd == Limits(nofile=Rlimit(None, None), memlock=None, stack=None, shm=0)
+    assert Limits.from_json({"shm": None}).shm is None
+    assert Limits.from_json(None) == Limits()

@@ -17,6 +17,7 @@ import pytest
 
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import limits, mesh, names, parity, view
+from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import Blocked, CheckReport, HostReport, Pairs
 from clusterrun.remote import mesh as remote_mesh
 from clusterrun.remote import sysinfo
@@ -148,19 +149,23 @@ def _limits(**over: Any) -> dict[str, Any]:
     return {"limits": {**base, **over}, "infiniband": None}
 
 
+def _known(**over: Any) -> HostFacts:
+    return HostFacts.from_json(_limits(**over))
+
+
 def test_limits_small_shm_open_files_unlimited_stack() -> None:
     spec = host_spec("10.0.0.1", "gpu1")
     shm = {"size": 64 << 20, "free": 64 << 20}
-    [fail] = [c for c in limits.host_checks(spec, _limits(shm=shm), gpu_ranks=8, world=16)
+    [fail] = [c for c in limits.host_checks(spec, _known(shm=shm), gpu_ranks=8, world=16)
               if not c.ok]
     assert fail.name == "shm" and "64 MiB" in fail.detail and "--shm-size" in fail.detail
-    [warn] = limits.host_checks(spec, _limits(shm=shm), gpu_ranks=0, world=2)
+    [warn] = limits.host_checks(spec, _known(shm=shm), gpu_ranks=0, world=2)
     assert warn.warning and warn.name == "shm"
-    [nofile] = limits.host_checks(spec, _limits(nofile=[1024, 1048576]), gpu_ranks=8, world=512)
+    [nofile] = limits.host_checks(spec, _known(nofile=[1024, 1048576]), gpu_ranks=8, world=512)
     assert nofile.warning and "8192" in nofile.detail and "ulimit -n" in nofile.detail
-    [stack] = limits.host_checks(spec, _limits(stack=[None, None]), gpu_ranks=8, world=16)
+    [stack] = limits.host_checks(spec, _known(stack=[None, None]), gpu_ranks=8, world=16)
     assert stack.warning and "ulimit -s" in stack.detail
-    [fine] = limits.host_checks(spec, _limits(), gpu_ranks=8, world=16)
+    [fine] = limits.host_checks(spec, _known(), gpu_ranks=8, world=16)
     assert fine.ok and not fine.warning
 
 
@@ -172,20 +177,22 @@ def test_rdma_memlock_and_nccl_ib_hca(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NCCL_IB_HCA", raising=False)
     spec = host_spec("10.0.0.1", "gpu1")
     facts = {**_limits(memlock=[64 << 10, 64 << 10]), "infiniband": _ib()}
-    found = {c.name: c for c in limits.host_checks(spec, facts, gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(spec, HostFacts.from_json(facts), gpu_ranks=8,
+                                                    world=16)}
     assert not found["memlock"].ok and "ulimit -l unlimited" in found["memlock"].detail
     assert found["infiniband"].ok and "mlx5_0:1 InfiniBand 200 Gb/sec" in \
         found["infiniband"].detail
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_1:1")
-    found = {c.name: c for c in limits.host_checks(spec, {**_limits(), "infiniband": _ib()},
-                                                    gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib()}), gpu_ranks=8, world=16)}
     assert not found["nccl_ib_hca"].ok and "'mlx5_1'" in found["nccl_ib_hca"].detail
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5")  # a prefix, as NCCL matches it
-    found = {c.name: c for c in limits.host_checks(spec, {**_limits(), "infiniband": _ib()},
-                                                    gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib()}), gpu_ranks=8, world=16)}
     assert "nccl_ib_hca" not in found
     found = {c.name: c for c in limits.host_checks(
-        spec, {**_limits(), "infiniband": _ib(state="DOWN")}, gpu_ranks=8, world=16)}
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib(state="DOWN")}), gpu_ranks=8,
+        world=16)}
     assert found["infiniband"].warning and "no ACTIVE port" in found["infiniband"].detail
 
 

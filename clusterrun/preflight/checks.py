@@ -95,7 +95,7 @@ def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
         found = None if alone else names.local_check(r.spec, r.facts)
         if found is not None:
             r.checks.append(found)
-        r.checks.extend(limits.host_checks(r.spec, r.facts, world=world, gpu_ranks=(
+        r.checks.extend(limits.host_checks(r.spec, r.known, world=world, gpu_ranks=(
             per_host[r.spec.name] if r.gpus else 0)))
         r.checks.extend(stacks.host_checks(r.spec, r.facts))
 

@@ -167,9 +167,11 @@ def _speed(r: HostReport, usual: Optional[int]) -> None:
 
 
 def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
-    with_ib = [r for r in probed if limits.active_ports(r.facts)]
+    known = {r.spec.name: r.known for r in probed}
+    with_ib = [r for r in probed if limits.active_ports(known[r.spec.name])]
     # A host whose RDMA devices are unknown is neither (limits.py says so on its own line).
-    without = [r for r in probed if r not in with_ib and "infiniband" in r.facts]
+    without = [r for r in probed
+               if r not in with_ib and known[r.spec.name].infiniband is not None]
     if with_ib and without and len(with_ib) >= len(without):
         holders = fold([r.spec.name for r in with_ib])
         for r in without:
@@ -185,8 +187,8 @@ def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
                   f"{lacking} have none: NCCL uses TCP sockets between all hosts.",
                   "warning: an active RDMA port, while most hosts have none; NCCL uses TCP "
                   "sockets between all hosts")
-    rates = [limits.port_info(r.facts, limits.active_ports(r.facts)[0]).get("rate")
-             for r in with_ib]
+    rates = [limits.port_info(known[r.spec.name],
+                              limits.active_ports(known[r.spec.name])[0]).rate for r in with_ib]
     usual = _majority(rates)
     for r, rate in zip(with_ib, rates):
         if rate != usual:
