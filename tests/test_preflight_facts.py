@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.facts import HostFacts, Torch, Workdir
 from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
 from clusterrun.preflight.limit_facts import IbPort, Limits, Rlimit
+from clusterrun.preflight.net_facts import Interface as Iface
+from clusterrun.preflight.net_facts import Link, Lookup, Route
 from clusterrun.transport.fake_hosts import FakeHost, Interface
 
 
@@ -83,3 +85,38 @@ def test_missing_or_odd_limits_are_unknown() -> None:
     assert odd == Limits(nofile=Rlimit(None, None), memlock=None, stack=None, shm=0)
     assert Limits.from_json({"shm": None}).shm is None
     assert Limits.from_json(None) == Limits()
+
+
+def test_the_interfaces_workdir_and_lookup_of_a_probe_reply() -> None:
+    known = HostFacts.from_json(reply())
+    assert known.interfaces == (Iface("lo", True, ("127.0.0.1/8",)),
+                                Iface("eth0", True, ("10.0.0.1/24",)))
+    assert [i.ipv4 for i in known.interfaces] == ["127.0.0.1", "10.0.0.1"]
+    assert known.links == {"lo": Link(65536, None), "eth0": Link(9000, 100_000)}
+    assert known.ssh_server_address == "10.0.0.1"
+    assert known.dns == Lookup(("10.0.0.1",), None, 0.001, "gpu-1")
+    assert known.workdir == Workdir(True, "/home/user/clusterrun", 200 << 30,
+                                    "/home/user/clusterrun", reply()["workdir"])
+    assert (known.hostname, known.user, known.python, known.python_path) == (
+        "gpu-1", "user", "3.11.7", "/usr/bin/python3")
+    assert known.torch == Torch("2.4.0", None, says_cuda=True)
+
+
+def test_odd_interfaces_routes_and_workdirs() -> None:
+    odd = HostFacts.from_json({"interfaces": [{"up": True}, {"name": "eth0", "addrs": None},
+                                              "eth1", {"name": "ib0", "addrs": ["fe80::1/64"]}],
+                               "dns": None, "workdir": {"path": "/w", "errno": "EROFS"},
+                               "torch": {"version": "2.4.0"}})
+    # Entries without a name are dropped; no address list is none; down unless it says up.
+    assert odd.interfaces == (Iface("eth0"), Iface("ib0", False, ("fe80::1/64",)))
+    assert odd.interfaces[1].ipv4 is None and odd.interfaces[1].holds("fe80::1")
+    assert odd.dns == Lookup() and odd.torch == Torch("2.4.0", None, says_cuda=False)
+    assert not odd.workdir.ok and odd.workdir.found == {"path": "/w", "errno": "EROFS"}
+    assert HostFacts.from_json({"torch": None}).torch is None  # not installed
+    # The probe's route answers: to an address on a subnet, one it holds, and none.
+    assert Route.from_json({"dev": "eth0", "src": "10.0.0.2", "local": False}) == Route(
+        "eth0", "10.0.0.2")
+    assert Route.from_json({"dev": "eth0", "src": "10.0.0.1", "local": True}).local
+    assert Route.from_json({"dev": None, "src": None, "error": "no route"}) == Route(
+        error="no route")
+    assert Route.from_json(None) == Route()

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory, ranks
 from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, stacks, twins
+from clusterrun.preflight.net_facts import Route
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.remote.protocol import Probe
@@ -140,7 +141,7 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
         known = report.known  # the reply read into typed facts, once for this host's checks
-        report.checks.extend(decide.host_checks(spec, report.facts))
+        report.checks.extend(decide.host_checks(spec, known))
         report.checks.extend(gpus.host_checks(spec, known, allow_busy_gpus=allow_busy_gpus))
         if on_facts is not None:
             on_facts(report)
@@ -159,7 +160,7 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
         found.problem = f"the master {report.spec.name} could not be probed"
         return found
     try:
-        addr = decide.master_addr_from_facts(inv, report.spec, report.facts) or _facing_peers(
+        addr = decide.master_addr_from_facts(inv, report.spec, report.known) or _facing_peers(
             inv, session, pool)
         if addr is None:
             report.add("master_addr", False, f"{report.spec.name}: cannot tell which address the "
@@ -168,9 +169,10 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
             found.problem = "master_addr is unknown"
             return found
         found.addr = addr
-        route = session.ask(Probe.ROUTE, addr=addr) if report.spec.interface == "auto" else None
+        route = (Route.from_json(session.ask(Probe.ROUTE, addr=addr))
+                 if report.spec.interface == "auto" else None)
         report.interface, report.address, check = decide.pick_interface(
-            report.spec, report.facts, addr, route)
+            report.spec, report.known, addr, route)
         report.add(check.name, check.ok, check.detail)
         listen = session.ask(Probe.LISTEN, addr=addr, port=inv.master_port or 0)
         found.port = listen.get("port")
@@ -227,10 +229,10 @@ def _workers(reports: Sequence[HostReport], sessions: dict[str, ProbeSession], m
         if master.addr is None:
             report.add("interface", False, f"not chosen: {master.problem}.")
             return
-        route = (session.ask(Probe.ROUTE, addr=master.addr) if report.spec.interface == "auto"
-                 else None)
+        route = (Route.from_json(session.ask(Probe.ROUTE, addr=master.addr))
+                 if report.spec.interface == "auto" else None)
         report.interface, report.address, check = decide.pick_interface(
-            report.spec, report.facts, master.addr, route)
+            report.spec, report.known, master.addr, route)
         report.add(check.name, check.ok, check.detail)
         if data_path:
             _data_path(report, session, master)

@@ -42,3 +42,8 @@ def flag(value: object) -> Optional[bool]:
 def strings(value: object) -> tuple[str, ...]:
     """The strings of a JSON array (an address list, say); the rest is dropped."""
     return tuple(v for v in items(value) if isinstance(v, str))
+
+
+def integers(value: object) -> tuple[int, ...]:
+    """The integers of a JSON array (a port range, say); the rest is dropped."""
+    return tuple(v for v in items(value) if isinstance(v, int) and not isinstance(v, bool))

@@ -52,30 +52,37 @@ class HostReport:
         """False when the host could not be connected to, authenticated or trusted."""
         return self.outcome is None or self.outcome.reached
 
+    # ``facts`` read into typed values, and the reply they were read from.
+    _known: Optional[tuple[dict[str, Any], HostFacts]] = field(default=None, init=False,
+                                                               repr=False, compare=False)
+
     @property
     def known(self) -> HostFacts:
-        """The facts read into typed values (preflight/facts.py). Read from ``facts`` each
-        time: cheap, and right after ``facts`` is replaced; a check that reads several of them
-        reads this once."""
-        return HostFacts.from_json(self.facts)
+        """The facts as the checks read them (preflight/facts.py), read once per reply: a new
+        ``facts`` (the next probe's, a test's) is read again. Keys added to the reply later
+        (``container``, ``bandwidth``) are not among those read."""
+        if self._known is None or self._known[0] is not self.facts:
+            self._known = (self.facts, HostFacts.from_json(self.facts))
+        return self._known[1]
 
     @property
     def gpus(self) -> int:
         if self.spec.gpus is not None:
             return len(self.spec.gpus)
-        return int(self.facts.get("gpus") or 0)
+        return self.known.gpus
 
     @property
     def python(self) -> Optional[str]:
-        return self.facts.get("python")
+        return self.known.python
 
     @property
     def torch(self) -> Optional[str]:
-        return (self.facts.get("torch") or {}).get("version")
+        torch = self.known.torch
+        return torch.version if torch is not None else None
 
     @property
     def workdir(self) -> Optional[str]:
-        return (self.facts.get("workdir") or {}).get("path")
+        return self.known.workdir.path
 
     def add(self, name: str, ok: bool, detail: str, group: Optional[str] = None) -> None:
         self.checks.append(Check(name, ok, detail, group))
