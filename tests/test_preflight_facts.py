@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterrun.preflight.facts import HostFacts, Torch, Workdir
+from clusterrun.preflight.facts import HostFacts, Machine, Ptrace, Torch, Workdir
 from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
 from clusterrun.preflight.limit_facts import IbPort, Limits, Rlimit
 from clusterrun.preflight.net_facts import Interface as Iface
-from clusterrun.preflight.net_facts import Link, Lookup, Route
+from clusterrun.preflight.net_facts import Link, Lookup, Names, Route, lookups
 from clusterrun.transport.fake_hosts import FakeHost, Interface
 
 
@@ -120,3 +120,28 @@ def test_odd_interfaces_routes_and_workdirs() -> None:
     assert Route.from_json({"dev": None, "src": None, "error": "no route"}) == Route(
         error="no route")
     assert Route.from_json(None) == Route()
+
+
+def test_names_software_identity_and_ptrace_of_a_probe_reply() -> None:
+    found = reply()
+    known = HostFacts.from_json(found)
+    assert known.names == Names("gpu-1", "gpu-1", {"gpu-1": Lookup(("10.0.0.1",), None, 0.001)})
+    assert known.port_range == (32768, 60999)
+    assert known.packages == FakeHost("a", []).packages()
+    assert (known.nccl, known.says_nccl) == (None, True)  # a CPU build of torch: no NCCL
+    assert known.machine == Machine(found["machine"]["boot_id"], 4026531840)
+    assert known.ptrace == Ptrace(1, False, False, None, found["ptrace"]["machine"])
+
+
+def test_missing_names_software_identity_and_ptrace_are_unknown() -> None:
+    bare = HostFacts.from_json({"names": {"hostname": "n1"}, "machine": {"machine_id": "ab"},
+                                "port_range": None, "packages": ["numpy"]})
+    assert bare.names == Names("n1", None, None)  # what they resolve to: not said
+    assert (bare.port_range, bare.packages, bare.says_nccl, bare.ptrace) == (
+        None, None, False, None)
+    assert bare.machine == Machine("ab", None)  # no network namespace: not told apart
+    # The probe's `resolve` answer: name -> what it resolved to there.
+    assert lookups({"head": {"addresses": ["10.0.0.1"], "error": None, "seconds": 0.01},
+                    "gone": {"addresses": [], "error": "not found"}, "odd": None}) == {
+        "head": Lookup(("10.0.0.1",), None, 0.01), "gone": Lookup((), "not found"),
+        "odd": Lookup()}

@@ -18,6 +18,7 @@ import pytest
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import limits, mesh, names, parity, view
 from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.net_facts import lookups
 from clusterrun.preflight.report import Blocked, CheckReport, HostReport, Pairs
 from clusterrun.remote import mesh as remote_mesh
 from clusterrun.remote import sysinfo
@@ -105,7 +106,7 @@ def test_a_master_addr_name_that_resolves_elsewhere_on_one_host_fails(tmp_path: 
     answers = {"node1": {"head": {"addresses": ["10.0.0.1"]}},
                "node2": {"head": {"addresses": ["10.0.0.1"]}},
                "node3": {"head": {"addresses": ["127.0.1.1"]}}}
-    names.judge(inv, reports, answers)
+    names.judge(inv, reports, {n: lookups(a) for n, a in answers.items()})
     assert reports[0].ok and reports[1].ok
     [failed] = [c for c in reports[2].checks if not c.ok]
     assert "'head' resolves to 127.0.1.1 on node3 but to 10.0.0.1 on node1" in failed.detail
@@ -121,7 +122,7 @@ def test_a_name_that_others_resolve_to_another_address_is_a_warning(tmp_path: Pa
                for n in ("node1", "node2", "node3")}
     answers["node1"]["node2"] = {"addresses": ["10.9.0.2"]}
     answers["node3"]["node2"] = {"addresses": [], "error": "not found"}  # fine: not resolvable
-    names.judge(inv, reports, answers)
+    names.judge(inv, reports, {n: lookups(a) for n, a in answers.items()})
     [warned] = [c for c in reports[1].checks if c.warning]
     assert "'node2' resolves on node1 to 10.9.0.2, not to 10.0.0.2" in warned.detail
     assert not any(c.warning for r in (reports[0], reports[2]) for c in r.checks)
@@ -135,7 +136,7 @@ def test_a_name_that_others_resolve_to_another_address_is_a_warning(tmp_path: Pa
 def test_own_name_loopback_or_ipv6_only(addresses: list[str], expected: str | None) -> None:
     facts = {"names": {"hostname": "node2", "fqdn": "node2",
                        "resolved": {"node2": {"addresses": addresses}}}}
-    found = names.local_check(host_spec("10.0.0.2", "node2"), facts)
+    found = names.local_check(host_spec("10.0.0.2", "node2"), HostFacts.from_json(facts))
     if expected is None:
         assert found is None
     else:

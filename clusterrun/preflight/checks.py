@@ -93,12 +93,13 @@ def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
     for r in reports:
         if not r.facts or r.outcome is not None:
             continue
-        found = None if alone else names.local_check(r.spec, r.facts)
+        known = r.known
+        found = None if alone else names.local_check(r.spec, known)
         if found is not None:
             r.checks.append(found)
-        r.checks.extend(limits.host_checks(r.spec, r.known, world=world, gpu_ranks=(
+        r.checks.extend(limits.host_checks(r.spec, known, world=world, gpu_ranks=(
             per_host[r.spec.name] if r.gpus else 0)))
-        r.checks.extend(stacks.host_checks(r.spec, r.facts))
+        r.checks.extend(stacks.host_checks(r.spec, known))
 
 
 def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections) -> None:

@@ -19,6 +19,7 @@ from clusterrun.errors import Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import names as naming
+from clusterrun.preflight.net_facts import lookups
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
 from clusterrun.remote.protocol import Probe
@@ -57,12 +58,13 @@ def run(inv: Inventory, reports: Sequence[HostReport],
         assert result.failure is not None
         result.item.probe_failed(result.failure.outcome, result.failure.message)
     answered = [r for r in listening if r.spec.name in answers and r.outcome is None]
-    naming.judge(inv, answered, {n: a.get("resolve") or {} for n, a in answers.items()})
+    naming.judge(inv, answered, {n: lookups(a.get("resolve")) for n, a in answers.items()})
     if len(answered) < 2:
         return None
     pairs = Pairs([r.spec.name for r in answered], [], {})
     for r in answered:
-        pairs.port_ranges[r.spec.name] = r.facts.get("port_range")
+        found = r.known.port_range
+        pairs.port_ranges[r.spec.name] = list(found) if found else None
         for target, result in (answers[r.spec.name].get("connect") or {}).items():
             if not result.get("ok") and target in pairs.hosts:
                 pairs.blocked.append(Blocked(r.spec.name, target, str(result.get("error"))))
@@ -122,7 +124,7 @@ def failed_pairs(name: str, address: Optional[str], mine: Sequence[Blocked]) -> 
     return "; ".join(parts)
 
 
-def fix(port_range: Optional[list[int]]) -> str:
+def fix(port_range: Optional[Sequence[int]]) -> str:
     span = f"{port_range[0]}-{port_range[1]}" if port_range else "net.ipv4.ip_local_port_range"
     return (f"NCCL and Gloo connect every pair of ranks on ephemeral ports ({span}), not only "
             "the master port. Open that range between the hosts in their firewalls, or narrow "
@@ -140,14 +142,14 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
                   "ports, and reached from them")
             continue
         r.add("pairs", False, failed_pairs(name, r.address, mine) + ". "
-              + fix(r.facts.get("port_range")))
+              + fix(r.known.port_range))
 
 
 def _judge_port_ranges(answered: Sequence[HostReport]) -> None:
     ref = answered[0]
-    want = ref.facts.get("port_range")
+    want = ref.known.port_range
     for r in answered[1:]:
-        have = r.facts.get("port_range")
+        have = r.known.port_range
         if have and want and have != want:
             text = (f"net.ipv4.ip_local_port_range is {have[0]}-{have[1]}, but {want[0]}-"
                     f"{want[1]} on {ref.spec.name}: a firewall rule written for one range "
