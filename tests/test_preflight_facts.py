@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterrun.preflight.answers import Blast, Connected, Listening, connections
 from clusterrun.preflight.facts import HostFacts, Machine, Ptrace, Torch, Workdir
 from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
 from clusterrun.preflight.limit_facts import IbPort, Limits, Rlimit
@@ -145,3 +146,22 @@ def test_missing_names_software_identity_and_ptrace_are_unknown() -> None:
                     "gone": {"addresses": [], "error": "not found"}, "odd": None}) == {
         "head": Lookup(("10.0.0.1",), None, 0.01), "gone": Lookup((), "not found"),
         "odd": Lookup()}
+
+
+def test_the_probes_answers_to_ports_connections_and_transfers() -> None:
+    # As probe.py, mesh.py and throughput.py answer: opened, or why not.
+    assert Listening.from_json({"ok": True, "port": 29500}) == Listening(True, 29500)
+    assert Listening.from_json({"ok": False, "port": 80, "errno": 13,
+                                "error": "Permission denied"}) == Listening(
+        False, 80, 13, "Permission denied")
+    assert Listening.from_json({"ok": False, "error": "Cannot assign"}) == Listening(
+        error="Cannot assign")
+    assert Connected.from_json({"ok": True, "seconds": 0.001}) == Connected(True)
+    assert connections({"node2": {"ok": False, "error": "timed out after 5 s"},
+                        "node3": {"ok": True, "seconds": 0.002}}) == {
+        "node2": Connected(False, "timed out after 5 s"), "node3": Connected(True)}
+    assert connections(None) == {}
+    assert Blast.from_json({"ok": True, "bytes": 60_000_000, "sent": 60_000_000,
+                            "seconds": 1}) == Blast(True, 60_000_000, 1.0)
+    assert Blast.from_json({"ok": False, "stage": "connect", "error": "refused"}) == Blast(
+        stage="connect", error="refused")

@@ -12,6 +12,7 @@ import pytest
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight import decide
+from clusterrun.preflight.answers import Listening
 from clusterrun.preflight.checks import _port_problem
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.probe_session import ProbeSession
@@ -30,15 +31,17 @@ def report(user: str = "alice") -> HostReport:
 
 
 def test_a_low_port_as_a_normal_user_says_it_needs_root() -> None:
-    text = _port_problem(report(), {"ok": False, "port": 80, "errno": errno.EACCES,
-                                    "error": "Permission denied"})
+    text = _port_problem(report(), Listening.from_json({"ok": False, "port": 80,
+                                                        "errno": errno.EACCES,
+                                                        "error": "Permission denied"}))
     assert "ports below 1024 need root" in text and "alice" in text and "gpu-a" in text
     assert "another job" not in text.lower()
 
 
 def test_a_port_in_use_says_another_job_may_hold_it() -> None:
-    text = _port_problem(report(), {"ok": False, "port": 29500, "errno": errno.EADDRINUSE,
-                                    "error": "Address already in use"})
+    text = _port_problem(report(), Listening.from_json({"ok": False, "port": 29500,
+                                                        "errno": errno.EADDRINUSE,
+                                                        "error": "Address already in use"}))
     assert "29500 on gpu-a" in text and "Another job may hold it" in text
 
 

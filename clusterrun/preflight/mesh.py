@@ -12,14 +12,15 @@ all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import names as naming
-from clusterrun.preflight.net_facts import lookups
+from clusterrun.preflight.answers import Connected, Listening, connections
+from clusterrun.preflight.net_facts import Lookup, lookups
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
 from clusterrun.remote.protocol import Probe
@@ -35,20 +36,22 @@ def run(inv: Inventory, reports: Sequence[HostReport],
     ports = _listen(members, sessions)
     listening = [r for r in members if r.spec.name in ports]
     wanted = naming.names_to_resolve(inv, listening)
-    answers: dict[str, dict[str, Any]] = {}
+    # host -> its connections to the others, and what it resolved the names to.
+    answers: dict[str, tuple[Mapping[str, Connected], Mapping[str, Lookup]]] = {}
 
     def one(report: HostReport) -> None:
         targets = [[o.spec.name, o.address, ports[o.spec.name]] for o in listening
                    if o is not report]
-        asked: dict[str, tuple[str, dict[str, Any]]] = {}
+        asked: dict[str, tuple[str, Mapping[str, object]]] = {}
         if targets:
             asked["connect"] = (Probe.MESH_CONNECT, {"targets": targets, "src": report.address,
                                                  "timeout": PAIR_SECONDS})
         if wanted:
             asked["resolve"] = (Probe.RESOLVE, {"names": wanted, "timeout": RESOLVE_SECONDS})
         # Both at once: the probe connects while it resolves.
-        replies = sessions[report.spec.name].ask_all(list(asked.values()))
-        answers[report.spec.name] = dict(zip(asked, replies))
+        replies = dict(zip(asked, sessions[report.spec.name].ask_all(list(asked.values()))))
+        answers[report.spec.name] = (connections(replies.get("connect")),
+                                     lookups(replies.get("resolve")))
 
     # Every host at once: its session is open and each request is one message on it, so a
     # fan-out cap would only make the last hosts wait for the first ones' connect timeouts.
@@ -58,16 +61,16 @@ def run(inv: Inventory, reports: Sequence[HostReport],
         assert result.failure is not None
         result.item.probe_failed(result.failure.outcome, result.failure.message)
     answered = [r for r in listening if r.spec.name in answers and r.outcome is None]
-    naming.judge(inv, answered, {n: lookups(a.get("resolve")) for n, a in answers.items()})
+    naming.judge(inv, answered, {n: resolved for n, (_pairs, resolved) in answers.items()})
     if len(answered) < 2:
         return None
     pairs = Pairs([r.spec.name for r in answered], [], {})
     for r in answered:
         found = r.known.port_range
         pairs.port_ranges[r.spec.name] = list(found) if found else None
-        for target, result in (answers[r.spec.name].get("connect") or {}).items():
-            if not result.get("ok") and target in pairs.hosts:
-                pairs.blocked.append(Blocked(r.spec.name, target, str(result.get("error"))))
+        for target, connected in answers[r.spec.name][0].items():
+            if not connected.ok and target in pairs.hosts:
+                pairs.blocked.append(Blocked(r.spec.name, target, str(connected.error)))
     _judge_pairs(answered, pairs)
     _judge_port_ranges(answered)
     return pairs
@@ -77,12 +80,13 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
     ports: dict[str, int] = {}
 
     def one(report: HostReport) -> None:
-        reply = sessions[report.spec.name].ask(Probe.MESH_LISTEN, addr=report.address)
-        if reply.get("ok"):
-            ports[report.spec.name] = int(reply["port"])
+        reply = Listening.from_json(sessions[report.spec.name].ask(Probe.MESH_LISTEN,
+                                                                   addr=report.address))
+        if reply.ok and reply.port is not None:
+            ports[report.spec.name] = reply.port
         else:
             report.add("pairs", False, f"{report.spec.name}: cannot listen on an ephemeral port "
-                       f"of {report.address}: {reply.get('error')}.")
+                       f"of {report.address}: {reply.error}.")
 
     results = parallel.run(one, members, 15.0, fanout=len(members), name=lambda r: r.spec.name)
     for result in results.failed:
