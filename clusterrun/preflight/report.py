@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -24,7 +25,7 @@ class Check:
         """Passed, with something the user should know (the job may be slow or fragile)."""
         return self.ok and self.detail.startswith("warning:")
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"name": self.name, "ok": self.ok, "warning": self.warning,
                 "detail": self.detail}
 
@@ -53,8 +54,8 @@ class HostReport:
         return self.outcome is None or self.outcome.reached
 
     # ``facts`` read into typed values, and the reply they were read from.
-    _known: Optional[tuple[dict[str, Any], HostFacts]] = field(default=None, init=False,
-                                                               repr=False, compare=False)
+    _known: Optional[tuple[Mapping[str, object], HostFacts]] = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def known(self) -> HostFacts:
@@ -106,7 +107,7 @@ class HostReport:
             self.outcome = outcome
         self.add(check, False, detail)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"host": self.spec.host, "name": self.spec.name, "node_rank": self.node_rank,
                 "ok": self.ok, "interface": self.interface, "address": self.address,
                 "python": self.python, "torch": self.torch, "gpus": self.gpus,
@@ -128,7 +129,7 @@ class Pairs:
     blocked: list[Blocked]
     port_ranges: dict[str, Optional[list[int]]]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"hosts": self.hosts, "tested": len(self.hosts) * (len(self.hosts) - 1),
                 "blocked": [{"from": b.source, "to": b.target, "error": b.error}
                             for b in self.blocked],
@@ -154,7 +155,7 @@ class CheckReport:
     def unreachable(self) -> list[HostReport]:
         return [h for h in self.hosts if not h.reached]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "master_addr": self.master_addr, "master_port": self.master_port,
                 "hosts": [h.as_json() for h in self.hosts],
                 "pairs": self.pairs.as_json() if self.pairs else None}
