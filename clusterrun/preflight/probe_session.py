@@ -24,7 +24,6 @@ class _End(enum.Enum):
     NEXT = "next"  # the probe has ended and its interpreter waits for the next program
 
 
-
 class ProbeSession:
     """Starts the probe, then asks it questions; every answer has a timeout."""
 
