@@ -9,11 +9,26 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.preflight import decide
-from clusterrun.preflight.report import HostReport
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.net_facts import Route
+from clusterrun.preflight.report import Check, HostReport
 from tests.conftest import REPO, fake_inventory, host_spec
 
 PROBE = REPO / "clusterrun" / "remote" / "probe.py"
+
+
+def master_addr(inv: Inventory, facts: dict[str, Any]) -> Optional[str]:
+    """decide.master_addr_from_facts on the facts as a probe would send them."""
+    return decide.master_addr_from_facts(inv, inv.master, HostFacts.from_json(facts))
+
+
+def pick(spec: HostSpec, facts: dict[str, Any], master_addr: str,
+         route: Optional[dict[str, Any]]) -> tuple[Optional[str], Optional[str], Check]:
+    """decide.pick_interface on the facts and the route answer as a probe would send them."""
+    return decide.pick_interface(spec, HostFacts.from_json(facts), master_addr,
+                                 None if route is None else Route.from_json(route))
 
 
 def iface(name: str, *addrs: str, up: bool = True) -> dict[str, Any]:
@@ -34,17 +49,17 @@ MASTER_FACTS = {
 def test_master_addr_from_the_inventory_wins(tmp_path: Path) -> None:
     inv = fake_inventory(tmp_path, host_spec("10.0.0.1"), host_spec("10.0.0.2"),
                          master_addr="10.5.5.5")
-    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.5.5.5"
+    assert master_addr(inv, MASTER_FACTS) == "10.5.5.5"
 
 
 def test_master_addr_of_an_all_local_inventory_is_loopback(tmp_path: Path) -> None:
     inv = fake_inventory(tmp_path, host_spec("localhost", "n0"), host_spec("127.0.0.1", "n1"))
-    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "127.0.0.1"
+    assert master_addr(inv, MASTER_FACTS) == "127.0.0.1"
 
 
 def test_master_addr_is_the_address_of_the_masters_named_interface(tmp_path: Path) -> None:
     inv = fake_inventory(tmp_path, host_spec("gpu-a", interface="virbr0"), host_spec("gpu-b"))
-    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "192.168.122.1"
+    assert master_addr(inv, MASTER_FACTS) == "192.168.122.1"
 
 
 def test_master_addr_falls_back_when_the_named_interface_is_down_or_has_no_ipv4(
@@ -52,15 +67,15 @@ def test_master_addr_falls_back_when_the_named_interface_is_down_or_has_no_ipv4(
     for name in ("eth1", "ib0", "nosuch"):
         inv = fake_inventory(tmp_path, host_spec("gpu-a", interface=name), host_spec("gpu-b"))
         # The address the controller reached it on, since the master holds it.
-        assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.0.0.1"
+        assert master_addr(inv, MASTER_FACTS) == "10.0.0.1"
 
 
 def test_master_addr_is_the_ssh_address_only_when_the_master_holds_it(tmp_path: Path) -> None:
     inv = fake_inventory(tmp_path, host_spec("gpu-a"), host_spec("gpu-b"))
-    assert decide.master_addr_from_facts(inv, inv.master, MASTER_FACTS) == "10.0.0.1"
+    assert master_addr(inv, MASTER_FACTS) == "10.0.0.1"
     natted = {**MASTER_FACTS, "ssh_server_address": "203.0.113.7"}  # reached through NAT
-    assert decide.master_addr_from_facts(inv, inv.master, natted) is None
-    assert decide.master_addr_from_facts(inv, inv.master, {"interfaces": []}) is None
+    assert master_addr(inv, natted) is None
+    assert master_addr(inv, {"interfaces": []}) is None
 
 
 def test_master_addr_without_ssh_is_what_its_own_name_resolves_to(tmp_path: Path) -> None:
@@ -68,9 +83,9 @@ def test_master_addr_without_ssh_is_what_its_own_name_resolves_to(tmp_path: Path
                          host_spec("gpu-b", transport="srun", slurm_job="7"))
     step = {k: v for k, v in MASTER_FACTS.items() if k != "ssh_server_address"}  # srun: none
     named = {**step, "dns": {"hostname": "gpu-a", "addresses": ["127.0.1.1", "10.0.0.1"]}}
-    assert decide.master_addr_from_facts(inv, inv.master, named) == "10.0.0.1"
+    assert master_addr(inv, named) == "10.0.0.1"
     elsewhere = {**step, "dns": {"hostname": "gpu-a", "addresses": ["10.9.9.9"]}}
-    assert decide.master_addr_from_facts(inv, inv.master, elsewhere) is None  # not its own
+    assert master_addr(inv, elsewhere) is None  # not its own
 
 
 # -- pick_interface ------------------------------------------------------------------------
@@ -78,7 +93,7 @@ def test_master_addr_without_ssh_is_what_its_own_name_resolves_to(tmp_path: Path
 
 def test_explicit_interface_is_used_with_its_ipv4() -> None:
     spec = host_spec("gpu-a", interface="eth0")
-    name, addr, check = decide.pick_interface(spec, MASTER_FACTS, "10.0.0.1", None)
+    name, addr, check = pick(spec, MASTER_FACTS, "10.0.0.1", None)
     assert (name, addr, check.ok) == ("eth0", "10.0.0.1", True)
     assert "from the inventory" in check.detail
 
@@ -87,7 +102,7 @@ def test_explicit_interface_missing_down_or_without_ipv4_lists_the_real_ones() -
     for wanted, problem in (("eth7", "does not exist there"), ("eth1", "is down"),
                             ("ib0", "has no IPv4 address")):
         spec = host_spec("gpu-a", interface=wanted)
-        name, addr, check = decide.pick_interface(spec, MASTER_FACTS, "10.0.0.1", None)
+        name, addr, check = pick(spec, MASTER_FACTS, "10.0.0.1", None)
         assert (name, addr, check.ok) == (None, None, False)
         assert f"interface {wanted!r} {problem} on gpu-a" in check.detail
         assert "eth0 (10.0.0.1/24)" in check.detail and "eth1 (10.1.0.1/24 DOWN)" in check.detail
@@ -96,39 +111,34 @@ def test_explicit_interface_missing_down_or_without_ipv4_lists_the_real_ones() -
 
 def test_auto_takes_the_device_that_routes_to_the_master() -> None:
     route = {"dev": "ens5", "src": "10.0.0.2", "local": False}
-    name, addr, check = decide.pick_interface(host_spec("gpu-b"), MASTER_FACTS, "10.0.0.1",
-                                              route)
+    name, addr, check = pick(host_spec("gpu-b"), MASTER_FACTS, "10.0.0.1", route)
     assert (name, addr, check.ok) == ("ens5", "10.0.0.2", True)
     assert "routes to 10.0.0.1" in check.detail
 
 
 def test_on_the_master_the_device_holding_the_address_is_the_answer() -> None:
     route = {"dev": "eth0", "src": "10.0.0.1", "local": True}
-    name, _addr, check = decide.pick_interface(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1",
-                                               route)
+    name, _addr, check = pick(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1", route)
     assert name == "eth0" and "holds 10.0.0.1" in check.detail
 
 
 def test_a_route_through_lo_to_a_non_loopback_master_is_refused() -> None:
     route = {"dev": "lo", "src": "10.0.0.1", "local": False}
-    name, addr, check = decide.pick_interface(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1",
-                                              route)
+    name, addr, check = pick(host_spec("gpu-a"), MASTER_FACTS, "10.0.0.1", route)
     assert (name, addr, check.ok) == (None, None, False)
     assert "goes through lo" in check.detail and "Set `interface:`" in check.detail
 
 
 def test_lo_is_right_for_a_loopback_master() -> None:
     route = {"dev": "lo", "src": "127.0.0.1", "local": True}
-    name, addr, check = decide.pick_interface(host_spec("localhost"), MASTER_FACTS,
-                                              "127.0.0.1", route)
+    name, addr, check = pick(host_spec("localhost"), MASTER_FACTS, "127.0.0.1", route)
     assert (name, addr, check.ok) == ("lo", "127.0.0.1", True)
 
 
 def test_no_route_says_why() -> None:
     for route in (None, {}, {"dev": None, "src": None,
                              "error": "no route to 10.0.0.1 (Network is unreachable)"}):
-        name, _addr, check = decide.pick_interface(host_spec("gpu-b"), MASTER_FACTS,
-                                                   "10.0.0.1", route)
+        name, _addr, check = pick(host_spec("gpu-b"), MASTER_FACTS, "10.0.0.1", route)
         assert name is None and not check.ok
         assert "no interface on gpu-b reaches master_addr 10.0.0.1" in check.detail
     assert "Network is unreachable" in check.detail
@@ -173,8 +183,7 @@ def decide_on_a_decoyed_host(master_addr: str, *, ip: bool = True
     probe["socket"] = SimpleNamespace(socket=_Udp, AF_INET=socket.AF_INET,
                                       AF_INET6=socket.AF_INET6, SOCK_DGRAM=socket.SOCK_DGRAM)
     route = probe["route"](master_addr)
-    name, addr, check = decide.pick_interface(host_spec("gpu-c"), {"interfaces": DECOYED},
-                                              master_addr, route)
+    name, addr, check = pick(host_spec("gpu-c"), {"interfaces": DECOYED}, master_addr, route)
     return name, addr, check.ok
 
 
@@ -203,7 +212,8 @@ def facts(**over: Any) -> dict[str, Any]:
 
 def verdicts(spec_facts: dict[str, Any], **spec: Any) -> dict[str, tuple[bool, str]]:
     return {c.name: (c.ok, c.detail)
-            for c in decide.host_checks(host_spec("gpu-a", **spec), spec_facts)}
+            for c in decide.host_checks(host_spec("gpu-a", **spec),
+                                        HostFacts.from_json(spec_facts))}
 
 
 def test_host_checks_pass_and_warn() -> None:

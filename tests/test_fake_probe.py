@@ -18,6 +18,7 @@ import pytest
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import decide, limits, names, stacks
 from clusterrun.preflight import gpus as gpus_check
+from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import CheckReport
 from clusterrun.remote import gpus, protocol
 from clusterrun.transport import SshOptions, shell
@@ -102,10 +103,10 @@ def test_the_real_probes_facts_leave_no_check_unknown(tmp_path: Path) -> None:
     """What a check reads is where the probe puts it: on this machine's own facts no check
     says "unknown" (the fake's side is test_the_filled_fake_leaves_nothing_unknown)."""
     facts = real_facts(tmp_path / "workdir")
-    spec = host_spec("10.0.0.1", "here")
-    found = [*decide.host_checks(spec, facts), *gpus_check.host_checks(spec, facts),
-             *limits.host_checks(spec, facts, gpu_ranks=0, world=2),
-             *stacks.host_checks(spec, facts), names.local_check(spec, facts)]
+    spec, known = host_spec("10.0.0.1", "here"), HostFacts.from_json(facts)
+    found = [*decide.host_checks(spec, known), *gpus_check.host_checks(spec, known),
+             *limits.host_checks(spec, known, gpu_ranks=0, world=2),
+             *stacks.host_checks(spec, known), names.local_check(spec, known)]
     assert not [c for c in found if c is not None and "unknown" in c.detail], found
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from clusterrun.errors import ExitStatus
 from clusterrun.preflight import gpus as judge
+from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
 from clusterrun.remote import gpus as probe
@@ -132,7 +133,8 @@ def gpu_facts(*gpus: dict[str, Any], apps: tuple[dict[str, Any], ...] = (),
 
 def verdicts(facts: dict[str, Any], allow: bool = False,
              **spec: Any) -> dict[str, tuple[bool, str]]:
-    checks = judge.host_checks(host_spec("gpu-a", **spec), facts, allow_busy_gpus=allow)
+    checks = judge.host_checks(host_spec("gpu-a", **spec), HostFacts.from_json(facts),
+                               allow_busy_gpus=allow)
     names = [c.name for c in checks]
     assert len(names) == len(set(names)), names  # one check per kind of problem
     return {c.name: (c.ok, c.detail) for c in checks}

@@ -17,6 +17,8 @@ import pytest
 
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import limits, mesh, names, parity, view
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.net_facts import lookups
 from clusterrun.preflight.report import Blocked, CheckReport, HostReport, Pairs
 from clusterrun.remote import mesh as remote_mesh
 from clusterrun.remote import sysinfo
@@ -104,7 +106,7 @@ def test_a_master_addr_name_that_resolves_elsewhere_on_one_host_fails(tmp_path: 
     answers = {"node1": {"head": {"addresses": ["10.0.0.1"]}},
                "node2": {"head": {"addresses": ["10.0.0.1"]}},
                "node3": {"head": {"addresses": ["127.0.1.1"]}}}
-    names.judge(inv, reports, answers)
+    names.judge(inv, reports, {n: lookups(a) for n, a in answers.items()})
     assert reports[0].ok and reports[1].ok
     [failed] = [c for c in reports[2].checks if not c.ok]
     assert "'head' resolves to 127.0.1.1 on node3 but to 10.0.0.1 on node1" in failed.detail
@@ -120,7 +122,7 @@ def test_a_name_that_others_resolve_to_another_address_is_a_warning(tmp_path: Pa
                for n in ("node1", "node2", "node3")}
     answers["node1"]["node2"] = {"addresses": ["10.9.0.2"]}
     answers["node3"]["node2"] = {"addresses": [], "error": "not found"}  # fine: not resolvable
-    names.judge(inv, reports, answers)
+    names.judge(inv, reports, {n: lookups(a) for n, a in answers.items()})
     [warned] = [c for c in reports[1].checks if c.warning]
     assert "'node2' resolves on node1 to 10.9.0.2, not to 10.0.0.2" in warned.detail
     assert not any(c.warning for r in (reports[0], reports[2]) for c in r.checks)
@@ -134,7 +136,7 @@ def test_a_name_that_others_resolve_to_another_address_is_a_warning(tmp_path: Pa
 def test_own_name_loopback_or_ipv6_only(addresses: list[str], expected: str | None) -> None:
     facts = {"names": {"hostname": "node2", "fqdn": "node2",
                        "resolved": {"node2": {"addresses": addresses}}}}
-    found = names.local_check(host_spec("10.0.0.2", "node2"), facts)
+    found = names.local_check(host_spec("10.0.0.2", "node2"), HostFacts.from_json(facts))
     if expected is None:
         assert found is None
     else:
@@ -148,19 +150,23 @@ def _limits(**over: Any) -> dict[str, Any]:
     return {"limits": {**base, **over}, "infiniband": None}
 
 
+def _known(**over: Any) -> HostFacts:
+    return HostFacts.from_json(_limits(**over))
+
+
 def test_limits_small_shm_open_files_unlimited_stack() -> None:
     spec = host_spec("10.0.0.1", "gpu1")
     shm = {"size": 64 << 20, "free": 64 << 20}
-    [fail] = [c for c in limits.host_checks(spec, _limits(shm=shm), gpu_ranks=8, world=16)
+    [fail] = [c for c in limits.host_checks(spec, _known(shm=shm), gpu_ranks=8, world=16)
               if not c.ok]
     assert fail.name == "shm" and "64 MiB" in fail.detail and "--shm-size" in fail.detail
-    [warn] = limits.host_checks(spec, _limits(shm=shm), gpu_ranks=0, world=2)
+    [warn] = limits.host_checks(spec, _known(shm=shm), gpu_ranks=0, world=2)
     assert warn.warning and warn.name == "shm"
-    [nofile] = limits.host_checks(spec, _limits(nofile=[1024, 1048576]), gpu_ranks=8, world=512)
+    [nofile] = limits.host_checks(spec, _known(nofile=[1024, 1048576]), gpu_ranks=8, world=512)
     assert nofile.warning and "8192" in nofile.detail and "ulimit -n" in nofile.detail
-    [stack] = limits.host_checks(spec, _limits(stack=[None, None]), gpu_ranks=8, world=16)
+    [stack] = limits.host_checks(spec, _known(stack=[None, None]), gpu_ranks=8, world=16)
     assert stack.warning and "ulimit -s" in stack.detail
-    [fine] = limits.host_checks(spec, _limits(), gpu_ranks=8, world=16)
+    [fine] = limits.host_checks(spec, _known(), gpu_ranks=8, world=16)
     assert fine.ok and not fine.warning
 
 
@@ -172,20 +178,22 @@ def test_rdma_memlock_and_nccl_ib_hca(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NCCL_IB_HCA", raising=False)
     spec = host_spec("10.0.0.1", "gpu1")
     facts = {**_limits(memlock=[64 << 10, 64 << 10]), "infiniband": _ib()}
-    found = {c.name: c for c in limits.host_checks(spec, facts, gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(spec, HostFacts.from_json(facts), gpu_ranks=8,
+                                                    world=16)}
     assert not found["memlock"].ok and "ulimit -l unlimited" in found["memlock"].detail
     assert found["infiniband"].ok and "mlx5_0:1 InfiniBand 200 Gb/sec" in \
         found["infiniband"].detail
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_1:1")
-    found = {c.name: c for c in limits.host_checks(spec, {**_limits(), "infiniband": _ib()},
-                                                    gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib()}), gpu_ranks=8, world=16)}
     assert not found["nccl_ib_hca"].ok and "'mlx5_1'" in found["nccl_ib_hca"].detail
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5")  # a prefix, as NCCL matches it
-    found = {c.name: c for c in limits.host_checks(spec, {**_limits(), "infiniband": _ib()},
-                                                    gpu_ranks=8, world=16)}
+    found = {c.name: c for c in limits.host_checks(
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib()}), gpu_ranks=8, world=16)}
     assert "nccl_ib_hca" not in found
     found = {c.name: c for c in limits.host_checks(
-        spec, {**_limits(), "infiniband": _ib(state="DOWN")}, gpu_ranks=8, world=16)}
+        spec, HostFacts.from_json({**_limits(), "infiniband": _ib(state="DOWN")}), gpu_ranks=8,
+        world=16)}
     assert found["infiniband"].warning and "no ACTIVE port" in found["infiniband"].detail
 
 

@@ -12,7 +12,9 @@ import pytest
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.preflight import decide
+from clusterrun.preflight.answers import Listening
 from clusterrun.preflight.checks import _port_problem
+from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
 from clusterrun.transport import shell
@@ -29,15 +31,17 @@ def report(user: str = "alice") -> HostReport:
 
 
 def test_a_low_port_as_a_normal_user_says_it_needs_root() -> None:
-    text = _port_problem(report(), {"ok": False, "port": 80, "errno": errno.EACCES,
-                                    "error": "Permission denied"})
+    text = _port_problem(report(), Listening.from_json({"ok": False, "port": 80,
+                                                        "errno": errno.EACCES,
+                                                        "error": "Permission denied"}))
     assert "ports below 1024 need root" in text and "alice" in text and "gpu-a" in text
     assert "another job" not in text.lower()
 
 
 def test_a_port_in_use_says_another_job_may_hold_it() -> None:
-    text = _port_problem(report(), {"ok": False, "port": 29500, "errno": errno.EADDRINUSE,
-                                    "error": "Address already in use"})
+    text = _port_problem(report(), Listening.from_json({"ok": False, "port": 29500,
+                                                        "errno": errno.EADDRINUSE,
+                                                        "error": "Address already in use"}))
     assert "29500 on gpu-a" in text and "Another job may hold it" in text
 
 
@@ -63,14 +67,14 @@ def test_a_workdir_without_room_for_a_run_fails_and_a_small_one_warns() -> None:
     facts = {"python_path": "/usr/bin/python3", "python": "3.11.7", "dns": {},
              "torch": {"version": "2.13.0"},
              "workdir": {"path": "/w", "ok": True, "error": None, "free": 5 * 2 ** 20}}
-    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    found = {c.name: c for c in decide.host_checks(spec, HostFacts.from_json(facts))}["workdir"]
     assert not found.ok
     assert found.detail.startswith("/w on gpu1 has only 5.0 MiB free: a run stops below")
     facts["workdir"]["free"] = 300 * 2 ** 20
-    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    found = {c.name: c for c in decide.host_checks(spec, HostFacts.from_json(facts))}["workdir"]
     assert found.ok and found.warning and "300.0 MiB" in found.detail
     facts["workdir"]["free"] = 50 * 2 ** 30
-    found = {c.name: c for c in decide.host_checks(spec, facts)}["workdir"]
+    found = {c.name: c for c in decide.host_checks(spec, HostFacts.from_json(facts))}["workdir"]
     assert found.ok and not found.warning and "50.0 GiB free" in found.detail
 
 

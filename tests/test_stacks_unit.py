@@ -6,15 +6,25 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from clusterrun.preflight.stacks import host_checks
+from clusterrun.inventory import HostSpec
+from clusterrun.preflight import stacks as stack_checks
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.report import Check
 from clusterrun.remote import stall, stallreport
 from clusterrun.stacks import view
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.stacks.watchdog import report
 from tests.conftest import host_spec
+
+
+def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
+    """stacks.host_checks on the facts as a probe would send them."""
+    return stack_checks.host_checks(spec, HostFacts.from_json(facts))
+
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 

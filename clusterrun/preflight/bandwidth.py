@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.errors import ClusterrunError
+from clusterrun.preflight.answers import Blast, Listening
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
 from clusterrun.remote.protocol import Probe
@@ -59,19 +60,19 @@ def measure(reports: Sequence[HostReport], sessions: dict[str, ProbeSession],
         except ClusterrunError as exc:  # the worker's probe died or went silent
             report.add(CHECK, False, f"{_pair(report, master, master_addr)}: {exc.message}")
             continue
-        judge(report, reply, master, master_addr, port)
+        judge(report, Blast.from_json(reply), master, master_addr, port)
 
 
 def _open_sink(session: Optional[ProbeSession], addr: str) -> tuple[Optional[int], str]:
     if session is None:
         return None, "the master could not be probed"
     try:
-        reply = session.ask(Probe.SINK, addr=addr, timeout=WAIT_SECONDS)
+        reply = Listening.from_json(session.ask(Probe.SINK, addr=addr, timeout=WAIT_SECONDS))
     except ClusterrunError as exc:
         return None, f"the master's probe failed: {exc.message}"
-    if not reply.get("ok"):
-        return None, f"no port could be opened on the master at {addr}: {reply.get('error')}"
-    return int(reply["port"]), ""
+    if not reply.ok or reply.port is None:
+        return None, f"no port could be opened on the master at {addr}: {reply.error}"
+    return reply.port, ""
 
 
 def _unmeasurable(report: HostReport, deadline: float, workers: int) -> str:
@@ -89,21 +90,21 @@ def _pair(report: HostReport, master: HostReport, master_addr: str) -> str:
     return (f"{report.spec.name} ({report.address}) -> {master.spec.name} ({master_addr})")
 
 
-def judge(report: HostReport, reply: dict[str, Any], master: HostReport, master_addr: str,
+def judge(report: HostReport, reply: Blast, master: HostReport, master_addr: str,
           port: int) -> None:
     """The ``blast`` reply of one worker as its check and its ``bandwidth`` fact."""
-    if not reply.get("ok"):
-        stage = reply.get("stage")
+    if not reply.ok:
+        stage = reply.stage
         what = {"connect": f"cannot connect to port {port}",
                 "send": "the transfer stalled",
                 "answer": "the master did not confirm what it received"}.get(
                     str(stage), "the measurement failed")
         report.add(CHECK, False, f"{_pair(report, master, master_addr)}: {what}: "
-                   f"{reply.get('error')}. NCCL and Gloo connect between hosts on ports like "
+                   f"{reply.error}. NCCL and Gloo connect between hosts on ports like "
                    "this one; a firewall between them would hang the job at its first "
                    "collective.")
         return
-    nbytes, seconds = int(reply["bytes"]), float(reply["seconds"])
+    nbytes, seconds = reply.bytes, reply.seconds
     gbit = gbit_per_s(nbytes, seconds)
     report.facts["bandwidth"] = {"gbit_s": round(gbit, 3), "bytes": nbytes,
                                  "seconds": round(seconds, 3)}

@@ -17,11 +17,13 @@ import errno
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import Inventory, ranks
 from clusterrun.preflight import container, decide, gpus, limits, mesh, names, parity, stacks, twins
+from clusterrun.preflight.answers import Connected, Listening
+from clusterrun.preflight.net_facts import Route
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
 from clusterrun.remote.protocol import Probe
@@ -92,12 +94,13 @@ def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
     for r in reports:
         if not r.facts or r.outcome is not None:
             continue
-        found = None if alone else names.local_check(r.spec, r.facts)
+        known = r.known
+        found = None if alone else names.local_check(r.spec, known)
         if found is not None:
             r.checks.append(found)
-        r.checks.extend(limits.host_checks(r.spec, r.facts, world=world, gpu_ranks=(
+        r.checks.extend(limits.host_checks(r.spec, known, world=world, gpu_ranks=(
             per_host[r.spec.name] if r.gpus else 0)))
-        r.checks.extend(stacks.host_checks(r.spec, r.facts))
+        r.checks.extend(stacks.host_checks(r.spec, known))
 
 
 def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections) -> None:
@@ -138,9 +141,10 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
                  else f"a step of Slurm job {spec.slurm_job} on {spec.host}"
                  if spec.transport == "srun"
                  else f"connected to {getattr(transport, 'address', spec.host)}")
-        report.add("ssh", True, f"{where}, hostname {report.facts.get('hostname')}")
-        report.checks.extend(decide.host_checks(spec, report.facts))
-        report.checks.extend(gpus.host_checks(spec, report.facts, allow_busy_gpus=allow_busy_gpus))
+        known = report.known  # the reply read into typed facts, once for this host's checks
+        report.add("ssh", True, f"{where}, hostname {known.hostname}")
+        report.checks.extend(decide.host_checks(spec, known))
+        report.checks.extend(gpus.host_checks(spec, known, allow_busy_gpus=allow_busy_gpus))
         if on_facts is not None:
             on_facts(report)
 
@@ -158,7 +162,7 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
         found.problem = f"the master {report.spec.name} could not be probed"
         return found
     try:
-        addr = decide.master_addr_from_facts(inv, report.spec, report.facts) or _facing_peers(
+        addr = decide.master_addr_from_facts(inv, report.spec, report.known) or _facing_peers(
             inv, session, pool)
         if addr is None:
             report.add("master_addr", False, f"{report.spec.name}: cannot tell which address the "
@@ -167,21 +171,23 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
             found.problem = "master_addr is unknown"
             return found
         found.addr = addr
-        route = session.ask(Probe.ROUTE, addr=addr) if report.spec.interface == "auto" else None
+        route = (Route.from_json(session.ask(Probe.ROUTE, addr=addr))
+                 if report.spec.interface == "auto" else None)
         report.interface, report.address, check = decide.pick_interface(
-            report.spec, report.facts, addr, route)
+            report.spec, report.known, addr, route)
         report.add(check.name, check.ok, check.detail)
-        listen = session.ask(Probe.LISTEN, addr=addr, port=inv.master_port or 0)
-        found.port = listen.get("port")
-        if not listen.get("ok"):
+        listen = Listening.from_json(session.ask(Probe.LISTEN, addr=addr,
+                                                 port=inv.master_port or 0))
+        found.port = listen.port
+        if not listen.ok:
             report.add("master_port", False, _port_problem(report, listen))
             found.problem = f"master_port {found.port} is not usable on the master"
             return found
         found.port_free = True
         report.add("master_port", True, f"{found.port} is free on {report.spec.name}")
         if data_path:
-            lifeline = session.ask(Probe.LISTEN, addr=addr, port=0)
-            found.lifeline_port = lifeline.get("port") if lifeline.get("ok") else None
+            lifeline = Listening.from_json(session.ask(Probe.LISTEN, addr=addr, port=0))
+            found.lifeline_port = lifeline.port if lifeline.ok else None
             if found.lifeline_port is None:
                 report.add("lifeline_port", False, _port_problem(report, lifeline))
                 found.problem = "no second port could be opened on the master"
@@ -191,13 +197,13 @@ def _master(inv: Inventory, report: HostReport, session: Optional[ProbeSession],
     return found
 
 
-def _port_problem(report: HostReport, listen: dict[str, Any]) -> str:
-    port, name = listen.get("port"), report.spec.name
-    if listen.get("errno") == errno.EACCES and port and port < 1024:
-        user = report.facts.get("user") or "this user"
+def _port_problem(report: HostReport, listen: Listening) -> str:
+    port, name = listen.port, report.spec.name
+    if listen.errno == errno.EACCES and port and port < 1024:
+        user = report.known.user or "this user"
         return (f"port {port} on {name}: ports below 1024 need root, and clusterrun runs as "
                 f"{user} there. Use a `master_port:` of 1024 or more, or `auto`.")
-    return (f"port {port} on {name}: {listen.get('error')}. Another job may hold it; pick "
+    return (f"port {port} on {name}: {listen.error}. Another job may hold it; pick "
             "another `master_port:` or use `auto`.")
 
 
@@ -211,9 +217,9 @@ def _facing_peers(inv: Inventory, session: ProbeSession, pool: Connections) -> O
             peer = socket.gethostbyname(getattr(transports.get(spec.name), "address", spec.host))
         except OSError:
             continue  # an ~/.ssh/config alias this machine cannot resolve: try the next
-        src = session.ask(Probe.ROUTE, addr=peer).get("src")
+        src = Route.from_json(session.ask(Probe.ROUTE, addr=peer)).src
         if src:
-            return str(src)
+            return src
     return None
 
 
@@ -226,10 +232,10 @@ def _workers(reports: Sequence[HostReport], sessions: dict[str, ProbeSession], m
         if master.addr is None:
             report.add("interface", False, f"not chosen: {master.problem}.")
             return
-        route = (session.ask(Probe.ROUTE, addr=master.addr) if report.spec.interface == "auto"
-                 else None)
+        route = (Route.from_json(session.ask(Probe.ROUTE, addr=master.addr))
+                 if report.spec.interface == "auto" else None)
         report.interface, report.address, check = decide.pick_interface(
-            report.spec, report.facts, master.addr, route)
+            report.spec, report.known, master.addr, route)
         report.add(check.name, check.ok, check.detail)
         if data_path:
             _data_path(report, session, master)
@@ -250,12 +256,12 @@ def _data_path(report: HostReport, session: ProbeSession, master: _Master) -> No
         return
     assert master.addr is not None
     for port in (master.port, master.lifeline_port):
-        result = session.ask(Probe.CONNECT, addr=master.addr, port=port, src=report.address,
-                             timeout=CONNECT_SECONDS)
+        result = Connected.from_json(session.ask(Probe.CONNECT, addr=master.addr, port=port,
+                                                 src=report.address, timeout=CONNECT_SECONDS))
         where = f"{master.addr}:{port} from {report.interface} ({report.address})"
-        if not result.get("ok"):
+        if not result.ok:
             report.add("data_path", False, f"{report.spec.name} cannot open a TCP connection to "
-                       f"{where}: {result.get('error')}. A firewall may block the port between "
+                       f"{where}: {result.error}. A firewall may block the port between "
                        "the hosts, or this interface does not reach the master; set "
                        "`interface:` or `master_addr:`.")
             return

@@ -3,10 +3,12 @@ address, each host's interface, and software parity. Pure functions: no network,
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.preflight import hostpaths
+from clusterrun.preflight.facts import HostFacts, Workdir
+from clusterrun.preflight.net_facts import Interface, Route
 from clusterrun.preflight.report import Check, HostReport, warn
 from clusterrun.remote import disk
 
@@ -14,29 +16,20 @@ SLOW_DNS_SECONDS = 2.0
 LOW_DISK = 1024 ** 3  # below this free in the workdir, a warning
 
 
-def first_ipv4(iface: Optional[dict[str, Any]]) -> Optional[str]:
-    if not iface:
-        return None
-    for cidr in iface.get("addrs", []):
-        addr = cidr.split("/")[0]
-        if ":" not in addr:
-            return str(addr)
-    return None
+def first_ipv4(iface: Optional[Interface]) -> Optional[str]:
+    return iface.ipv4 if iface is not None else None
 
 
-def owner_of(addr: str, facts: dict[str, Any]) -> Optional[str]:
+def owner_of(addr: str, facts: HostFacts) -> Optional[str]:
     """The interface that holds ``addr`` on this host, if any."""
-    for iface in facts.get("interfaces", []):
-        if any(cidr.split("/")[0] == addr for cidr in iface.get("addrs", [])):
-            return str(iface["name"])
-    return None
+    return next((iface.name for iface in facts.interfaces if iface.holds(addr)), None)
 
 
-def _workdir_space(name: str, workdir: dict[str, Any]) -> Check:
+def _workdir_space(name: str, workdir: Workdir) -> Check:
     """A workdir that can be written, and whether a run has room there: below disk.FLOOR free
     the supervisor would stop the run at once (remote/disk.py)."""
-    free, path = workdir.get("free"), workdir["path"]
-    where = workdir.get("free_at") or path
+    free, path = workdir.free, workdir.path
+    where = workdir.free_at or path
     if free is None:
         return warn("workdir", f"{path} on {name} was created and written, but its free space "
                     f"is unknown (the probe could not read it at {where}), so it was not "
@@ -55,39 +48,38 @@ def _workdir_space(name: str, workdir: dict[str, Any]) -> Check:
     return Check("workdir", True, f"{path} (created and written, {room} free)")
 
 
-def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
+def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
     """What one host's facts say on their own: Python, torch, workdir, name lookup (GPUs:
     clusterrun/preflight/gpus.py)."""
     name = spec.name
-    checks = [Check("python", True, f"{facts['python']} ({facts['python_path']})")]
-    torch = facts.get("torch")
-    if torch and torch.get("version"):
-        checks.append(Check("torch", True, f"{torch['version']}"))
+    checks = [Check("python", True, f"{facts.python} ({facts.python_path})")]
+    torch = facts.torch
+    if torch and torch.version:
+        checks.append(Check("torch", True, f"{torch.version}"))
     else:
-        checks.append(Check("torch", False, f"torch is not installed for {facts['python_path']} "
+        checks.append(Check("torch", False, f"torch is not installed for {facts.python_path} "
                             f"on {name}: install it there (pip install torch) or point `python:`/"
                             "`setup:` at the environment that has it."))
-    workdir = facts.get("workdir") or {}
-    if workdir.get("ok"):
+    workdir = facts.workdir
+    if workdir.ok:
         checks.append(_workdir_space(name, workdir))
     else:
-        checks.append(Check("workdir", False, hostpaths.explain(name, workdir,
+        checks.append(Check("workdir", False, hostpaths.explain(name, workdir.found,
                                                                local=spec.local)))
-    dns = facts.get("dns") or {}
-    seconds = dns.get("seconds")
-    if dns.get("error") or seconds is None or seconds > SLOW_DNS_SECONDS:
-        why = f"failed ({dns['error']})" if dns.get("error") else f"took {seconds} s"
+    dns = facts.dns
+    seconds = dns.seconds
+    if dns.error or seconds is None or seconds > SLOW_DNS_SECONDS:
+        why = f"failed ({dns.error})" if dns.error else f"took {seconds} s"
         checks.append(Check("dns", True, f"warning: looking up its own name "
-                            f"{dns.get('hostname')!r} {why}; torch does this at start-up, which "
+                            f"{dns.hostname!r} {why}; torch does this at start-up, which "
                             "will be slow. List the hostname in /etc/hosts on every host."))
     else:
-        checks.append(Check("dns", True, f"{dns.get('hostname')} -> "
-                            f"{', '.join(dns.get('addresses', []))}"))
+        checks.append(Check("dns", True, f"{dns.hostname} -> {', '.join(dns.addresses)}"))
     return checks
 
 
 def master_addr_from_facts(inv: Inventory, master: HostSpec,
-                           facts: dict[str, Any]) -> Optional[str]:
+                           facts: HostFacts) -> Optional[str]:
     """The address workers should reach the master on, when the facts alone say it: the
     inventory's, 127.0.0.1 for an all-local inventory, the master's address on its named
     interface, the address the controller reached it on (when the master holds it), or the
@@ -98,45 +90,44 @@ def master_addr_from_facts(inv: Inventory, master: HostSpec,
         return "127.0.0.1"
     if master.interface != AUTO:
         # If that interface is unusable, pick_interface says so; fall back to the SSH address.
-        own = next((i for i in facts.get("interfaces", []) if i["name"] == master.interface),
-                   None)
-        if own is not None and own.get("up") and first_ipv4(own):
-            return first_ipv4(own)
-    server = facts.get("ssh_server_address")
+        own = next((i for i in facts.interfaces if i.name == master.interface), None)
+        if own is not None and own.up and own.ipv4:
+            return own.ipv4
+    server = facts.ssh_server_address
     if server and owner_of(server, facts):
-        return str(server)
+        return server
     # Reached without SSH (a Slurm job step): the address its own name resolves to, as the
     # scheduler's nodes resolve each other's names, when the master holds it.
-    for addr in (facts.get("dns") or {}).get("addresses", []):
-        if not str(addr).startswith("127.") and ":" not in str(addr) and owner_of(addr, facts):
-            return str(addr)
+    for addr in facts.dns.addresses:
+        if not addr.startswith("127.") and ":" not in addr and owner_of(addr, facts):
+            return addr
     return None
 
 
-def describe_interfaces(facts: dict[str, Any]) -> str:
+def describe_interfaces(facts: HostFacts) -> str:
     parts = []
-    for item in facts.get("interfaces", []):
-        addrs = ", ".join(a for a in item.get("addrs", []) if ":" not in a.split("/")[0])
-        state = "" if item.get("up") else " DOWN"
-        parts.append(f"{item['name']} ({addrs or 'no IPv4'}{state})")
+    for item in facts.interfaces:
+        addrs = ", ".join(a for a in item.addrs if ":" not in a.split("/")[0])
+        state = "" if item.up else " DOWN"
+        parts.append(f"{item.name} ({addrs or 'no IPv4'}{state})")
     return "; ".join(parts)
 
 
-def pick_interface(spec: HostSpec, facts: dict[str, Any], master_addr: str,
-                   route: Optional[dict[str, Any]]) -> tuple[Optional[str], Optional[str], Check]:
+def pick_interface(spec: HostSpec, facts: HostFacts, master_addr: str,
+                   route: Optional[Route]) -> tuple[Optional[str], Optional[str], Check]:
     """(interface, its address, the check saying why) for one host. ``route`` is the host's own
     answer for the way to ``master_addr`` (unused when the inventory names the interface).
 
     On the master the route to its own address is `lo`: the answer there is the device that
     holds the address. A decoy (virbr0, docker0, a NIC on another subnet) never routes to the
     master, so it is never chosen."""
-    by_name = {i["name"]: i for i in facts.get("interfaces", [])}
+    by_name = {i.name: i for i in facts.interfaces}
     if spec.interface != AUTO:
         iface = by_name.get(spec.interface)
         problem = None
         if iface is None:
             problem = "does not exist there"
-        elif not iface.get("up"):
+        elif not iface.up:
             problem = "is down"
         elif first_ipv4(iface) is None:
             problem = "has no IPv4 address"
@@ -148,17 +139,17 @@ def pick_interface(spec: HostSpec, facts: dict[str, Any], master_addr: str,
         address = first_ipv4(iface)
         return spec.interface, address, Check("interface", True, f"{spec.interface} {address} "
                                               "(from the inventory)")
-    route = route or {}
-    dev = route.get("dev")
+    route = route or Route()
+    dev = route.dev
     loopback = master_addr.startswith("127.") or master_addr == "::1"
     if not dev or (dev == "lo" and not loopback):
-        why = route.get("error") or f"its route to {master_addr} goes through {dev or 'nothing'}"
+        why = route.error or f"its route to {master_addr} goes through {dev or 'nothing'}"
         return None, None, Check("interface", False, f"no interface on {spec.name} reaches "
                                  f"master_addr {master_addr}: {why}. Its interfaces: "
                                  f"{describe_interfaces(facts)}. Set `interface:` or "
                                  "`master_addr:`.")
-    role = "holds" if route.get("local") else "routes to"
-    return str(dev), route.get("src"), Check("interface", True, f"{dev} {route.get('src')} "
+    role = "holds" if route.local else "routes to"
+    return dev, route.src, Check("interface", True, f"{dev} {route.src} "
                                              f"({role} {master_addr})")
 
 

@@ -34,9 +34,11 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.inventory import AUTO, HostSpec
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
 from clusterrun.preflight.report import Check, HostReport
 
 # Memory an idle GPU, or one that also drives a desktop, shows as used without any compute job.
@@ -67,14 +69,13 @@ def used_gpus(spec: HostSpec, count: int) -> list[int]:
     return list(range(count))
 
 
-def host_checks(spec: HostSpec, facts: dict[str, Any], *,
+def host_checks(spec: HostSpec, facts: HostFacts, *,
                 allow_busy_gpus: bool = False) -> list[Check]:
     """One host's GPU checks: a `gpus` summary, then one check per kind of problem found."""
-    nvidia: Optional[dict[str, Any]] = facts.get("nvidia")
-    count = int(facts.get("gpus") or 0)
-    if nvidia is not None and not nvidia.get("smi"):
+    nvidia, count = facts.nvidia, facts.gpus
+    if nvidia is not None and not nvidia.smi:
         return [_no_gpus(spec, " (no nvidia-smi on the PATH)")]
-    if nvidia is not None and "gpus" in (nvidia.get("errors") or {}):
+    if nvidia is not None and "gpus" in nvidia.errors:
         return [_smi_failed(spec, nvidia, count, allow_busy_gpus)]
     if nvidia is None:  # only a count: whether the GPUs are free and healthy is unknown
         return [_unknown(spec, count), *_count_checks(spec, count, allow_busy_gpus)]
@@ -82,20 +83,20 @@ def host_checks(spec: HostSpec, facts: dict[str, Any], *,
         "gpus", True, f"warning: nvidia-smi on {spec.name} lists no GPU; its ranks will run "
         "without one (`nvidia-smi -L` there; a GPU that fell off the bus needs a reboot).")
     checks = [summary, *_count_checks(spec, count, allow_busy_gpus)]
-    by_index = {g["index"]: g for g in nvidia.get("gpus", [])}
+    by_index = {g.index: g for g in nvidia.gpus}
     used = [by_index[i] for i in used_gpus(spec, count) if i in by_index]
-    busy = _busy(spec, used, nvidia.get("apps", []))
+    busy = _busy(spec, used, nvidia.apps)
     if busy:
         checks.append(_verdict("gpu_busy", busy, "Stop those processes, pick other GPUs with "
                                f"`gpus:` in the inventory, or pass {ALLOW} to go on.",
                                allow_busy_gpus))
-    odd = [g for g in used if g.get("compute_mode") not in (None, "Default")]
+    odd = [g for g in used if g.compute_mode not in (None, "Default")]
     if odd:
         checks.append(_verdict("gpu_mode", _modes(spec, odd), "Set it back to Default as root "
-                               f"(`nvidia-smi -i {_indices([g['index'] for g in odd], ',')} "
+                               f"(`nvidia-smi -i {_indices([g.index for g in odd], ',')} "
                                f"-c DEFAULT`), pick other GPUs with `gpus:`, or pass {ALLOW} to "
                                "go on.", allow_busy_gpus))
-    sick = {g["index"]: _ailments(g) for g in used if _ailments(g)}
+    sick = {g.index: _ailments(g) for g in used if _ailments(g)}
     if sick:
         checks.append(_verdict("gpu_health", _health(spec, sick), "Reset the GPU with nothing "
                                f"running on it (`nvidia-smi -r -i {_indices(list(sick), ',')}` "
@@ -123,25 +124,25 @@ def _no_gpus(spec: HostSpec, why: str) -> Check:
     return Check("gpus", True, f"no NVIDIA GPU found{why}")
 
 
-def _smi_failed(spec: HostSpec, nvidia: dict[str, Any], count: int, allow: bool) -> Check:
+def _smi_failed(spec: HostSpec, nvidia: NvidiaFacts, count: int, allow: bool) -> Check:
     listed = f" (`nvidia-smi -L` lists {count} GPU(s))" if count else ""
     return _verdict("gpus", f"nvidia-smi fails on {spec.name}{listed}: "
-                    f"{nvidia['errors']['gpus']}. CUDA will fail the same way there.",
+                    f"{nvidia.errors['gpus']}. CUDA will fail the same way there.",
                     "A driver/library version mismatch after a driver upgrade needs a reboot "
                     f"(or the nvidia kernel modules reloaded); or pass {ALLOW} to go on.", allow)
 
 
-def _summary(spec: HostSpec, nvidia: Optional[dict[str, Any]], count: int) -> Check:
+def _summary(spec: HostSpec, nvidia: Optional[NvidiaFacts], count: int) -> Check:
     used = used_gpus(spec, count)
     which = "all" if spec.gpus is None and len(used) == count else _indices(used)
     detail = f"{len(used)} of {count} GPU(s) used ({which})"
-    if nvidia:
-        names = sorted({g["name"] for g in nvidia.get("gpus", []) if g.get("name")})
+    if nvidia is not None:
+        names = sorted({g.name for g in nvidia.gpus if g.name})
         if names:
             detail += f", {', '.join(names)}"
-        if nvidia.get("driver"):
-            detail += f", driver {nvidia['driver']}"
-        missing = sorted(k.replace("_", " ") for k in (nvidia.get("errors") or {}))
+        if nvidia.driver:
+            detail += f", driver {nvidia.driver}"
+        missing = sorted(k.replace("_", " ") for k in nvidia.errors)
         if missing:
             detail += f"; nvidia-smi could not report: {', '.join(missing)}"
     return Check("gpus", True, detail)
@@ -167,32 +168,32 @@ def _count_checks(spec: HostSpec, count: int, allow: bool) -> list[Check]:
     return checks
 
 
-def _process(app: dict[str, Any]) -> str:
+def _process(app: GpuApp) -> str:
     """pid, name, whose, how much: one process on a GPU, as the user will go looking for it."""
-    pid, what = app.get("pid"), f"pid {app.get('pid')} {app.get('process_name') or '?'}"
-    memory = _mib(app.get("used_memory"))
-    if not app.get("visible"):
+    pid, what = app.pid, f"pid {app.pid} {app.process_name or '?'}"
+    memory = _mib(app.used_memory)
+    if not app.visible:
         return (f"{what} ({memory}) of an unknown user: that pid is not visible on the host "
                 "(another PID namespace, such as a container)")
-    if app.get("mine"):
-        return (f"{what} ({memory}) of {app.get('user')}, the user clusterrun runs as there: "
+    if app.mine:
+        return (f"{what} ({memory}) of {app.user}, the user clusterrun runs as there: "
                 f"a leftover of an earlier run? `kill {pid}`")
-    return f"{what} ({memory}) of user {app.get('user')}"
+    return f"{what} ({memory}) of user {app.user}"
 
 
-def _busy(spec: HostSpec, used: list[dict[str, Any]], apps: list[dict[str, Any]]) -> str:
+def _busy(spec: HostSpec, used: list[NvidiaGpu], apps: tuple[GpuApp, ...]) -> str:
     found = []
     for gpu in used:
-        mine = [a for a in apps if a.get("gpu") == gpu["index"]]
-        memory = gpu.get("memory_used")
+        mine = [a for a in apps if a.gpu == gpu.index]
+        memory = gpu.memory_used
         if not mine and (memory is None or memory <= BUSY_MIB):
             continue
-        of = f" of {gpu['memory_total']} MiB" if gpu.get("memory_total") else ""
+        of = f" of {gpu.memory_total} MiB" if gpu.memory_total else ""
         held = f"{memory} MiB{of} in use" if memory is not None else "in use"
         if mine:
-            found.append(f"GPU {gpu['index']}: {held} by {', '.join(map(_process, mine))}")
+            found.append(f"GPU {gpu.index}: {held} by {', '.join(map(_process, mine))}")
         else:
-            found.append(f"GPU {gpu['index']}: {held}, by no process nvidia-smi shows here "
+            found.append(f"GPU {gpu.index}: {held}, by no process nvidia-smi shows here "
                          "(another container or PID namespace)")
     if not found:
         return ""
@@ -204,8 +205,8 @@ def _mib(value: Optional[int]) -> str:
     return "memory unknown" if value is None else f"{value} MiB"
 
 
-def _modes(spec: HostSpec, odd: list[dict[str, Any]]) -> str:
-    modes = {g["compute_mode"] for g in odd}
+def _modes(spec: HostSpec, odd: list[NvidiaGpu]) -> str:
+    modes = {g.compute_mode for g in odd}
     why = []
     if modes - {"Prohibited"}:
         why.append("an Exclusive mode admits one CUDA process per GPU, so a second one (or "
@@ -213,19 +214,19 @@ def _modes(spec: HostSpec, odd: list[dict[str, Any]]) -> str:
                    "unavailable'")
     if "Prohibited" in modes:
         why.append("Prohibited admits no CUDA process at all")
-    states = "; ".join(f"GPU {g['index']} is in compute mode {g['compute_mode']}" for g in odd)
+    states = "; ".join(f"GPU {g.index} is in compute mode {g.compute_mode}" for g in odd)
     return f"{spec.name} {states}: {', and '.join(why)}."
 
 
-def _ailments(gpu: dict[str, Any]) -> list[str]:
+def _ailments(gpu: NvidiaGpu) -> list[str]:
     what = []
-    if (gpu.get("ecc_uncorrected") or 0) > 0:
-        what.append(f"{gpu['ecc_uncorrected']} uncorrected ECC error(s) since the driver loaded")
-    if gpu.get("retired_pages_pending"):
+    if (gpu.ecc_uncorrected or 0) > 0:
+        what.append(f"{gpu.ecc_uncorrected} uncorrected ECC error(s) since the driver loaded")
+    if gpu.retired_pages_pending:
         what.append("memory pages pending retirement")
-    if gpu.get("remap_pending"):
+    if gpu.remap_pending:
         what.append("a row remapping pending")
-    if gpu.get("remap_failure"):
+    if gpu.remap_failure:
         what.append("a failed row remapping")
     return what
 
@@ -237,23 +238,25 @@ def _health(spec: HostSpec, sick: dict[int, list[str]]) -> str:
 
 
 def driver(report: HostReport) -> Optional[str]:
-    return ((report.facts.get("nvidia") or {}).get("driver")) or None
+    nvidia = report.known.nvidia
+    return (nvidia.driver if nvidia is not None else None) or None
 
 
 def compare_drivers(reports: list[HostReport]) -> None:
     """The NVIDIA driver of every host against the master's (the first GPU host's when the
     master has none): a difference is a warning (see the module's notes)."""
-    with_driver = [r for r in reports if driver(r)]
+    found = [(r, driver(r)) for r in reports]
+    with_driver = [(r, d) for r, d in found if d]
     if not with_driver:
         return
-    ref = next((r for r in with_driver if r.spec.master), with_driver[0])
+    ref, want = next(((r, d) for r, d in with_driver if r.spec.master), with_driver[0])
     where = f"the master {ref.spec.name}" if ref.spec.master else ref.spec.name
     why = ("NCCL needs the same NCCL and CUDA runtime on every host (see torch), not the same "
            "driver, but a driver older than torch's CUDA fails at start-up there; install the "
            "same driver everywhere to rule that out.")
-    for r in with_driver:
-        if driver(r) != driver(ref):
+    for r, have in with_driver:
+        if have != want:
             # `group`: hosts with the same other driver are reported together in one line.
-            r.add("gpu_driver", True, f"warning: NVIDIA driver {driver(r)} on {r.spec.name} but "
-                  f"{driver(ref)} on {where}. {why}", f"warning: NVIDIA driver {driver(r)}, but "
-                  f"{driver(ref)} on {where}. {why}")
+            r.add("gpu_driver", True, f"warning: NVIDIA driver {have} on {r.spec.name} but "
+                  f"{want} on {where}. {why}", f"warning: NVIDIA driver {have}, but "
+                  f"{want} on {where}. {why}")

@@ -8,62 +8,100 @@ docs/troubleshooting.md ("The workdir on a host") lists the cases.
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+from clusterrun.preflight.jsonfields import flag, text
+
+
+@dataclass(frozen=True)
+class PathFailure:
+    """What the host found in the way of ``path`` (clusterrun/remote/pathcheck.py): the
+    errno's name, the nearest part of the path that exists, whose home. None: not said."""
+
+    path: Optional[str] = None
+    errno: Optional[str] = None
+    error: Optional[str] = None
+    failed_at: Optional[str] = None
+    existing: Optional[str] = None
+    existing_is_dir: Optional[bool] = None
+    writable: Optional[bool] = None
+    user: Optional[str] = None
+    home: Optional[str] = None
+    home_exists: Optional[bool] = None
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, object]) -> PathFailure:
+        return cls(text(found.get("path")), text(found.get("errno")), text(found.get("error")),
+                   text(found.get("failed_at")), text(found.get("existing")),
+                   flag(found.get("existing_is_dir")), flag(found.get("writable")),
+                   text(found.get("user")), text(found.get("home")),
+                   flag(found.get("home_exists")))
 
 
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def cause(found: dict[str, Any]) -> str:
+def cause(found: Mapping[str, object]) -> str:
     """Why ``found["path"]`` cannot be created or written, naming the path in the way."""
-    path = str(found.get("path"))
-    code = found.get("errno")
-    user = found.get("user") or "this user"
-    existing = str(found.get("existing") or path)
-    home = found.get("home")
-    if home and found.get("home_exists") is False and _under(path, str(home)):
+    return _cause(PathFailure.from_json(found))
+
+
+def _cause(found: PathFailure) -> str:
+    path = str(found.path)
+    code = found.errno
+    user = found.user or "this user"
+    existing = str(found.existing or path)
+    home = found.home
+    if home and found.home_exists is False and _under(path, home):
         return f"the home directory {home} of {user} does not exist there"
     if code == "EISDIR":
         return f"{path} is a directory where a file should be"
-    if code in ("ENOTDIR", "EEXIST") or found.get("existing_is_dir") is False:
+    if code in ("ENOTDIR", "EEXIST") or found.existing_is_dir is False:
         if existing == path:
             return f"{path} is a file, not a directory"
         return f"{existing} is a file, not a directory, and {path} would be inside it"
     if code == "EROFS":
         return f"{existing} is on a read-only filesystem"
     if code in ("EACCES", "EPERM"):
-        where = existing if found.get("writable") is False else (
-            found.get("failed_at") or existing)
+        where = existing if found.writable is False else (found.failed_at or existing)
         return f"{user} may not write to {where} (permission denied)"
     if code == "ENOSPC":
         return f"the disk that holds {existing} is full"
     if code == "EDQUOT":
         return f"{user}'s disk quota on the filesystem of {existing} is used up"
-    return f"{found.get('error') or 'it failed'} ({found.get('failed_at') or path})"
+    return f"{found.error or 'it failed'} ({found.failed_at or path})"
 
 
-def fix(found: dict[str, Any], *, local: bool = False) -> str:
+def fix(found: Mapping[str, object], *, local: bool = False) -> str:
     """What to change: `workdir:` to a directory the user can write, or what is in the way."""
-    user = found.get("user") or "that user"
+    return _fix(PathFailure.from_json(found), local=local)
+
+
+def _fix(found: PathFailure, *, local: bool) -> str:
+    user = found.user or "that user"
     setting = (f"Set `workdir:` in the inventory to a directory {user} can create and write "
                f"there (for example `workdir: /tmp/clusterrun-{user}`)")
     if local:
         setting += (", or point CLUSTERRUN_HOME at one: hosts on this machine keep their files "
                     "under it")
-    path = str(found.get("path"))
-    existing = str(found.get("existing") or path)
-    if found.get("errno") == "EISDIR":
+    path = str(found.path)
+    existing = str(found.existing or path)
+    if found.errno == "EISDIR":
         return f"Move {path} out of the way, or: {setting[0].lower()}{setting[1:]}."
-    if found.get("errno") in ("ENOTDIR", "EEXIST") or found.get("existing_is_dir") is False:
+    if found.errno in ("ENOTDIR", "EEXIST") or found.existing_is_dir is False:
         return f"Move {existing} out of the way, or: {setting[0].lower()}{setting[1:]}."
-    if found.get("errno") in ("ENOSPC", "EDQUOT"):
+    if found.errno in ("ENOSPC", "EDQUOT"):
         return f"Free space there, or: {setting[0].lower()}{setting[1:]}."
     return setting + "."
 
 
-def explain(host: str, found: dict[str, Any], *, doing: str = "use workdir",
+def explain(host: str, found: Mapping[str, object], *, doing: str = "use workdir",
             local: bool = False) -> str:
-    """``cannot use workdir PATH on HOST: CAUSE. FIX.`` (one paragraph, no traceback)."""
-    path = posixpath.normpath(str(found.get("path")))
-    return f"cannot {doing} {path} on {host}: {cause(found)}. {fix(found, local=local)}"
+    """``cannot use workdir PATH on HOST: CAUSE. FIX.`` (one paragraph, no traceback).
+    ``found``: the host's record as it sent it (the probe's workdir check, the copy's)."""
+    failure = PathFailure.from_json(found)
+    path = posixpath.normpath(str(failure.path))
+    return f"cannot {doing} {path} on {host}: {_cause(failure)}. {_fix(failure, local=local)}"

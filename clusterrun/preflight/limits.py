@@ -13,9 +13,12 @@ way the job starts (after `setup:`, inside the container), judged here.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from clusterrun.inventory import HostSpec
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.limit_facts import IbPort, Limits
 from clusterrun.preflight.report import Check, warn
 
 SHM = "/dev/shm"  # noqa: S108 - named in messages, nothing is written there
@@ -36,32 +39,30 @@ def _size(n: int) -> str:
 JUDGED = (("shm", f"{SHM} size"), ("nofile", "open files"), ("stack", "stack size"))
 
 
-def host_checks(spec: HostSpec, facts: dict[str, Any], *, gpu_ranks: int,
+def host_checks(spec: HostSpec, facts: HostFacts, *, gpu_ranks: int,
                 world: int) -> list[Check]:
-    found = facts.get("limits")
-    limits: dict[str, Any] = found if isinstance(found, dict) else {}
+    limits = facts.limits
     out = [c for c in (_shm(spec, limits, gpu_ranks), _nofile(spec, limits, world),
                        _stack(spec, limits)) if c is not None]
     out.extend(_rdma(spec, facts, limits))
-    unknown = [what for key, what in JUDGED if limits.get(key) is None]
+    unknown = [what for key, what in JUDGED if getattr(limits, key) is None]
     if unknown:
         said = ", ".join(unknown)
         out.append(warn("limits", f"{said} unknown on {spec.name}: the probe could not read "
                         "them, so they were not checked (`ulimit -a` and `df /dev/shm` there, "
                         "after `setup:`, say).", f"{said} unknown: the probe could not read "
                         "them, so they were not checked"))
-    if not any(not c.ok or c.warning for c in out):
-        nofile = limits["nofile"][0]
-        out.append(Check("limits", True, f"{SHM} {_size(limits['shm']['size'])}, open files "
-                         f"{nofile or 'unlimited'}"))
+    # Both known whenever nothing was warned (an unknown limit is a warning above).
+    if limits.nofile and limits.shm is not None and not any(not c.ok or c.warning for c in out):
+        out.append(Check("limits", True, f"{SHM} {_size(limits.shm)}, open files "
+                         f"{limits.nofile.soft or 'unlimited'}"))
     return out
 
 
-def _shm(spec: HostSpec, limits: dict[str, Any], gpu_ranks: int) -> Optional[Check]:
-    shm = limits.get("shm")
-    if not shm:
+def _shm(spec: HostSpec, limits: Limits, gpu_ranks: int) -> Optional[Check]:
+    size = limits.shm
+    if size is None:
         return None
-    size = int(shm.get("size") or 0)
     fix = ("Give the container more (docker/podman run --shm-size=16g, or --ipc=host), or "
            "remount it larger (mount -o remount,size=16G " + SHM + ").")
     if gpu_ranks >= 2 and size < SHM_FAIL:
@@ -76,10 +77,10 @@ def _shm(spec: HostSpec, limits: dict[str, Any], gpu_ranks: int) -> Optional[Che
     return None
 
 
-def _nofile(spec: HostSpec, limits: dict[str, Any], world: int) -> Optional[Check]:
-    if limits.get("nofile") is None:
+def _nofile(spec: HostSpec, limits: Limits, world: int) -> Optional[Check]:
+    if limits.nofile is None:
         return None  # unknown: host_checks says so
-    soft, hard = limits["nofile"][:2]
+    soft, hard = limits.nofile.soft, limits.nofile.hard
     need = max(1024, NOFILE_PER_RANK * world)
     if soft is None or soft >= need:
         return None
@@ -93,8 +94,8 @@ def _nofile(spec: HostSpec, limits: dict[str, Any], world: int) -> Optional[Chec
                 f"open files limited to {soft} (about {need} needed for {world} ranks). {how}.")
 
 
-def _stack(spec: HostSpec, limits: dict[str, Any]) -> Optional[Check]:
-    if limits.get("stack") is None or limits["stack"][0] is not None:
+def _stack(spec: HostSpec, limits: Limits) -> Optional[Check]:
+    if limits.stack is None or limits.stack.soft is not None:
         return None  # unknown (host_checks says so), or a finite stack
     return warn("stack", f"the stack size is unlimited (`ulimit -s unlimited`) on {spec.name}; "
                 "NCCL's documentation warns against it. Set a finite one, e.g. `ulimit -s "
@@ -103,29 +104,30 @@ def _stack(spec: HostSpec, limits: dict[str, Any]) -> Optional[Check]:
                 "`ulimit -s 8192` in `setup:`")
 
 
-def active_ports(facts: dict[str, Any]) -> list[str]:
+def active_ports(facts: HostFacts) -> list[str]:
     """`mlx5_0:1`-style names of the RDMA ports that are ACTIVE."""
-    found = facts.get("infiniband") or {}
+    found = facts.infiniband or {}
     return [f"{dev}:{port}" for dev, ports in sorted(found.items())
-            for port, item in sorted(ports.items()) if (item.get("state") or "") == "ACTIVE"]
+            for port, item in sorted(ports.items()) if item.active]
 
 
-def ib_hca(spec: HostSpec, facts: dict[str, Any]) -> Optional[str]:
+def ib_hca(spec: HostSpec, facts: HostFacts) -> Optional[str]:
     """NCCL_IB_HCA as the ranks will see it: the inventory's, else this shell's (forwarded),
     else the host's own environment."""
-    for source in (dict(spec.env), os.environ, facts.get("env") or {}):
+    sources: tuple[Mapping[str, str], ...] = (dict(spec.env), os.environ, facts.env)
+    for source in sources:
         if "NCCL_IB_HCA" in source:
-            return str(source["NCCL_IB_HCA"])
+            return source["NCCL_IB_HCA"]
     return None
 
 
-def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list[Check]:
-    if "infiniband" not in facts:  # None: the probe looked, and there is no RDMA stack
+def _rdma(spec: HostSpec, facts: HostFacts, limits: Limits) -> list[Check]:
+    if facts.infiniband is None:  # {}: the probe looked, and there is no RDMA stack
         return [warn("infiniband", f"RDMA devices unknown on {spec.name}: the probe did not "
                      "report them, so InfiniBand/RoCE, locked memory and NCCL_IB_HCA were not "
                      "checked (`ibstat` there says).", "RDMA devices unknown: the probe did not "
                      "report them, so they were not checked")]
-    devices = facts.get("infiniband") or {}
+    devices = facts.infiniband
     out: list[Check] = []
     hca = ib_hca(spec, facts)
     if devices:
@@ -137,15 +139,14 @@ def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list
                             "RDMA devices but no ACTIVE port; NCCL falls back to sockets"))
         else:
             out.append(Check("infiniband", True, ", ".join(
-                f"{p} {port_info(facts, p).get('link_layer')} {port_info(facts, p).get('rate')}"
+                f"{p} {port_info(facts, p).link_layer} {port_info(facts, p).rate}"
                 for p in active)))
-        memlock = (limits.get("memlock") or [None])[0]
-        if limits.get("memlock") is None:
+        if limits.memlock is None:
             out.append(warn("memlock", f"locked memory is unknown on {spec.name}, which has "
                             "RDMA devices: the probe did not report it, so it was not checked. "
                             "NCCL needs it unlimited there (`ulimit -l`).", "locked memory "
                             "unknown with RDMA devices present, so it was not checked"))
-        elif memlock is not None:
+        elif (memlock := limits.memlock.soft) is not None:
             text = (f"locked memory is limited to {_size(memlock)} on {spec.name}, which has "
                     "RDMA devices: NCCL cannot register its buffers for InfiniBand/RoCE. Set "
                     "`ulimit -l unlimited` (/etc/security/limits.conf, or the container's "
@@ -174,6 +175,6 @@ def _rdma(spec: HostSpec, facts: dict[str, Any], limits: dict[str, Any]) -> list
     return out
 
 
-def port_info(facts: dict[str, Any], name: str) -> dict[str, Any]:
+def port_info(facts: HostFacts, name: str) -> IbPort:
     dev, port = name.split(":")
-    return dict((facts.get("infiniband") or {}).get(dev, {}).get(port, {}))
+    return (facts.infiniband or {}).get(dev, {}).get(port, IbPort())

@@ -12,13 +12,15 @@ all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import names as naming
+from clusterrun.preflight.answers import Connected, Listening, connections
+from clusterrun.preflight.net_facts import Lookup, lookups
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
 from clusterrun.remote.protocol import Probe
@@ -34,20 +36,22 @@ def run(inv: Inventory, reports: Sequence[HostReport],
     ports = _listen(members, sessions)
     listening = [r for r in members if r.spec.name in ports]
     wanted = naming.names_to_resolve(inv, listening)
-    answers: dict[str, dict[str, Any]] = {}
+    # host -> its connections to the others, and what it resolved the names to.
+    answers: dict[str, tuple[Mapping[str, Connected], Mapping[str, Lookup]]] = {}
 
     def one(report: HostReport) -> None:
         targets = [[o.spec.name, o.address, ports[o.spec.name]] for o in listening
                    if o is not report]
-        asked: dict[str, tuple[str, dict[str, Any]]] = {}
+        asked: dict[str, tuple[str, Mapping[str, object]]] = {}
         if targets:
             asked["connect"] = (Probe.MESH_CONNECT, {"targets": targets, "src": report.address,
                                                  "timeout": PAIR_SECONDS})
         if wanted:
             asked["resolve"] = (Probe.RESOLVE, {"names": wanted, "timeout": RESOLVE_SECONDS})
         # Both at once: the probe connects while it resolves.
-        replies = sessions[report.spec.name].ask_all(list(asked.values()))
-        answers[report.spec.name] = dict(zip(asked, replies))
+        replies = dict(zip(asked, sessions[report.spec.name].ask_all(list(asked.values()))))
+        answers[report.spec.name] = (connections(replies.get("connect")),
+                                     lookups(replies.get("resolve")))
 
     # Every host at once: its session is open and each request is one message on it, so a
     # fan-out cap would only make the last hosts wait for the first ones' connect timeouts.
@@ -57,15 +61,16 @@ def run(inv: Inventory, reports: Sequence[HostReport],
         assert result.failure is not None
         result.item.probe_failed(result.failure.outcome, result.failure.message)
     answered = [r for r in listening if r.spec.name in answers and r.outcome is None]
-    naming.judge(inv, answered, {n: a.get("resolve") or {} for n, a in answers.items()})
+    naming.judge(inv, answered, {n: resolved for n, (_pairs, resolved) in answers.items()})
     if len(answered) < 2:
         return None
     pairs = Pairs([r.spec.name for r in answered], [], {})
     for r in answered:
-        pairs.port_ranges[r.spec.name] = r.facts.get("port_range")
-        for target, result in (answers[r.spec.name].get("connect") or {}).items():
-            if not result.get("ok") and target in pairs.hosts:
-                pairs.blocked.append(Blocked(r.spec.name, target, str(result.get("error"))))
+        found = r.known.port_range
+        pairs.port_ranges[r.spec.name] = list(found) if found else None
+        for target, connected in answers[r.spec.name][0].items():
+            if not connected.ok and target in pairs.hosts:
+                pairs.blocked.append(Blocked(r.spec.name, target, str(connected.error)))
     _judge_pairs(answered, pairs)
     _judge_port_ranges(answered)
     return pairs
@@ -75,12 +80,13 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
     ports: dict[str, int] = {}
 
     def one(report: HostReport) -> None:
-        reply = sessions[report.spec.name].ask(Probe.MESH_LISTEN, addr=report.address)
-        if reply.get("ok"):
-            ports[report.spec.name] = int(reply["port"])
+        reply = Listening.from_json(sessions[report.spec.name].ask(Probe.MESH_LISTEN,
+                                                                   addr=report.address))
+        if reply.ok and reply.port is not None:
+            ports[report.spec.name] = reply.port
         else:
             report.add("pairs", False, f"{report.spec.name}: cannot listen on an ephemeral port "
-                       f"of {report.address}: {reply.get('error')}.")
+                       f"of {report.address}: {reply.error}.")
 
     results = parallel.run(one, members, 15.0, fanout=len(members), name=lambda r: r.spec.name)
     for result in results.failed:
@@ -122,7 +128,7 @@ def failed_pairs(name: str, address: Optional[str], mine: Sequence[Blocked]) -> 
     return "; ".join(parts)
 
 
-def fix(port_range: Optional[list[int]]) -> str:
+def fix(port_range: Optional[Sequence[int]]) -> str:
     span = f"{port_range[0]}-{port_range[1]}" if port_range else "net.ipv4.ip_local_port_range"
     return (f"NCCL and Gloo connect every pair of ranks on ephemeral ports ({span}), not only "
             "the master port. Open that range between the hosts in their firewalls, or narrow "
@@ -140,14 +146,14 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
                   "ports, and reached from them")
             continue
         r.add("pairs", False, failed_pairs(name, r.address, mine) + ". "
-              + fix(r.facts.get("port_range")))
+              + fix(r.known.port_range))
 
 
 def _judge_port_ranges(answered: Sequence[HostReport]) -> None:
     ref = answered[0]
-    want = ref.facts.get("port_range")
+    want = ref.known.port_range
     for r in answered[1:]:
-        have = r.facts.get("port_range")
+        have = r.known.port_range
         if have and want and have != want:
             text = (f"net.ipv4.ip_local_port_range is {have[0]}-{have[1]}, but {want[0]}-"
                     f"{want[1]} on {ref.spec.name}: a firewall rule written for one range "

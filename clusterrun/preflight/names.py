@@ -12,40 +12,44 @@ on two hosts sends their ranks to different stores: a failure.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.inventory.ranges import fold
+from clusterrun.preflight.facts import HostFacts
+from clusterrun.preflight.net_facts import Lookup
 from clusterrun.preflight.report import Check, HostReport, warn
+
+# host -> name -> what that host resolved the name to (the probe's `resolve` answers).
+Answers = Mapping[str, Mapping[str, Lookup]]
 
 
 def is_loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr == "::1"
 
 
-def own_names(facts: dict[str, Any]) -> list[str]:
+def own_names(facts: HostFacts) -> list[str]:
     """The host's name and fully qualified name (once each; `localhost` says nothing)."""
-    found = facts.get("names") or {}
     out: list[str] = []
-    for name in (found.get("hostname"), found.get("fqdn")):
+    for name in (facts.names.hostname, facts.names.fqdn):
         if name and name not in out and not name.startswith("localhost"):
-            out.append(str(name))
+            out.append(name)
     return out
 
 
-def local_check(spec: HostSpec, facts: dict[str, Any]) -> Optional[Check]:
+def local_check(spec: HostSpec, facts: HostFacts) -> Optional[Check]:
     """A warning when the host's own names resolve to loopback or only to IPv6 there, or
     when the probe did not say what they resolve to."""
-    resolved = (facts.get("names") or {}).get("resolved")
-    if not isinstance(resolved, dict):
+    resolved = facts.names.resolved
+    if resolved is None:
         return warn("names", f"what {spec.name}'s own names resolve to there is unknown: the "
                     "probe did not report it, so loopback and IPv6-only names, and what the "
                     "other hosts make of them, were not checked (`getent hosts $(hostname)` "
                     "there says).", "what its own names resolve to is unknown: the probe did "
                     "not report it, so they were not checked")
     for name in own_names(facts):
-        addrs = [str(a) for a in (resolved.get(name) or {}).get("addresses", [])]
+        addrs = list(resolved.get(name, Lookup()).addresses)
         loop = [a for a in addrs if is_loopback(a)]
         if loop:
             return warn("names", f"{spec.name}'s own name {name!r} resolves to {loop[0]} there. "
@@ -65,7 +69,7 @@ def local_check(spec: HostSpec, facts: dict[str, Any]) -> Optional[Check]:
 def names_to_resolve(inv: Inventory, reports: Sequence[HostReport]) -> list[str]:
     wanted: list[str] = []
     for r in reports:
-        for name in own_names(r.facts):
+        for name in own_names(r.known):
             if name not in wanted:
                 wanted.append(name)
     master = master_name(inv)
@@ -90,9 +94,9 @@ def _is_ip(text: str) -> bool:
 
 
 def judge(inv: Inventory, reports: Sequence[HostReport],
-          answers: dict[str, dict[str, Any]]) -> None:
-    """``answers``: host -> {name: {"addresses": [...], "error": ...}} as each host resolved
-    the others' names (and master_addr)."""
+          answers: Answers) -> None:
+    """``answers``: host -> name -> Lookup, as each host resolved the others' names (and
+    master_addr)."""
     for r in reports:
         _seen_by_others(r, reports, answers)
     master = master_name(inv)
@@ -101,14 +105,13 @@ def judge(inv: Inventory, reports: Sequence[HostReport],
 
 
 def _seen_by_others(report: HostReport, reports: Sequence[HostReport],
-                    answers: dict[str, dict[str, Any]]) -> None:
+                    answers: Answers) -> None:
     wrong: dict[tuple[str, str], list[str]] = {}
-    for name in own_names(report.facts):
+    for name in own_names(report.known):
         for other in reports:
             if other is report:
                 continue
-            found = (answers.get(other.spec.name) or {}).get(name) or {}
-            addrs = [str(a) for a in found.get("addresses", [])]
+            addrs = list(answers.get(other.spec.name, {}).get(name, Lookup()).addresses)
             # A name the others cannot resolve is fine: clusterrun hands out addresses.
             if addrs and report.address not in addrs:
                 wrong.setdefault((name, ", ".join(addrs)), []).append(other.spec.name)
@@ -122,12 +125,11 @@ def _seen_by_others(report: HostReport, reports: Sequence[HostReport],
 
 
 def _master_everywhere(master: str, reports: Sequence[HostReport],
-                       answers: dict[str, dict[str, Any]]) -> None:
+                       answers: Answers) -> None:
     seen: dict[str, Optional[str]] = {}
     for r in reports:
-        found = (answers.get(r.spec.name) or {}).get(master) or {}
-        seen[r.spec.name] = next((str(a) for a in found.get("addresses", []) if ":" not in a),
-                                 None)
+        found = answers.get(r.spec.name, {}).get(master, Lookup())
+        seen[r.spec.name] = next((a for a in found.addresses if ":" not in a), None)
     ref = next((r for r in reports if r.spec.master), reports[0] if reports else None)
     if ref is None:
         return

@@ -10,12 +10,15 @@ the report folds it: `gpu[03,07]: MTU 9000, others 1500`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Optional, TypeVar
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import limits
+from clusterrun.preflight.net_facts import Link
 from clusterrun.preflight.report import HostReport
+
+T = TypeVar("T", bound=Hashable)
 
 SLOW_LINK_MBIT = 10_000
 MAX_LISTED = 8
@@ -70,18 +73,19 @@ def _known(r: HostReport, what: str) -> bool:
     """Whether the probe said (None is an answer: a CPU build has no CUDA and no NCCL; so is
     a host without torch, whose CUDA counts as none)."""
     if what == "cuda":
-        torch = r.facts.get("torch")
-        return not isinstance(torch, dict) or "cuda" in torch
-    return what in r.facts
+        torch = r.known.torch
+        return torch is None or torch.says_cuda
+    return r.known.says_nccl
 
 
 def _version(r: HostReport, what: str) -> Optional[str]:
     if what == "cuda":
-        return (r.facts.get("torch") or {}).get("cuda")
-    return r.facts.get("nccl")
+        torch = r.known.torch
+        return torch.cuda if torch is not None else None
+    return r.known.nccl
 
 
-def package_diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
+def package_diff(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
     """`numpy 2.0.1 (1.26.4 there)`, `accelerate missing (0.30.1 there)`, ..."""
     out = []
     for name in sorted(set(mine) | set(theirs)):
@@ -98,13 +102,13 @@ def package_diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
 
 
 def _packages(ref: HostReport, others: Sequence[HostReport]) -> None:
-    want = ref.facts.get("packages")
-    if not isinstance(want, dict):
+    want = ref.known.packages
+    if want is None:
         _unknown(ref, "packages", "the installed Python packages are")
         return
     for r in others:
-        have = r.facts.get("packages")
-        if not isinstance(have, dict):
+        have = r.known.packages
+        if have is None:
             _unknown(r, "packages", "the installed Python packages are", ref)
             continue
         diff = package_diff(have, want)
@@ -120,12 +124,13 @@ def _packages(ref: HostReport, others: Sequence[HostReport]) -> None:
               f"{listed}{more}")
 
 
-def _majority(values: list[Any]) -> Any:
+def _majority(values: list[T]) -> Optional[T]:
     return Counter(values).most_common(1)[0][0] if values else None
 
 
-def _chosen(r: HostReport) -> dict[str, Any]:
-    return dict((r.facts.get("links") or {}).get(r.interface or "", {}))
+def _chosen(r: HostReport) -> Optional[Link]:
+    """The MTU and speed of the host's chosen interface; None: unknown (or none chosen)."""
+    return r.known.links.get(r.interface or "")
 
 
 def _link_unknown(r: HostReport) -> None:
@@ -134,12 +139,12 @@ def _link_unknown(r: HostReport) -> None:
 
 
 def _links(probed: Sequence[HostReport]) -> None:
-    chosen = [r for r in probed if r.interface and _chosen(r)]
-    usual_mtu = _majority([_chosen(r).get("mtu") for r in chosen])
-    speeds = [_chosen(r).get("speed") for r in chosen if _chosen(r).get("speed")]
+    chosen = [(r, link) for r in probed if r.interface and (link := _chosen(r)) is not None]
+    usual_mtu = _majority([link.mtu for _r, link in chosen])
+    speeds = [link.speed for _r, link in chosen if link.speed]
     usual_speed = _majority(speeds)
-    for r in chosen:
-        mtu = _chosen(r).get("mtu")
+    for r, link in chosen:
+        mtu = link.mtu
         if mtu != usual_mtu:
             r.add("mtu", True, f"warning: MTU {mtu} on {r.interface} of {r.spec.name}, but "
                   f"{usual_mtu} on the others' interfaces: frames larger than the smaller MTU "
@@ -151,7 +156,8 @@ def _links(probed: Sequence[HostReport]) -> None:
 
 
 def _speed(r: HostReport, usual: Optional[int]) -> None:
-    speed = _chosen(r).get("speed")
+    link = _chosen(r)
+    speed = link.speed if link is not None else None
     if not speed:
         return
     if speed < SLOW_LINK_MBIT:
@@ -167,9 +173,11 @@ def _speed(r: HostReport, usual: Optional[int]) -> None:
 
 
 def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
-    with_ib = [r for r in probed if limits.active_ports(r.facts)]
+    known = {r.spec.name: r.known for r in probed}
+    with_ib = [r for r in probed if limits.active_ports(known[r.spec.name])]
     # A host whose RDMA devices are unknown is neither (limits.py says so on its own line).
-    without = [r for r in probed if r not in with_ib and "infiniband" in r.facts]
+    without = [r for r in probed
+               if r not in with_ib and known[r.spec.name].infiniband is not None]
     if with_ib and without and len(with_ib) >= len(without):
         holders = fold([r.spec.name for r in with_ib])
         for r in without:
@@ -185,8 +193,8 @@ def _rdma_everywhere(probed: Sequence[HostReport]) -> None:
                   f"{lacking} have none: NCCL uses TCP sockets between all hosts.",
                   "warning: an active RDMA port, while most hosts have none; NCCL uses TCP "
                   "sockets between all hosts")
-    rates = [limits.port_info(r.facts, limits.active_ports(r.facts)[0]).get("rate")
-             for r in with_ib]
+    rates = [limits.port_info(known[r.spec.name],
+                              limits.active_ports(known[r.spec.name])[0]).rate for r in with_ib]
     usual = _majority(rates)
     for r, rate in zip(with_ib, rates):
         if rate != usual:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import queue
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
@@ -17,8 +18,10 @@ from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
 from clusterrun.transport.programs import ProgramError, park, read_lines, start
 
-_EOF = object()
-_NEXT = object()  # the probe has ended and its interpreter waits for the next program
+
+class _End(enum.Enum):
+    EOF = "eof"  # the probe's output ended
+    NEXT = "next"  # the probe has ended and its interpreter waits for the next program
 
 
 class ProbeSession:
@@ -35,29 +38,36 @@ class ProbeSession:
                    **({"lock": spec.environment.digest} if spec.environment else {})}
         self._interp = start(transport, spec, "probe.py", request, chain=True)
         self._proc, self._stderr = self._interp.proc, self._interp.stderr
-        self._lines: queue.Queue[Any] = queue.Queue()
+        self._lines: queue.Queue[Union[bytes, _End]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="clusterrun-probe").start()
-        self.facts: dict[str, Any] = self._answer(protocol.Probe.FACTS)
+        # As it came: HostReport.facts, which plan and launch read too (preflight reads it
+        # into typed facts, preflight/facts.py).
+        self.facts: dict[str, Any] = dict(self._answer(protocol.Probe.FACTS))
 
     def _read(self) -> None:
         for line in read_lines(self._proc):
             if line == shell.NEXT:  # the last line of its output: stop reading there
-                self._lines.put(_NEXT)
+                self._lines.put(_End.NEXT)
                 return
             self._lines.put(line)
-        self._lines.put(_EOF)
+        self._lines.put(_End.EOF)
 
-    def _answer(self, key: str) -> Any:
+    def _answer(self, key: str) -> Mapping[str, object]:
+        """The probe's answer to ``key``: a JSON object, read into typed values by the
+        question's asker (answers.py, net_facts.py, facts.py)."""
         try:
             line = self._lines.get(timeout=self.timeout)
         except queue.Empty:
             raise ProgramError(Outcome.PROBE_TIMEOUT,
                 f"{self.spec.name}: the probe gave no answer within "
                              f"{self.timeout:g} s.") from None
-        if line is _EOF or line is _NEXT:
+        if isinstance(line, _End):
             raise self._died()
         try:
-            return json.loads(line)[key]
+            found = json.loads(line)[key]
+            if not isinstance(found, dict):
+                raise TypeError(key)
+            return found
         except (ValueError, KeyError, TypeError):
             raise ProgramError(Outcome.PROBE_FAILED,
                 f"{self.spec.name}: unexpected output from the probe: "
@@ -91,10 +101,12 @@ class ProbeSession:
             f"{self.spec.name}: the probe exited with status {code} "
                           f"before answering.{detail}")
 
-    def ask(self, op: str, **fields: Any) -> Any:
+    def ask(self, op: str, **fields: object) -> Mapping[str, object]:
+        """``fields``: the request's JSON fields, sent as they are."""
         return self.ask_all([(op, fields)])[0]
 
-    def ask_all(self, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+    def ask_all(self, requests: Sequence[tuple[str, Mapping[str, object]]]
+                ) -> list[Mapping[str, object]]:
         """Every request sent in one write, then their answers, in order: the probe runs the
         ones it can at the same time (protocol.Probe.CONCURRENT)."""
         lines = b"".join(json.dumps({protocol.OP: op, **fields}).encode() + b"\n"
@@ -116,10 +128,10 @@ class ProbeSession:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if line is _NEXT:
+            if line is _End.NEXT:
                 park(self._transport, self._interp)
                 return
-            if line is _EOF:
+            if line is _End.EOF:
                 break
         with contextlib.suppress(OSError):
             self._proc.close_stdin()

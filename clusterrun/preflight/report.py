@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.preflight.facts import HostFacts
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Check:
         """Passed, with something the user should know (the job may be slow or fragile)."""
         return self.ok and self.detail.startswith("warning:")
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"name": self.name, "ok": self.ok, "warning": self.warning,
                 "detail": self.detail}
 
@@ -51,23 +53,37 @@ class HostReport:
         """False when the host could not be connected to, authenticated or trusted."""
         return self.outcome is None or self.outcome.reached
 
+    # ``facts`` read into typed values, and the reply they were read from.
+    _known: Optional[tuple[Mapping[str, object], HostFacts]] = field(
+        default=None, init=False, repr=False, compare=False)
+
+    @property
+    def known(self) -> HostFacts:
+        """The facts as the checks read them (preflight/facts.py), read once per reply: a new
+        ``facts`` (the next probe's, a test's) is read again. Keys added to the reply later
+        (``container``, ``bandwidth``) are not among those read."""
+        if self._known is None or self._known[0] is not self.facts:
+            self._known = (self.facts, HostFacts.from_json(self.facts))
+        return self._known[1]
+
     @property
     def gpus(self) -> int:
         if self.spec.gpus is not None:
             return len(self.spec.gpus)
-        return int(self.facts.get("gpus") or 0)
+        return self.known.gpus
 
     @property
     def python(self) -> Optional[str]:
-        return self.facts.get("python")
+        return self.known.python
 
     @property
     def torch(self) -> Optional[str]:
-        return (self.facts.get("torch") or {}).get("version")
+        torch = self.known.torch
+        return torch.version if torch is not None else None
 
     @property
     def workdir(self) -> Optional[str]:
-        return (self.facts.get("workdir") or {}).get("path")
+        return self.known.workdir.path
 
     def add(self, name: str, ok: bool, detail: str, group: Optional[str] = None) -> None:
         self.checks.append(Check(name, ok, detail, group))
@@ -91,7 +107,7 @@ class HostReport:
             self.outcome = outcome
         self.add(check, False, detail)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"host": self.spec.host, "name": self.spec.name, "node_rank": self.node_rank,
                 "ok": self.ok, "interface": self.interface, "address": self.address,
                 "python": self.python, "torch": self.torch, "gpus": self.gpus,
@@ -113,7 +129,7 @@ class Pairs:
     blocked: list[Blocked]
     port_ranges: dict[str, Optional[list[int]]]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"hosts": self.hosts, "tested": len(self.hosts) * (len(self.hosts) - 1),
                 "blocked": [{"from": b.source, "to": b.target, "error": b.error}
                             for b in self.blocked],
@@ -139,7 +155,7 @@ class CheckReport:
     def unreachable(self) -> list[HostReport]:
         return [h for h in self.hosts if not h.reached]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "master_addr": self.master_addr, "master_port": self.master_port,
                 "hosts": [h.as_json() for h in self.hosts],
                 "pairs": self.pairs.as_json() if self.pairs else None}

@@ -6,23 +6,24 @@ machine type (pip has py-spy for Linux x86_64 and aarch64 only)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
+from clusterrun.preflight.facts import HostFacts, Ptrace
 from clusterrun.preflight.report import Check, warn
 
 
-def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:
-    found = [_check(spec, facts.get("ptrace")), _binary(spec, facts.get("ptrace"))]
+def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
+    found = [_check(spec, facts.ptrace), _binary(spec, facts.ptrace)]
     return [check for check in found if check is not None]
 
 
-def _binary(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:
+def _binary(spec: HostSpec, ptrace: Optional[Ptrace]) -> Optional[Check]:
     """No py-spy there and none that could be shipped: the host's ranks cannot be read."""
-    if not isinstance(ptrace, dict) or "machine" not in ptrace or ptrace.get("pyspy"):
+    if ptrace is None or ptrace.machine is None or ptrace.pyspy:
         return None  # an older probe, or the host's own py-spy
-    machine = str(ptrace["machine"])
+    machine = ptrace.machine
     local = pyspy.local()
     # The probe runs only on Linux hosts (DESIGN: hosts are Linux); its uname system is that.
     if local is not None and local.fits("Linux", machine):
@@ -37,21 +38,21 @@ def _binary(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]
     return warn("stacks", f"{spec.name}: {text}", text)
 
 
-def _check(spec: HostSpec, ptrace: Optional[dict[str, Any]]) -> Optional[Check]:
-    if not isinstance(ptrace, dict):
+def _check(spec: HostSpec, ptrace: Optional[Ptrace]) -> Optional[Check]:
+    if ptrace is None:
         text = ("whether `clusterrun stacks` and the stall report can read the ranks' stacks "
                 "there is unknown: the probe did not report the ptrace permissions, so they "
                 "were not checked (`sysctl kernel.yama.ptrace_scope` there says).")
         return warn("stacks", f"{spec.name}: {text}", text)
-    if ptrace.get("cap_sys_ptrace"):
+    if ptrace.cap_sys_ptrace:
         return None  # allowed whatever else holds
-    scope = ptrace.get("scope")
+    scope = ptrace.scope
     if spec.container:
         # docker's and podman's default seccomp profiles allow process_vm_readv (how py-spy
         # reads a process) only with CAP_SYS_PTRACE, even for root in the container.
         why, fix = ("the container lacks CAP_SYS_PTRACE",
                     "start the container with `--cap-add SYS_PTRACE` (docker, podman)")
-    elif ptrace.get("root") or scope in (None, 0, 1):
+    elif ptrace.root or scope in (None, 0, 1):
         return None
     elif scope == 2:
         why, fix = ("kernel.yama.ptrace_scope is 2 and the user has no CAP_SYS_PTRACE",

@@ -15,7 +15,7 @@ different containers on one machine are two hosts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.preflight.report import HostReport
 
@@ -24,12 +24,10 @@ Identity = tuple[str, int, str]
 
 def identity(report: HostReport) -> Optional[Identity]:
     """The running system an entry reached, or None when the probe could not tell."""
-    found: dict[str, Any] = report.facts.get("machine") or {}
-    system = found.get("boot_id") or found.get("machine_id")
-    netns = found.get("netns")
-    if not system or not isinstance(netns, int):
+    found = report.known.machine
+    if found.system is None or found.netns is None:
         return None
-    return str(system), netns, report.spec.container or ""
+    return found.system, found.netns, report.spec.container or ""
 
 
 def judge(reports: Sequence[HostReport]) -> None:
@@ -51,7 +49,7 @@ def judge(reports: Sequence[HostReport]) -> None:
         seen = first.setdefault(key, r)
         if seen is r or (seen.spec.local and r.spec.local):
             continue
-        hostname = r.facts.get("hostname") or "?"
+        hostname = r.known.hostname or "?"
         r.add("same_machine", False,
               f"{_label(r)} and {_label(seen)} are the same machine (hostname {hostname}, "
               "the same boot id and network namespace): "

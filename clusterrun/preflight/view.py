@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Optional, TextIO
 
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight.report import CheckReport, HostReport, Pairs
@@ -71,7 +72,9 @@ def _status(host: HostReport) -> str:
 
 
 def render_json(report: CheckReport, out: TextIO,
-                extra: Optional[dict[str, Any]] = None) -> None:
+                extra: Optional[Mapping[str, object]] = None) -> None:
+    """``--json``: the report as one JSON object, with ``extra``'s keys added (what other
+    checks of the same command found)."""
     json.dump({**report.as_json(), **(extra or {})}, out, indent=2)
     out.write("\n")
 
