@@ -24,6 +24,7 @@ from clusterrun.launch.session import Session
 from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.remote import stacks as remote_stacks
 from clusterrun.remote.protocol import EVENT
+from clusterrun.runs.records import PlanNode
 from clusterrun.stacks import collect
 from clusterrun.transport.local import require_linux
 from clusterrun.wire import End
@@ -208,7 +209,8 @@ def test_an_intel_macs_py_spy_is_not_shipped_to_linux_hosts(
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(collect, "call", host.call)
     spec = host_spec("10.0.0.5", "gpu-a")
-    reply = collect.ask(None, spec, {"rundir": "/w/runs/r1/gpu-a"})  # type: ignore[arg-type]
+    node = PlanNode("gpu-a", "10.0.0.5", 0, (0, 0), rundir="/w/runs/r1/gpu-a")
+    reply = collect.ask(None, spec, node)  # type: ignore[arg-type]
     sent = [payload for request, payload in host.requests if request.get("send")]
     if shipped:
         assert sent == [[Path(spy.path).read_bytes()]] and not reply.get("problem")
