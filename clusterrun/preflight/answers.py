@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterrun.preflight.jsonfields import flag, integer, number, obj, text
+from clusterrun.jsonfields import flag, integer, number, obj, text
 
 
 @dataclass(frozen=True)

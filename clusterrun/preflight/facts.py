@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
+from clusterrun.jsonfields import flag, integer, integers, obj, text
 from clusterrun.preflight import limit_facts, net_facts
 from clusterrun.preflight.gpu_facts import NvidiaFacts
-from clusterrun.preflight.jsonfields import flag, integer, integers, obj, text
 from clusterrun.preflight.limit_facts import IbPort, Limits
 from clusterrun.preflight.net_facts import Interface, Link, Lookup, Names
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from clusterrun.preflight.jsonfields import flag, integer, items, obj, text
+from clusterrun.jsonfields import flag, integer, items, obj, text
 
 
 @dataclass(frozen=True)

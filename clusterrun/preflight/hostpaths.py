@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterrun.preflight.jsonfields import flag, text
+from clusterrun.jsonfields import flag, text
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterrun.preflight.jsonfields import integer, obj, text
+from clusterrun.jsonfields import integer, obj, text
 
 
 @dataclass(frozen=True)

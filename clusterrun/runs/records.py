@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
+from clusterrun.jsonfields import integer, text
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.wire import RootCause, root_cause
@@ -88,15 +89,15 @@ class AttemptRecord:
         """This attempt, ended with ``status`` at ``at``; ``root``: its root cause as
         RootCause.public() gives it (the entry keeps its detail, in words)."""
         return replace(self, exit_status=status, ended_at=at,
-                       root_cause=_str(root.get("detail")) if root else None)
+                       root_cause=text(root.get("detail")) if root else None)
 
     @classmethod
     def from_json(cls, raw: object) -> Optional[AttemptRecord]:
         if not isinstance(raw, dict) or not isinstance(raw.get("attempt"), int):
             return None
         return cls(raw["attempt"], tuple(str(h) for h in raw.get("hosts") or ()),
-                   _float(raw.get("started_at")) or 0.0, _int(raw.get("exit_status")),
-                   _str(raw.get("root_cause")), _float(raw.get("ended_at")))
+                   _float(raw.get("started_at")) or 0.0, integer(raw.get("exit_status")),
+                   text(raw.get("root_cause")), _float(raw.get("ended_at")))
 
 
 @dataclass(frozen=True)
@@ -141,24 +142,24 @@ class RunStatus:
         quarantined, hosts = raw.get("quarantined"), raw.get("hosts")
         stalled, stall, stragglers = raw.get("stalled"), raw.get("stall"), raw.get("stragglers")
         return cls(
-            id=_str(raw.get("id")), name=_str(raw.get("name")),
+            id=text(raw.get("id")), name=text(raw.get("name")),
             hosts=tuple(str(h) for h in hosts) if isinstance(hosts, list) else (),
-            inventory=_str(raw.get("inventory")),
+            inventory=text(raw.get("inventory")),
             state=RunState.parse(raw.get("state")), started_at=_float(raw.get("started_at")),
-            ended_at=_float(raw.get("ended_at")), exit_status=_int(raw.get("exit_status")),
-            detached=bool(raw.get("detached")), controller_pid=_int(raw.get("controller_pid")),
-            notify=_str(raw.get("notify")),
+            ended_at=_float(raw.get("ended_at")), exit_status=integer(raw.get("exit_status")),
+            detached=bool(raw.get("detached")), controller_pid=integer(raw.get("controller_pid")),
+            notify=text(raw.get("notify")),
             attempt=attempt if isinstance(attempt, int) and attempt >= 1 else 1,
             max_restarts=restarts if isinstance(restarts, int) and restarts >= 0 else 0,
             attempts=tuple(e for e in entries if e is not None),
             quarantined=tuple(q for q in quarantined if isinstance(q, dict))
             if isinstance(quarantined, list) else (),
-            outcome=_str(raw.get("outcome")),
+            outcome=text(raw.get("outcome")),
             stalled=stalled if isinstance(stalled, dict) else None,
             stall=stall if isinstance(stall, dict) else None,
-            stragglers=tuple(r for r in stragglers if _int(r) is not None)
+            stragglers=tuple(r for r in stragglers if integer(r) is not None)
             if isinstance(stragglers, list) else (),
-            events=_int(raw.get("events")) or 0, raw=dict(raw))
+            events=integer(raw.get("events")) or 0, raw=dict(raw))
 
     def to_json(self) -> Json:
         """The document: as read and changed, else (a status made here) its fields that say
@@ -224,9 +225,9 @@ class NodeState:
         if not isinstance(raw, dict):
             return cls()
         ranks, sums, stall = raw.get("ranks"), raw.get("checksums"), raw.get("stall")
-        return cls(_str(raw.get("state")), _int(raw.get("exit_code")), _str(raw.get("reason")),
-                   _str(raw.get("error")),
-                   {str(r): c for r, c in ranks.items() if _int(c) is not None}
+        return cls(text(raw.get("state")), integer(raw.get("exit_code")), text(raw.get("reason")),
+                   text(raw.get("error")),
+                   {str(r): c for r, c in ranks.items() if integer(c) is not None}
                    if isinstance(ranks, dict) else {},
                    root_cause(raw.get("root_cause")),
                    dict(sums) if isinstance(sums, dict) else {}, _float(raw.get("ended_at")),
@@ -257,11 +258,11 @@ class PlanNode:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             return None
         ranks = raw.get("ranks")
-        return cls(raw["name"], str(raw.get("host") or ""), _int(raw.get("node_rank")),
-                   tuple(r for r in ranks if _int(r) is not None)
+        return cls(raw["name"], str(raw.get("host") or ""), integer(raw.get("node_rank")),
+                   tuple(r for r in ranks if integer(r) is not None)
                    if isinstance(ranks, list) else None,
-                   _str(raw.get("address")), str(raw.get("rundir") or ""),
-                   _str(raw.get("python")), _str(raw.get("interface")))
+                   text(raw.get("address")), str(raw.get("rundir") or ""),
+                   text(raw.get("python")), text(raw.get("interface")))
 
 
 @dataclass(frozen=True)
@@ -290,9 +291,9 @@ class PlanRecord:
         nodes = raw.get("nodes")
         found = [PlanNode.from_json(n) for n in nodes] if isinstance(nodes, list) else []
         world = raw.get("world_size")
-        return cls(_str(raw.get("name")), _float(raw.get("created")),
+        return cls(text(raw.get("name")), _float(raw.get("created")),
                    int(world) if isinstance(world, (int, float)) and world else 0,
-                   _str(raw.get("environment")), tuple(n for n in found if n is not None))
+                   text(raw.get("environment")), tuple(n for n in found if n is not None))
 
     @classmethod
     def of(cls, run: RunDir) -> PlanRecord:
@@ -300,14 +301,6 @@ class PlanRecord:
         return cls.from_json(run.plan)
 
 
-def _int(value: object) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _float(value: object) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
-
-
-def _str(value: object) -> Optional[str]:
-    return value if isinstance(value, str) else None

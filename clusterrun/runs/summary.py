@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
+from clusterrun.jsonfields import text
 from clusterrun.runs.records import AttemptRecord, Json
 from clusterrun.runs.store import RunDir, read_json
 from clusterrun.wire import RootCause, root_cause
@@ -123,10 +124,10 @@ class Summary:
         entries = [AttemptRecord.from_json(e) for e in found] if isinstance(found, list) else None
         return cls(
             str(raw.get("run_id") or ""), status if isinstance(status, int) else None,
-            _str(raw.get("interrupted")), root_cause(raw.get("root_cause")),
+            text(raw.get("interrupted")), root_cause(raw.get("root_cause")),
             tuple(n for n in nodes if n is not None), logs if isinstance(logs, dict) else {},
-            _dict(nccl), _str(raw.get("settled_by")), environment=_str(raw.get("environment")),
-            outcome=_str(raw.get("outcome")), stalled=_dict(raw.get("stalled")),
+            _dict(nccl), text(raw.get("settled_by")), environment=text(raw.get("environment")),
+            outcome=text(raw.get("outcome")), stalled=_dict(raw.get("stalled")),
             attempt=attempt if isinstance(attempt, int) else None,
             attempts=tuple(e for e in entries if e is not None) if entries is not None else None,
             quarantined=tuple(q for q in quarantined if isinstance(q, dict))
@@ -146,7 +147,3 @@ KEYS = tuple(name for name in Summary.__dataclass_fields__ if name != "raw")
 
 def _dict(value: object) -> Optional[Json]:
     return value if isinstance(value, dict) else None
-
-
-def _str(value: object) -> Optional[str]:
-    return value if isinstance(value, str) else None

@@ -1,6 +1,7 @@
-"""Reading the probe's JSON reply (clusterrun/remote/probe.py) into typed values, once, where it
-arrives: each helper returns the value when it has the type the probe sends, else what a missing
-key gives. The checks then decide on typed facts (preflight/facts.py); nothing here judges."""
+"""Reading JSON that clusterrun did not just write (a probe's reply, a run's files) into typed
+values, once, where it arrives: each helper returns the value when it has the expected type, else
+what a missing key gives. The probe's facts (preflight/facts.py) and the run's records
+(runs/records.py, runs/summary.py) are read with these; nothing here judges."""
 
 from __future__ import annotations
 
