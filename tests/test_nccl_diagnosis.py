@@ -17,7 +17,7 @@ from clusterrun import wire
 from clusterrun.launch import nccl as view
 from clusterrun.plan import environment
 from clusterrun.remote import nccl
-from clusterrun.transport import shell
+from clusterrun.transport import bundle
 from tests.conftest import Cluster, copy_payload, run_cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "nccl"
@@ -210,7 +210,7 @@ def test_the_supervisor_reads_only_new_bytes_and_reports_changes(tmp_path: Path)
 
 
 def test_the_supervisor_ships_the_parser() -> None:
-    assert b'"clusterrun.remote.nccl"' in shell.program_source("run.py")
+    assert b'"clusterrun.remote.nccl"' in bundle.program_source("run.py")
 
 
 def test_launch_sets_nccl_debug_unless_the_user_did() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import clusterrun
-from clusterrun.transport import shell
+from clusterrun.transport import bundle, shell
 
 REMOTE = Path(clusterrun.__file__).parent / "remote"
 FILES = sorted(p.name for p in REMOTE.glob("*.py"))
@@ -46,7 +46,7 @@ def test_remote_files_import_only_the_standard_library(name: str) -> None:
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_every_program_as_shipped_parses_with_the_python_3_6_grammar(name: str) -> None:
     """The loader and the shared modules it carries included."""
-    source = shell.program_source(name)
+    source = bundle.program_source(name)
     ast.parse(source, name, feature_version=(3, 6))
     # The shipped shared modules too (they are string literals inside the loader).
     for node in ast.walk(ast.parse(source)):
@@ -56,14 +56,14 @@ def test_every_program_as_shipped_parses_with_the_python_3_6_grammar(name: str) 
 
 
 def test_a_program_arrives_with_the_shared_modules_it_imports() -> None:
-    source = shell.program_source("run.py")
+    source = bundle.program_source("run.py")
     assert b'"clusterrun.remote.common"' in source and b'"clusterrun.remote.gang"' in source
     assert source.index(b'"clusterrun.remote.common"') < source.index(b"<clusterrun run.py>")
-    probe = shell.program_source("probe.py")
+    probe = bundle.program_source("probe.py")
     for module in ("gpus", "mesh", "sysinfo", "throughput"):
         assert b'"clusterrun.remote.%s"' % module.encode() in probe
     # The copy's program words a path it cannot write as facts (remote/pathcheck.py).
-    assert b'"clusterrun.remote.pathcheck"' in shell.program_source("files.py")
+    assert b'"clusterrun.remote.pathcheck"' in bundle.program_source("files.py")
 
 
 def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: Path) -> None:
@@ -80,10 +80,40 @@ def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: 
 def test_shared_modules_are_found_on_one_line_and_in_parentheses() -> None:
     """ruff's isort writes a long `from clusterrun.remote import` in parentheses over several
     lines: those modules are shipped too."""
-    from clusterrun.transport import shell
+    from clusterrun.transport import bundle
 
-    one = shell._SHARED.findall(b"from clusterrun.remote import common, layout\n")
-    wrapped = shell._SHARED.findall(b"from clusterrun.remote import (\n    common,\n"
+    one = bundle._SHARED.findall(b"from clusterrun.remote import common, layout\n")
+    wrapped = bundle._SHARED.findall(b"from clusterrun.remote import (\n    common,\n"
                                     b"    layout,\n)\nx = 1\n")
     assert [a or b for a, b in one] == [b"common, layout"]
     assert [b"".join((a or b).split()) for a, b in wrapped] == [b"common,layout,"]
+
+
+def test_a_built_program_is_kept_and_rebuilt_when_its_sources_change(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command reads the program another command built from the same sources instead of
+    compiling them again; a changed shared module builds anew and the old copy goes."""
+    monkeypatch.setattr(bundle, "_built", {})
+    first = bundle.program_source("run.py")
+    kept = list((home / "cache" / "programs").glob("run-*.py"))
+    assert len(kept) == 1 and kept[0].read_bytes() == first
+    kept[0].write_bytes(first + b"# read from the cache\n")
+    monkeypatch.setattr(bundle, "_built", {})
+    assert bundle.program_source("run.py").endswith(b"# read from the cache\n")
+
+    original = bundle._remote_source
+    monkeypatch.setattr(bundle, "_remote_source", lambda name: original(name) + (
+        b"# changed\n" if name == "procs.py" else b""))
+    monkeypatch.setattr(bundle, "_built", {})
+    changed = bundle.program_source("run.py")
+    assert b"# changed" in changed and not changed.endswith(b"# read from the cache\n")
+    assert [p.read_bytes() for p in (home / "cache" / "programs").glob("run-*.py")] == [changed]
+
+
+def test_a_home_that_cannot_be_written_still_gets_the_program(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(blocked))
+    monkeypatch.setattr(bundle, "_built", {})
+    assert b"<clusterrun run.py>" in bundle.program_source("run.py")

@@ -18,7 +18,7 @@ from clusterrun import wire
 from clusterrun.logs.mirror import Mirror, receive, verify
 from clusterrun.remote import protocol
 from clusterrun.runs import store
-from clusterrun.transport import shell
+from clusterrun.transport import bundle
 from clusterrun.wire import ProtocolError, frames
 
 REMOTE = Path(wire.__file__).resolve().parent / "remote"
@@ -458,9 +458,9 @@ def test_no_module_writes_or_reads_a_message_type_of_its_own() -> None:
 
 def test_the_programs_that_name_the_protocol_ship_it() -> None:
     """A program on a host sees protocol.py only when its imports ship it along
-    (transport/shell.py): the probe and the gang's modules gained it."""
+    (transport/bundle.py): the probe and the gang's modules gained it."""
     for name in ("probe.py", "run.py", "pyenv.py", "stacks.py", "sampler.py"):
-        assert b'_clusterrun_module("clusterrun.remote.protocol"' in shell.program_source(name)
+        assert b'_clusterrun_module("clusterrun.remote.protocol"' in bundle.program_source(name)
 
 
 # -- the mirror ------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any, Optional
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.protocol import OP, Probe
-from clusterrun.transport import shell
+from clusterrun.transport import bundle
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 from clusterrun.transport.fake_hosts import FakeHost, Interface, Reply
 
@@ -153,7 +153,7 @@ class FakeTransport:
 def _program_sources() -> dict[bytes, str]:
     folder = resources.files("clusterrun.remote")
     # As shipped: a program that imports shared modules arrives with them, behind a loader.
-    return {shell.program_source(item.name): item.name for item in folder.iterdir()
+    return {bundle.program_source(item.name): item.name for item in folder.iterdir()
             if item.name.endswith(".py")}
 
 

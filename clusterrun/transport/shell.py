@@ -7,21 +7,15 @@ secrets) never goes through a shell at all: it travels as JSON on the remote pro
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
-import marshal
-import re
 import shlex
-import threading
-import zlib
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any, Optional
 
 from clusterrun.errors import HostStatus
 from clusterrun.inventory import HostSpec
 from clusterrun.remote import protocol
+from clusterrun.transport import bundle
 
 # Exit statuses of the remote wrapper (docs/exit-status.md, "On the hosts").
 SETUP_FAILED = int(HostStatus.SETUP_FAILED)  # the inventory's `setup:` snippet failed
@@ -156,104 +150,11 @@ def remote_python(spec: HostSpec, *, site: bool = True) -> str:
     return run_there(spec, [spec.python, *([] if site else ["-S"]), "-u", "-c", BOOTSTRAP])
 
 
-# A remote program's `from clusterrun.remote import a, b` (or the same in parentheses over
-# several lines): modules shipped along with it.
-_SHARED = re.compile(rb"^from clusterrun\.remote import (?:\(([\w,\s]+)\)|([\w, ]+)$)", re.M)
-
-# Registers the shipped modules under their real names before the program runs, so the programs
-# import them exactly as they do on this machine (and tests and linters see plain imports).
-# Each piece comes as source and, when the host's interpreter has this one's bytecode format
-# (the same magic number: the same Python minor version), compiled: compiling the ~30 KB of
-# source is a fifth of a program's start-up on every host. Any other interpreter compiles it.
-_LOADER = b"""import sys, types
-try:
-    import binascii, marshal, zlib
-    from _frozen_importlib_external import MAGIC_NUMBER as _clusterrun_magic
-except ImportError:
-    _clusterrun_magic = None
-def _clusterrun_code(source, filename, magic, code):
-    if code is not None and magic == _clusterrun_magic:
-        try:
-            return marshal.loads(zlib.decompress(binascii.a2b_base64(code)))
-        except (ValueError, EOFError, TypeError, zlib.error, binascii.Error):
-            pass
-    return compile(source, filename, "exec")
-def _clusterrun_module(name, source, magic=None, code=None):
-    mod = types.ModuleType(name)
-    mod.__file__ = "<clusterrun %s>" % name
-    if source is None:
-        mod.__path__ = []
-    sys.modules[name] = mod
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, mod)
-    if source is not None:
-        exec(_clusterrun_code(source, mod.__file__, magic, code), mod.__dict__)
-_clusterrun_module("clusterrun", None)
-_clusterrun_module("clusterrun.remote", None)
-"""
-
-
-def _compiled(source: bytes, filename: str) -> bytes:
-    """``magic, code`` for the loader: this interpreter's bytecode of ``source``, marshalled,
-    compressed and in base64 (a third of the size of a bytes literal's escapes)."""
-    code = compile(source, filename, "exec", dont_inherit=True, optimize=0)
-    blob = base64.b64encode(zlib.compress(marshal.dumps(code)))
-    return b"%r, %r" % (importlib.util.MAGIC_NUMBER, blob.decode())
-
-
-def _remote_source(name: str) -> bytes:
-    return resources.files("clusterrun.remote").joinpath(name).read_bytes()
-
-
-def _shared_modules(source: bytes, found: Optional[list[str]] = None) -> list[str]:
-    """The clusterrun.remote modules ``source`` imports, dependencies first."""
-    found = [] if found is None else found
-    for match in _SHARED.finditer(source):
-        names = (match.group(1) or match.group(2)).decode()
-        for module in "".join(names.split()).split(","):
-            if module and module not in found:
-                _shared_modules(_remote_source(f"{module}.py"), found)
-                if module not in found:
-                    found.append(module)
-    return found
-
-
-_built: dict[str, bytes] = {}
-_building = threading.Lock()
-
-
-def program_source(name: str) -> bytes:
-    """A remote program as one piece of Python: itself, or a loader with the shared modules it
-    imports (clusterrun/remote/common.py ...) followed by it. Built once per process (under a
-    lock: every host's thread asks at the same moment) and the same bytes for every host."""
-    with _building:
-        if name not in _built:
-            _built[name] = _build(name)
-        return _built[name]
-
-
-def _build(name: str) -> bytes:
-    source = _remote_source(name)
-    shared = _shared_modules(source)
-    if not shared:
-        return source
-    parts = [_LOADER]
-    for module in shared:
-        text = _remote_source(f"{module}.py")
-        parts.append(b'_clusterrun_module("clusterrun.remote.%s", %r, %s)\n' % (
-            module.encode(), text, _compiled(text, f"<clusterrun clusterrun.remote.{module}>")))
-    filename = f"<clusterrun {name}>"
-    parts.append(b"exec(_clusterrun_code(%r, %r, %s), {'__name__': '__main__'})\n" % (
-        source, filename.encode(), _compiled(source, filename)))
-    return b"".join(parts)
-
-
 def program_input(name: str, request: dict[str, Any], *, chain: bool = False,
                   site: Optional[bool] = None) -> bytes:
     """What to write to the stdin of ``remote_python``: the program, then its request.
     ``chain``: the interpreter waits for another program afterwards (see BOOTSTRAP). ``site``:
     for an interpreter that already ran one (it restarts with -S when False)."""
-    source = program_source(name)
+    source = bundle.program_source(name)
     flags = (b" c" if chain else b"") + (b" S" if site is False else b"")
     return b"%d%s\n" % (len(source), flags) + source + json.dumps(request).encode() + b"\n"
