@@ -30,22 +30,25 @@ _SHARED = re.compile(rb"^from clusterrun\.remote import (?:\(([\w,\s]+)\)|([\w, 
 
 # Registers the shipped modules under their real names before the program runs, so the programs
 # import them exactly as they do on this machine (and tests and linters see plain imports).
-# Each piece comes as source and, when the host's interpreter has this one's bytecode format
-# (the same magic number: the same Python minor version), compiled: compiling the ~30 KB of
-# source is a fifth of a program's start-up on every host. Any other interpreter compiles it.
+# Each piece comes compiled, for a host whose interpreter has this one's bytecode format (the
+# same magic number: the same Python minor version), and as source, which any other interpreter
+# compiles: compiling the ~30 KB of source is a fifth of a program's start-up on every host.
+# Both are compressed and in base64 (a third of the size of a bytes literal's escapes): the
+# source is unpacked only where it is compiled, and every host is sent half the bytes.
 _LOADER = b"""import sys, types
+import binascii, zlib
 try:
-    import binascii, marshal, zlib
+    import marshal
     from _frozen_importlib_external import MAGIC_NUMBER as _clusterrun_magic
 except ImportError:
     _clusterrun_magic = None
-def _clusterrun_code(source, filename, magic, code):
+def _clusterrun_code(source, magic, code, filename):
     if code is not None and magic == _clusterrun_magic:
         try:
             return marshal.loads(zlib.decompress(binascii.a2b_base64(code)))
         except (ValueError, EOFError, TypeError, zlib.error, binascii.Error):
             pass
-    return compile(source, filename, "exec")
+    return compile(zlib.decompress(binascii.a2b_base64(source)), filename, "exec")
 def _clusterrun_module(name, source, magic=None, code=None):
     mod = types.ModuleType(name)
     mod.__file__ = "<clusterrun %s>" % name
@@ -56,18 +59,23 @@ def _clusterrun_module(name, source, magic=None, code=None):
     if parent:
         setattr(sys.modules[parent], child, mod)
     if source is not None:
-        exec(_clusterrun_code(source, mod.__file__, magic, code), mod.__dict__)
+        exec(_clusterrun_code(source, magic, code, mod.__file__), mod.__dict__)
 _clusterrun_module("clusterrun", None)
 _clusterrun_module("clusterrun.remote", None)
 """
 
 
-def _compiled(source: bytes, filename: str) -> bytes:
-    """``magic, code`` for the loader: this interpreter's bytecode of ``source``, marshalled,
-    compressed and in base64 (a third of the size of a bytes literal's escapes)."""
+def _packed(data: bytes) -> bytes:
+    """``data`` compressed, in base64, as a Python string literal (see _LOADER)."""
+    return b"%r" % base64.b64encode(zlib.compress(data, 9)).decode()
+
+
+def _pieces(source: bytes, filename: str) -> bytes:
+    """``source, magic, code`` for the loader: the source and this interpreter's bytecode of
+    it (marshalled), each packed."""
     code = compile(source, filename, "exec", dont_inherit=True, optimize=0)
-    blob = base64.b64encode(zlib.compress(marshal.dumps(code)))
-    return b"%r, %r" % (importlib.util.MAGIC_NUMBER, blob.decode())
+    return b"%s, %r, %s" % (_packed(source), importlib.util.MAGIC_NUMBER,
+                            _packed(marshal.dumps(code)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,9 +153,10 @@ def _keep(file: Path, stem: str, built: bytes) -> None:
 def _build(name: str, source: bytes, texts: list[tuple[str, bytes]]) -> bytes:
     parts = [_LOADER]
     for module, text in texts:
-        parts.append(b'_clusterrun_module("clusterrun.remote.%s", %r, %s)\n' % (
-            module.encode(), text, _compiled(text, f"<clusterrun clusterrun.remote.{module}>")))
+        filename = f"<clusterrun clusterrun.remote.{module}>"
+        parts.append(b'_clusterrun_module("clusterrun.remote.%s", %s)\n' % (
+            module.encode(), _pieces(text, filename)))
     filename = f"<clusterrun {name}>"
-    parts.append(b"exec(_clusterrun_code(%r, %r, %s), {'__name__': '__main__'})\n" % (
-        source, filename.encode(), _compiled(source, filename)))
+    parts.append(b"exec(_clusterrun_code(%s, %r), {'__name__': '__main__'})\n" % (
+        _pieces(source, filename), filename.encode()))
     return b"".join(parts)
