@@ -78,7 +78,7 @@ def _nproc(host: HostReport, override: Optional[int]) -> int:
 def _nccl_ifname(host: HostReport) -> str:
     """NCCL matches interface names by prefix (eth0 also matches eth01); `=name` is exact."""
     name = host.interface or ""
-    others = [i["name"] for i in host.facts.get("interfaces", []) if i["name"] != name]
+    others = [i.name for i in host.known.interfaces if i.name != name]
     return f"={name}" if any(o.startswith(name) for o in others) else name
 
 
