@@ -208,7 +208,7 @@ class Sync:
 
     def status(self) -> None:
         """Each host's status, but for the hosts whose status preflight's probe gave already
-        (envs/ahead.py)."""
+        (envs/warm.py)."""
         def one(host: HostEnv) -> None:
             host.status = self._status(host)
             host.platform = platforms.from_status(host.spec.name, host.status)
