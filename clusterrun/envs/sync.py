@@ -64,6 +64,7 @@ class HostEnv:
     received: int = 0  # bytes from the controller
     fetched: int = 0  # bytes from the master
     seconds: Optional[float] = None  # the build's
+    built_here: bool = False  # this sync built it: drift now is the build's, not a hand's
     # Its status came from the environment's own interpreter, now parked on its connection:
     # the command's next program there (preflight's probe) runs in it, with no new channel.
     in_env: bool = False
@@ -126,7 +127,8 @@ class EnvReport:
         bad = [h for h in self.hosts if not h.ok]
         if not bad:
             return
-        lines = [line for h in bad for line in describe_problem(h)]
+        # A platform's problem (no wheel, a wrong hash) names all its hosts: said once.
+        lines = list(dict.fromkeys(line for h in bad for line in describe_problem(h)))
         if any(h.unreachable for h in bad):
             raise UnreachableError("\n".join(lines))
         if any(h.disk_full for h in bad):
@@ -141,6 +143,13 @@ def describe_problem(host: HostEnv) -> list[str]:
                 "INVENTORY --prune removes old environments) and run again."]
     if host.problem:
         return [host.problem]
+    if host.built_here:  # rebuilding again would give the same: something else is at work
+        return [f"{name}: its environment {host.path} still differs from the lock "
+                f"({host.env.lock}) after it was built there: " + "; ".join(host.drift)
+                + ". A wheel installed something other than its file name says (another "
+                "version, or a second distribution), or something on that host writes into "
+                "the environment: replace that wheel, or stop what writes there, then run "
+                "`clusterrun env INVENTORY` again."]
     return [f"{name}: its environment {host.path} differs from the lock "
             f"({host.env.lock}): " + "; ".join(host.drift)
             + ". Run `clusterrun env INVENTORY` to rebuild it."]
@@ -371,7 +380,7 @@ class Sync:
                 "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)
             host.status["env"] = reply.get("env")
             host.drift = differences(host.expected(), host.status["python"], reply.get("env"))
-            host.state = DRIFT if host.drift else BUILT
+            host.state, host.built_here = (DRIFT if host.drift else BUILT), True
             host.seconds = reply.get("seconds", round(time.monotonic() - started, 2)) \
                 if reply.get("built") else None
 
