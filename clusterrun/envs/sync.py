@@ -229,6 +229,11 @@ class Sync:
     def resolve(self) -> None:
         groups: dict[tuple[str, Platform], list[HostEnv]] = {}
         for host in self.hosts:
+            refused = platforms.python_refused(host.spec.name, host.status, host.env) \
+                if host.platform is not None else None
+            if refused:  # nothing of this lock can be built on it
+                host.state, host.problem = FAILED, refused
+                continue
             if host.platform is not None and host.problem is None:
                 groups.setdefault((host.env.lock, host.platform), []).append(host)
         for (_lock, platform), members in sorted(groups.items(), key=lambda g: g[0][1]):
