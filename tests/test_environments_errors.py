@@ -1,7 +1,7 @@
 """`environment:`'s errors a user can act on, each from the real code path: pip asked for a
 wheel that is nowhere (the package, the hosts' Python and platform, the hosts, find_links), uv
 with no wheel for the hosts' CPU, a wheel whose sha256 is not the lock's, a host whose Python the
-uv project does not allow."""
+uv project does not allow; and where the master serves the wheels (its data interface)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import dataclasses
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from clusterrun import inventory
-from clusterrun.envs import platforms, wheels
+from clusterrun.envs import platforms, sync, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv
+from clusterrun.remote import pyenv
 from tests.conftest import run_main
 
 X86 = Platform("3.11", "x86_64", (2, 36))
@@ -169,3 +171,44 @@ def test_the_python_check_lets_an_allowed_python_through() -> None:
     assert platforms.python_refused("a", status, dataclasses.replace(env,
                                                                      requires_python=None)) is None
 
+
+def _worker(tmp_path: Path, top: str = "", master: str = "") -> sync.Sync:
+    (tmp_path / "req.lock").write_text("numpy==2.3.4\n")
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"{top}defaults:\n  environment: req.lock\nhosts:\n"
+                    f"  - host: 10.0.0.1\n    name: m\n{master}  - host: 10.0.0.2\n    name: w\n")
+    return sync.Sync(inventory.load(path), None, tmp_path)  # type: ignore[arg-type]
+
+
+def test_the_master_serves_wheels_on_its_data_interface(tmp_path: Path) -> None:
+    """The relay's status is asked its `interface:`'s address, and the wheels are served
+    there; without one, on the address SSH reached it on; master_addr wins over both."""
+    worker = _worker(tmp_path, master="    interface: ib0\n")
+    asked: list[dict[str, Any]] = []
+
+    def call(host: sync.HostEnv, request: dict[str, Any], *_: Any, **__: Any) -> dict[str, Any]:
+        asked.append(dict(request, host=host.spec.name))
+        return {"missing": [], "interface_address": "10.9.0.1" if "interface" in request
+                else None}
+
+    worker._call = call  # type: ignore[method-assign]
+    relay, other = worker.hosts
+    relay.status = {"ssh_server_address": "10.0.0.1"}
+    assert worker._ship([relay, other]) == 0  # nothing missing: nothing sent
+    assert [(r["host"], r.get("interface")) for r in asked] == [("m", "ib0"), ("w", None)]
+    assert worker._bind(relay) == "10.9.0.1"
+
+    plain = _worker(tmp_path)
+    plain.hosts[0].status = {"ssh_server_address": "10.0.0.1"}
+    assert plain._bind(plain.hosts[0]) == "10.0.0.1"
+    fixed = _worker(tmp_path, top="master_addr: 10.5.0.1\n", master="    interface: ib0\n")
+    fixed.hosts[0].status = {"interface_address": "10.9.0.1"}
+    assert fixed._bind(fixed.hosts[0]) == "10.5.0.1"
+
+
+def test_a_hosts_status_gives_its_interfaces_address(tmp_path: Path) -> None:
+    found = pyenv.status({"workdir": str(tmp_path), "lock": "x", "interface": "lo"})
+    assert found["interface_address"] == "127.0.0.1"
+    assert pyenv.status({"workdir": str(tmp_path), "lock": "x",
+                         "interface": "nosuchif0"})["interface_address"] is None
+    assert pyenv.status({"workdir": str(tmp_path), "lock": "x"})["interface_address"] is None

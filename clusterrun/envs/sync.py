@@ -305,9 +305,13 @@ class Sync:
 
         def have(host: HostEnv) -> None:
             want = todo_wheels if host is relay else host.wheels
-            reply = self._call(host, {OP: Env.STATUS, "want": [w.item for w in want]},
-                               STATUS_SECONDS)
+            request: dict[str, Any] = {OP: Env.STATUS, "want": [w.item for w in want]}
+            if host is relay and relay.spec.interface != AUTO:  # where it serves the others
+                request["interface"] = relay.spec.interface
+            reply = self._call(host, request, STATUS_SECONDS)
             host.missing = reply["missing"]
+            if host is relay:
+                host.status["interface_address"] = reply.get("interface_address")
 
         todo_wheels = list({w.sha: w for h in todo for w in h.wheels}.values())
         self._each(have, everyone, STATUS_SECONDS + 30)
@@ -351,10 +355,15 @@ class Sync:
         return total if relay.problem is None else 0
 
     def _bind(self, relay: HostEnv) -> str:
-        if self.inv.master_addr != AUTO:
+        """The relay's data address, as preflight picks the master's (preflight/decide.py's
+        master_addr_from_facts): the inventory's master_addr, 127.0.0.1 when every host is
+        this machine, its `interface:`'s IPv4 address, else the address SSH reached it on."""
+        if self.inv.master_addr != AUTO and relay.spec.name == self.inv.master.name:
             return self.inv.master_addr
-        if relay.spec.local:
+        if all(h.local for h in self.inv.hosts):
             return "127.0.0.1"
+        if relay.status.get("interface_address"):
+            return str(relay.status["interface_address"])
         return str(relay.status.get("ssh_server_address") or relay.spec.host)
 
     @contextlib.contextmanager
