@@ -452,3 +452,33 @@ def test_launch_rebuilds_a_drifted_host_and_refuses_one_that_still_differs(
     env = next((tmp_path / "wd" / "envs").glob("[0-9a-f]*"))
     assert (env / "lib/python3/site-packages/intruder-1.0.dist-info").is_dir()
 
+
+@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
+@pytest.mark.usefixtures("home")
+def test_env_prune_keeps_the_current_and_the_previous_environment(tmp_path: Path) -> None:
+    """Three locks built one after the other (what is built differs: system_site_packages, a
+    hash); `env --prune` with the third removes the first and keeps the second and third."""
+    from clusterrun.envs.wheels import sha256_of
+
+    inv = local_inventory(tmp_path)
+    sha = sha256_of(tmp_path / "wheels" / "clusterrun_tinypkg-0.1-py3-none-any.whl")
+    base = inv.read_text().replace("defaults:\n", f"defaults:\n  workdir: {tmp_path}/wd\n")
+    built = []
+    for lock, site in (("clusterrun-tinypkg==0.1\n", "false"), ("clusterrun-tinypkg==0.1\n",
+                                                                 "true"),
+                       (f"clusterrun-tinypkg==0.1 --hash=sha256:{sha}\n", "false")):
+        (tmp_path / "req.lock").write_text(lock)
+        inv.write_text(base.replace("find_links:", f"system_site_packages: {site}, find_links:"))
+        cp = run_cli("env", "--json", str(inv), timeout=300)
+        assert cp.returncode == 0, cp.stderr
+        [host] = json.loads(cp.stdout)["hosts"]
+        assert host["state"] == "built"
+        built.append(host["lock"])
+    assert len(set(built)) == 3
+    envs = tmp_path / "wd" / "envs"
+    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == sorted(built)
+    cp = run_cli("env", "--prune", str(inv), timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert f"n0: removed {built[0]}" in cp.stdout + cp.stderr
+    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == sorted(
+        built[1:])
