@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clusterrun import inventory
-from clusterrun.envs import platforms, sync, wheels
+from clusterrun.envs import platforms, serve, sync, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv
@@ -196,14 +196,14 @@ def test_the_master_serves_wheels_on_its_data_interface(tmp_path: Path) -> None:
     relay.status = {"ssh_server_address": "10.0.0.1"}
     assert worker._ship([relay, other]) == 0  # nothing missing: nothing sent
     assert [(r["host"], r.get("interface")) for r in asked] == [("m", "ib0"), ("w", None)]
-    assert worker._bind(relay) == "10.9.0.1"
+    assert serve.address(worker.inv, relay.spec, relay.status) == "10.9.0.1"
 
     plain = _worker(tmp_path)
     plain.hosts[0].status = {"ssh_server_address": "10.0.0.1"}
-    assert plain._bind(plain.hosts[0]) == "10.0.0.1"
+    assert serve.address(plain.inv, plain.hosts[0].spec, plain.hosts[0].status) == "10.0.0.1"
     fixed = _worker(tmp_path, top="master_addr: 10.5.0.1\n", master="    interface: ib0\n")
     fixed.hosts[0].status = {"interface_address": "10.9.0.1"}
-    assert fixed._bind(fixed.hosts[0]) == "10.5.0.1"
+    assert serve.address(fixed.inv, fixed.hosts[0].spec, fixed.hosts[0].status) == "10.5.0.1"
 
 
 def test_a_hosts_status_gives_its_interfaces_address(tmp_path: Path) -> None:

@@ -354,21 +354,10 @@ class Sync:
         self._each(one, [relay], MOVE_SECONDS + 30)
         return total if relay.problem is None else 0
 
-    def _bind(self, relay: HostEnv) -> str:
-        """The relay's data address, as preflight picks the master's (preflight/decide.py's
-        master_addr_from_facts): the inventory's master_addr, 127.0.0.1 when every host is
-        this machine, its `interface:`'s IPv4 address, else the address SSH reached it on."""
-        if self.inv.master_addr != AUTO and relay.spec.name == self.inv.master.name:
-            return self.inv.master_addr
-        if all(h.local for h in self.inv.hosts):
-            return "127.0.0.1"
-        if relay.status.get("interface_address"):
-            return str(relay.status["interface_address"])
-        return str(relay.status.get("ssh_server_address") or relay.spec.host)
-
     @contextlib.contextmanager
     def _serving(self, relay: HostEnv) -> Iterator[str]:
-        with serve.serving(self.pool.get(relay.spec), relay.spec, self._bind(relay),
+        bind = serve.address(self.inv, relay.spec, relay.status)
+        with serve.serving(self.pool.get(relay.spec), relay.spec, bind,
                            STATUS_SECONDS) as (url, token):
             self._token = token
             yield url
