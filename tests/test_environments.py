@@ -378,3 +378,107 @@ def test_a_warm_launch_asks_no_status_and_a_cold_or_drifted_one_asks_it_as_befor
     # A dry run builds nothing: preflight then finds no interpreter there, as it always did.
     out = dry_run(expect=3)
     assert sorted(asked) == ["n0", "n1"] and f"`{path}/bin/python` was not found" in out
+
+
+# A stand-in uv (a shell script in a wheel, as uv's binary is): `venv` makes a venv of the
+# `--python` given, `pip install` a dist-info per line of the lock (its name as wheels write it)
+# and one the lock never named.
+INTRUDING_UV = r"""#!/bin/sh
+last() { for a in "$@"; do :; done; echo "$a"; }
+after() {
+  flag=$1; shift; prev=
+  for a in "$@"; do [ "$prev" = "$flag" ] && echo "$a"; prev=$a; done
+}
+if [ "$1" = venv ]; then
+  py=$(after --python "$@"); dir=$(last "$@")
+  mkdir -p "$dir/bin" "$dir/lib/python3/site-packages"
+  ln -s "$py" "$dir/bin/python"
+  printf 'home = %s\nversion_info = %s\n' "$(dirname "$py")" \
+    "$("$py" -c 'import platform; print(platform.python_version())')" > "$dir/pyvenv.cfg"
+  exit 0
+fi
+env=$(dirname "$(dirname "$(after --python "$@")")")
+while read -r spec rest; do
+  name=$(echo "${spec%%==*}" | tr - _)
+  mkdir "$env/lib/python3/site-packages/$name-${spec#*==}.dist-info"
+done < "$(after -r "$@")"
+mkdir "$env/lib/python3/site-packages/intruder-1.0.dist-info"
+"""
+
+
+def test_launch_rebuilds_a_drifted_host_and_refuses_one_that_still_differs(
+        home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch builds the host's environment; what the build leaves differing from the lock
+    (here uv installs a package the lock never named) stops it with exit 3, naming the host and
+    the package, and nothing is started."""
+    import zipfile
+
+    from clusterrun.envs import wheels
+    from tests.envtools import tiny_wheel
+
+    tiny = tiny_wheel(tmp_path / "wheels")
+    fake_uv = tmp_path / f"uv-{UV.version}-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(fake_uv, "w") as archive:
+        archive.writestr(f"uv-{UV.version}.data/scripts/uv", INTRUDING_UV)
+
+    def resolve(cache: wheels.Cache, _env: Any, _platform: Platform,
+                _hosts: list[str]) -> list[Wheel]:
+        found = []
+        for path, pin in ((tiny, "clusterrun-tinypkg"), (fake_uv, UV.name)):
+            name, version = wheels.parse_filename(path.name)
+            item = Wheel(name, version, path.name, wheels.sha256_of(path), path.stat().st_size)
+            cache.path(item).parent.mkdir(parents=True, exist_ok=True)
+            cache.path(item).write_bytes(path.read_bytes())
+            assert item.name == pin
+            found.append(item)
+        return found
+
+    monkeypatch.setattr("clusterrun.envs.wheels.resolve", resolve)
+    (tmp_path / "req.lock").write_text("clusterrun-tinypkg==0.1\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"defaults:\n  environment: req.lock\n  workdir: {tmp_path}/wd\nhosts:\n"
+                   "  - host: localhost\n    name: n0\n")
+    script = tmp_path / "hello.py"
+    script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').write('yes')\n")
+    code, _out, err = run_main(capsys, "launch", "--no-check", "--no-torchrun", str(inv),
+                               str(script))
+    assert code == 3, err
+    assert "building on 1 of 1 host(s)" in err  # it was rebuilt first
+    assert "n0: its environment " in err and " still differs from the lock " in err
+    assert "after it was built there: intruder==1.0 not in the lock." in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "started").exists()  # the job never ran
+    env = next((tmp_path / "wd" / "envs").glob("[0-9a-f]*"))
+    assert (env / "lib/python3/site-packages/intruder-1.0.dist-info").is_dir()
+
+
+@pytest.mark.slow  # pip gathers uv's wheel (from the configured local index) and uv builds
+@pytest.mark.usefixtures("home")
+def test_env_prune_keeps_the_current_and_the_previous_environment(tmp_path: Path) -> None:
+    """Three locks built one after the other (what is built differs: system_site_packages, a
+    hash); `env --prune` with the third removes the first and keeps the second and third."""
+    from clusterrun.envs.wheels import sha256_of
+
+    inv = local_inventory(tmp_path)
+    sha = sha256_of(tmp_path / "wheels" / "clusterrun_tinypkg-0.1-py3-none-any.whl")
+    base = inv.read_text().replace("defaults:\n", f"defaults:\n  workdir: {tmp_path}/wd\n")
+    built = []
+    for lock, site in (("clusterrun-tinypkg==0.1\n", "false"), ("clusterrun-tinypkg==0.1\n",
+                                                                 "true"),
+                       (f"clusterrun-tinypkg==0.1 --hash=sha256:{sha}\n", "false")):
+        (tmp_path / "req.lock").write_text(lock)
+        inv.write_text(base.replace("find_links:", f"system_site_packages: {site}, find_links:"))
+        cp = run_cli("env", "--json", str(inv), timeout=300)
+        assert cp.returncode == 0, cp.stderr
+        [host] = json.loads(cp.stdout)["hosts"]
+        assert host["state"] == "built"
+        built.append(host["lock"])
+    assert len(set(built)) == 3
+    envs = tmp_path / "wd" / "envs"
+    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == sorted(built)
+    cp = run_cli("env", "--prune", str(inv), timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert f"n0: removed {built[0]}" in cp.stdout + cp.stderr
+    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == sorted(
+        built[1:])

@@ -51,8 +51,12 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
                     "test_fake_preflight.py::test_check_exits_3_not_4_for_a_silent_probe",
                     "test_host_paths.py::"
                     "test_a_user_without_a_home_directory_is_told_the_path_and_the_fix"],
-          "launch": ["test_launch.py::test_preflight_failure_starts_nothing"],
-          "exec": ["test_localhost.py::test_exec_on_a_host_whose_setup_fails_is_3"]},
+          "launch": ["test_launch.py::test_preflight_failure_starts_nothing",
+                     "test_environments.py::"
+                     "test_launch_rebuilds_a_drifted_host_and_refuses_one_that_still_differs"],
+          "exec": ["test_localhost.py::test_exec_on_a_host_whose_setup_fails_is_3"],
+          "env": ["test_environments_errors.py::"
+                  "test_a_host_whose_python_the_uv_project_does_not_allow_is_refused"]},
     "4": {"check": ["test_localhost.py::test_a_refused_ssh_connection_is_4",
                     "test_fake_preflight.py::test_check_exits_4_for_an_unreachable_host",
                     "test_check.py::test_changed_host_key_is_refused_and_nothing_runs",
@@ -61,14 +65,17 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
                     "test_a_node_srun_cannot_start_a_step_on_is_unreachable"],
           "launch": ["test_localhost.py::test_a_refused_ssh_connection_is_4"],
           "exec": ["test_exec.py::test_exec_names_an_unreachable_host"],
-          "stop": [UNREACHABLE_RUN], "stacks": [UNREACHABLE_RUN], "top --once": [UNREACHABLE_RUN]},
+          "stop": [UNREACHABLE_RUN], "stacks": [UNREACHABLE_RUN], "top --once": [UNREACHABLE_RUN],
+          "env": ["test_environments.py::test_a_host_that_cannot_be_reached_is_named_with_exit_4"]},
     "5": {"launch": ["reliability/test_host_faults.py::"
                      "test_a_partitioned_host_is_lost_and_ends_its_own_run",
                      "reliability/test_controller_signals.py::"
                      "test_sigstop_past_the_lease_then_sigcont"]},
     "6": {"launch": ["test_fake_preflight.py::test_launch_exits_6_when_copying_the_code_fails",
                      "reliability/test_disk_full.py::"
-                     "test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line"]},
+                     "test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line"],
+          "env": ["test_environments_hosts.py::"
+                  "test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built"]},
     "7": {"launch": ["test_localhost.py::test_a_stall_ended_by_on_stall_stop_is_7",
                      "test_stall.py::test_a_stopped_stall_names_the_hung_rank_and_exits_7"]},
     JOB: {"launch": ["test_localhost.py::"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
+from clusterrun.inventory.pylock import PythonEnv
 
 # manylinux2014 and older names (PEP 599/571/513) stand for glibc 2.17, 2.12 and 2.5.
 _LEGACY = (("manylinux2014", 17, ("x86_64", "i686", "aarch64", "armv7l", "ppc64", "ppc64le",
@@ -69,3 +70,25 @@ def from_status(name: str, status: dict[str, Any]) -> Platform:
     except ValueError:
         raise PlatformError(f"{name}: cannot read its glibc version ({libc!r}).") from None
     return Platform(python, str(status.get("machine")), (major, minor))
+
+
+def python_refused(name: str, status: dict[str, Any], env: PythonEnv) -> Optional[str]:
+    """Why the host's Python is not one the lock allows (a uv project's requires-python), or
+    None. A requirements lock says no Python of its own: its wheels do (wheels.py's message
+    where none fits the host's)."""
+    if not env.requires_python:
+        return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    python = str(status.get("python", ""))
+    try:
+        allowed = SpecifierSet(env.requires_python).contains(python, prereleases=True)
+    except InvalidSpecifier:  # uvlock.py read it already: not reached
+        return None
+    if allowed:
+        return None
+    where = status.get("python_path") or "its `python:`"
+    return (f"{name}: its Python is {python} ({where}), and the lock ({env.lock}) allows only "
+            f"Python {env.requires_python} (requires-python). Point the host's `python:` at an "
+            "interpreter the lock allows, or change requires-python in the project's "
+            "pyproject.toml to include it and run `uv lock` again.")

@@ -11,10 +11,24 @@ from collections.abc import Iterator
 from typing import Any
 
 from clusterrun.errors import PreflightError
-from clusterrun.inventory import HostSpec
+from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.remote import protocol
 from clusterrun.transport import programs
 from clusterrun.transport.base import Transport
+
+
+def address(inv: Inventory, relay: HostSpec, status: dict[str, Any]) -> str:
+    """Where ``relay`` serves: its data address, as preflight picks the master's
+    (preflight/decide.py's master_addr_from_facts): the inventory's master_addr, 127.0.0.1 when
+    every host is this machine, its `interface:`'s IPv4 address (its status reports it), else
+    the address SSH reached it on."""
+    if inv.master_addr != AUTO and relay.name == inv.master.name:
+        return inv.master_addr
+    if all(h.local for h in inv.hosts):
+        return "127.0.0.1"
+    if status.get("interface_address"):
+        return str(status["interface_address"])
+    return str(status.get("ssh_server_address") or relay.host)
 
 
 @contextlib.contextmanager

@@ -64,6 +64,7 @@ class HostEnv:
     received: int = 0  # bytes from the controller
     fetched: int = 0  # bytes from the master
     seconds: Optional[float] = None  # the build's
+    built_here: bool = False  # this sync built it: drift now is the build's, not a hand's
     # Its status came from the environment's own interpreter, now parked on its connection:
     # the command's next program there (preflight's probe) runs in it, with no new channel.
     in_env: bool = False
@@ -126,7 +127,8 @@ class EnvReport:
         bad = [h for h in self.hosts if not h.ok]
         if not bad:
             return
-        lines = [line for h in bad for line in describe_problem(h)]
+        # A platform's problem (no wheel, a wrong hash) names all its hosts: said once.
+        lines = list(dict.fromkeys(line for h in bad for line in describe_problem(h)))
         if any(h.unreachable for h in bad):
             raise UnreachableError("\n".join(lines))
         if any(h.disk_full for h in bad):
@@ -141,6 +143,13 @@ def describe_problem(host: HostEnv) -> list[str]:
                 "INVENTORY --prune removes old environments) and run again."]
     if host.problem:
         return [host.problem]
+    if host.built_here:  # rebuilding again would give the same: something else is at work
+        return [f"{name}: its environment {host.path} still differs from the lock "
+                f"({host.env.lock}) after it was built there: " + "; ".join(host.drift)
+                + ". A wheel installed something other than its file name says (another "
+                "version, or a second distribution), or something on that host writes into "
+                "the environment: replace that wheel, or stop what writes there, then run "
+                "`clusterrun env INVENTORY` again."]
     return [f"{name}: its environment {host.path} differs from the lock "
             f"({host.env.lock}): " + "; ".join(host.drift)
             + ". Run `clusterrun env INVENTORY` to rebuild it."]
@@ -208,7 +217,7 @@ class Sync:
 
     def status(self) -> None:
         """Each host's status, but for the hosts whose status preflight's probe gave already
-        (envs/ahead.py)."""
+        (envs/warm.py)."""
         def one(host: HostEnv) -> None:
             host.status = self._status(host)
             host.platform = platforms.from_status(host.spec.name, host.status)
@@ -220,6 +229,11 @@ class Sync:
     def resolve(self) -> None:
         groups: dict[tuple[str, Platform], list[HostEnv]] = {}
         for host in self.hosts:
+            refused = platforms.python_refused(host.spec.name, host.status, host.env) \
+                if host.platform is not None else None
+            if refused:  # nothing of this lock can be built on it
+                host.state, host.problem = FAILED, refused
+                continue
             if host.platform is not None and host.problem is None:
                 groups.setdefault((host.env.lock, host.platform), []).append(host)
         for (_lock, platform), members in sorted(groups.items(), key=lambda g: g[0][1]):
@@ -291,9 +305,13 @@ class Sync:
 
         def have(host: HostEnv) -> None:
             want = todo_wheels if host is relay else host.wheels
-            reply = self._call(host, {OP: Env.STATUS, "want": [w.item for w in want]},
-                               STATUS_SECONDS)
+            request: dict[str, Any] = {OP: Env.STATUS, "want": [w.item for w in want]}
+            if host is relay and relay.spec.interface != AUTO:  # where it serves the others
+                request["interface"] = relay.spec.interface
+            reply = self._call(host, request, STATUS_SECONDS)
             host.missing = reply["missing"]
+            if host is relay:
+                host.status["interface_address"] = reply.get("interface_address")
 
         todo_wheels = list({w.sha: w for h in todo for w in h.wheels}.values())
         self._each(have, everyone, STATUS_SECONDS + 30)
@@ -336,16 +354,10 @@ class Sync:
         self._each(one, [relay], MOVE_SECONDS + 30)
         return total if relay.problem is None else 0
 
-    def _bind(self, relay: HostEnv) -> str:
-        if self.inv.master_addr != AUTO:
-            return self.inv.master_addr
-        if relay.spec.local:
-            return "127.0.0.1"
-        return str(relay.status.get("ssh_server_address") or relay.spec.host)
-
     @contextlib.contextmanager
     def _serving(self, relay: HostEnv) -> Iterator[str]:
-        with serve.serving(self.pool.get(relay.spec), relay.spec, self._bind(relay),
+        bind = serve.address(self.inv, relay.spec, relay.status)
+        with serve.serving(self.pool.get(relay.spec), relay.spec, bind,
                            STATUS_SECONDS) as (url, token):
             self._token = token
             yield url
@@ -371,7 +383,7 @@ class Sync:
                 "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)
             host.status["env"] = reply.get("env")
             host.drift = differences(host.expected(), host.status["python"], reply.get("env"))
-            host.state = DRIFT if host.drift else BUILT
+            host.state, host.built_here = (DRIFT if host.drift else BUILT), True
             host.seconds = reply.get("seconds", round(time.monotonic() - started, 2)) \
                 if reply.get("built") else None
 

@@ -23,7 +23,7 @@ def line(host: HostEnv) -> str:
         return f"{head}  built{took} ({_mib(moved)} of wheels moved here)"
     if host.state == "missing":
         return f"{head}  not built yet"
-    if host.state == "drift":
+    if host.state == "drift" and not host.built_here:  # built and still not: its paragraph
         return f"{head}  differs from the lock: " + "; ".join(host.drift)
     return "; ".join(describe_problem(host))
 
@@ -31,8 +31,14 @@ def line(host: HostEnv) -> str:
 def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -> None:
     """A line per host on ``out``; a host that could not get its environment (no wheel for
     its platform, unreachable, a full disk) says why on ``err`` when given."""
+    said: set[str] = set()
     for host in report.hosts:
-        (err if err is not None and host.state == "failed" else out).write(line(host) + "\n")
+        text = line(host)
+        if text in said:  # a platform's problem names all its hosts: said once
+            continue
+        said.add(text)
+        failed = host.state == "failed" or (host.state == "drift" and host.built_here)
+        (err if err is not None and failed else out).write(text + "\n")
     if report.sent:
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 

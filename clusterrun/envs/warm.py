@@ -95,6 +95,8 @@ class Warm:
             platform = platforms.from_status(host.spec.name, status)
         except PlatformError:  # said by the sync, as without this
             return False
+        if platforms.python_refused(host.spec.name, status, host.env):  # the sync says why
+            return False
         lock = self._cached(host.env, platform)
         if lock is None:
             return False

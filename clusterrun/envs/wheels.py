@@ -30,6 +30,8 @@ from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
 UV = Pin("uv", "0.13.9", 0)
 PIP_SECONDS = 1800.0
 _MISSING_RE = re.compile(r"No matching distribution found for (\S+)")
+# pip: "Package 'newpy' requires a different Python: 3.11.0 not in '>=3.12'"
+_PYTHON_RE = re.compile(r"Package '([^']+)' requires a different Python: \S+ not in '([^']*)'")
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,12 @@ class Cache:
         name, version = parse_filename(file.name)
         sha = sha256_of(file)
         if pin.hashes and sha not in pin.hashes:
-            raise PreflightError(f"{file.name}'s sha256 ({sha}) is not one the lock "
-                                 f"({env.lock}, line {pin.line}) allows for {pin.requirement}.")
+            raise PreflightError(
+                f"{file.name}'s sha256 ({sha}) is not one the lock ({env.lock}, line "
+                f"{pin.line}) allows for {pin.requirement}, so no host was sent it. Either the "
+                "lock's --hash is wrong (write the lock again: `pip-compile --generate-hashes`, "
+                "`uv pip compile --generate-hashes`, `uv lock`) or the wheel that find_links: "
+                "or the index holds is not the one locked; replace it.")
         wheel = Wheel(name, version, file.name, sha, file.stat().st_size)
         target = self.path(wheel)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -149,16 +155,57 @@ def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
 
 def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[Pin], *,
               said: str, hosts: Sequence[str]) -> str:
-    named = _MISSING_RE.search(said)
-    which = named.group(1) if named else (absent[0].requirement if absent else None)
-    pin = next((p for p in pins if which and p.requirement == which.strip("'\"")), None)
-    where = f" ({env.lock}, line {pin.line})" if pin and pin.line else ""
     hosts_text = ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
+    python = _PYTHON_RE.search(said)
+    if python:  # a wheel for the platform, whose Requires-Python excludes the hosts' Python
+        pin = next((p for p in pins if p.name == canonical(python.group(1))), None)
+        which = pin.requirement if pin else python.group(1)
+        return (f"{which}{_where(env, pin)} needs Python {python.group(2)}, and {hosts_text} "
+                f"run{'s' if len(hosts) == 1 else ''} Python {platform.python}: point their "
+                f"`python:` at an interpreter it allows, or lock a version of "
+                f"{pin.name if pin else which} that supports Python {platform.python}.")
+    named = _MISSING_RE.search(said)
+    which = named.group(1).strip("'\"") if named else (absent[0].requirement if absent else None)
+    pin = next((p for p in pins if which and p.requirement == which), None)
+    if pin is not None and pin.name == UV.name:
+        return _no_uv(env, platform, hosts_text)
+    where = _where(env, pin)
     if which:
-        head = f"no wheel of {which}{where} for {platform.label}, the platform of {hosts_text}"
+        head = (f"no wheel of {which}{where} for Python {platform.python} on {platform.label}, "
+                f"the platform of {hosts_text}")
+        others = _other_platforms(env, pin) if pin else []
+        if others:
+            head += (f" (find_links holds only {', '.join(others[:3])}, for another Python or "
+                     "platform)")
     else:
         head = f"pip could not gather the wheels for {platform.label} ({hosts_text})"
     tail = " | ".join(line.strip() for line in said.strip().splitlines()[-3:])
     return (f"{head}. Put a directory holding one in the inventory's `environment: "
             f"{{lock: ..., find_links: [DIR]}}` (or give an index_url: that has it)"
             + (f"; pip said: {tail}" if tail and not named else "") + ".")
+
+
+def _where(env: PythonEnv, pin: Optional[Pin]) -> str:
+    return f" ({env.lock}, line {pin.line})" if pin and pin.line else ""
+
+
+def _other_platforms(env: PythonEnv, pin: Pin) -> list[str]:
+    """The wheels of ``pin`` in the inventory's find_links, which pip passed over."""
+    found = []
+    for folder in env.find_links:
+        for path in sorted(Path(folder).glob("*.whl")):
+            name, version = parse_filename(path.name)
+            if name == pin.name and version == pin.version:
+                found.append(path.name)
+    return found
+
+
+def _no_uv(env: PythonEnv, platform: Platform, hosts_text: str) -> str:
+    """uv is no pin of the lock: it is clusterrun's own builder, gathered like the lock's."""
+    return (f"no wheel of uv=={UV.version} for {platform.machine} ({platform.label}), the "
+            f"platform of {hosts_text}: uv is what clusterrun builds each host's environment "
+            f"with, shipped to the hosts as a wheel like the lock's. Put uv {UV.version}'s "
+            f"wheel for {platform.machine} (uv-{UV.version}-py3-none-manylinux_..."
+            f"_{platform.machine}.whl, from PyPI) in a directory named in the inventory's "
+            "`environment: {lock: ..., find_links: [DIR]}`"
+            + (f" (now {', '.join(env.find_links)})" if env.find_links else "") + ".")

@@ -8,6 +8,7 @@ offline, and a range (`numpy>=2`) would let two hosts differ.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -57,8 +58,8 @@ def parse(chk: Checker, loc: Located) -> Optional[PythonEnv]:
     env = _read(chk, found["lock"], path) if path else None
     if env is None:
         return None
-    return PythonEnv(env.lock, env.pins, system_site_packages=bool(site and site.value is True),
-                     find_links=links or (), index_url=index.value if index else None)
+    return dataclasses.replace(env, system_site_packages=bool(site and site.value is True),
+                               find_links=links or (), index_url=index.value if index else None)
 
 
 def _lock_path(chk: Checker, loc: Located) -> Optional[Path]:

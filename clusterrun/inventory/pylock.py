@@ -36,6 +36,9 @@ class PythonEnv:
     system_site_packages: bool = False
     find_links: tuple[str, ...] = ()  # absolute directories on this machine
     index_url: Optional[str] = None
+    # A uv project's requires-python: the hosts' Python must be one it allows. Not part of the
+    # digest: it changes nothing that is built.
+    requires_python: Optional[str] = None
 
     @property
     def digest(self) -> str:

@@ -193,4 +193,5 @@ def read(path: Path) -> PythonEnv:
     if not pins:
         raise LockProblem("the project depends on nothing; add its dependencies (`uv add "
                           "torch`) first")
-    return PythonEnv(str(path), tuple(sorted(pins.values(), key=lambda p: p.name)))
+    return PythonEnv(str(path), tuple(sorted(pins.values(), key=lambda p: p.name)),
+                     requires_python=str(data.get("requires-python") or "") or None)

@@ -33,7 +33,7 @@ class ProbeSession:
         self._transport = transport
         # Chained: once it has answered, the same interpreter can run the command's next
         # program on this host (a manifest read, the copy, the supervisor) with no new login.
-        # `environment:`: the probe also reports the lock's environment there (envs/ahead.py).
+        # `environment:`: the probe also reports the lock's environment there (envs/warm.py).
         request = {"workdir": spec.workdir,
                    **({"lock": spec.environment.digest} if spec.environment else {})}
         self._interp = start(transport, spec, "probe.py", request, chain=True)

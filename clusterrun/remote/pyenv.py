@@ -3,8 +3,9 @@ only, Python 3.6+; runs with the host's base interpreter, the inventory's `pytho
 
 One request per call, by ``op``:
 - ``status``: the host's platform (Python, CPU, glibc), its absolute workdir, the lock's
-  environment as built there (every installed distribution and the interpreter), and which of
-  ``want`` (sha256s) its store lacks. A host holding the lock's environment answers only this.
+  environment as built there (every installed distribution and the interpreter), which of
+  ``want`` (sha256s) its store lacks, and ``interface``'s IPv4 address where one is named.
+  A host holding the lock's environment answers only this.
 - ``receive``: ``files`` [{sha, name, size}] follow the request on stdin, one after another.
 - ``fetch``: ``files`` from the master's wheelserve.py at ``url`` (``token`` in a header).
 - ``build``: ``<workdir>/envs/<lock>``, with uv, offline, from the store alone: into a
@@ -25,6 +26,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -35,6 +38,7 @@ from clusterrun.remote import common, envstate, protocol
 BLOCK = 1 << 20
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl$")
+SIOCGIFADDR = 0x8915
 BUILD_SECONDS = 1800
 
 
@@ -60,12 +64,25 @@ def has(workdir, sha, name):
     return os.path.isfile(store_path(workdir, sha, name))
 
 
+def ipv4_of(interface):
+    """The IPv4 address of ``interface`` on this host (None: no such interface, or none)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", interface.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, packed)[20:24])
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+
+
 def status(req):
     workdir = workdir_of(req)
     ssh = (os.environ.get("SSH_CONNECTION") or "").split()
     found = envstate.state(workdir, req["lock"])
     found.update(python_path=sys.executable,
                  ssh_server_address=ssh[2] if len(ssh) == 4 else None,
+                 interface_address=ipv4_of(req["interface"]) if req.get("interface") else None,
                  missing=[w["sha"] for w in req.get("want", [])
                           if not has(workdir, w["sha"], w["name"])])
     return found
