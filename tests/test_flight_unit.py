@@ -200,6 +200,19 @@ def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
     assert quiet_over(found, t0, range(14, 18)) == [10.0, 11.0, 12.0, 0.0]  # round at 16 s
 
 
+def test_a_stuck_rank_that_stops_spinning_stays_quiet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No busy CPU, no more rounds: the verdict runs out, but the CPU it judged stays judged."""
+    torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
+    monkeypatch.setattr(flight, "ask", torch.ask)
+    found = spinning(tmp_path, monkeypatch, timeout=8.0)
+    t0 = time.monotonic() + 100
+    assert quiet_over(found, t0, range(14))[-1] == 9.0  # stuck since 4 s
+    monkeypatch.setattr(pystack, "cpu_ticks", lambda pid: 5)  # blocked now, not spinning
+    assert quiet_over(found, t0, range(14, 40)) == [float(s - 4) for s in range(14, 40)]
+    assert torch.rounds == 3
+
+
 @pytest.mark.parametrize("case", ["moving", "nothing open", "no dumps"])
 def test_busy_ranks_stay_progress_unless_their_recorder_shows_them_stuck(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
