@@ -294,3 +294,14 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
         sent[node] = stall.compact(found)  # type: ignore[no-untyped-call]
     hub_lines, hub = watchdog.report(sent, 8)  # type: ignore[no-untyped-call]
     assert hub_lines[1:4] == lines[1:4] and hub["odd_node"] == "gpu-b"
+
+
+def test_a_group_all_in_the_same_open_collective_names_nobody(tmp_path: Path) -> None:
+    """Every rank entered all_reduce #5 and none completed it: nobody is behind, so nobody is
+    named (the links are tested next, as for Gloo)."""
+    even = [dict(flight.flight(str(rundir(tmp_path)))[0], rank=str(n), node="gpu-a")  # type: ignore[no-untyped-call]
+            for n in (0, 1, 2)]
+    lines, record = controller.report(
+        Collected("r", [same_place(n, "gpu-a") for n in (0, 1, 2)], flight=even), 8)
+    assert record["odd"] == []
+    assert lines[1] == "stall: ranks 0-2 (gpu-a) wait in train_step (train.py:33)"
