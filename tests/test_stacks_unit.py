@@ -105,8 +105,10 @@ def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: 
     (tmp_path / "flight-rank-4").write_bytes(b"half a dump")
     assert flight.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
         {"rank": "3", "file": "flight-rank-3", "collective": "nccl:broadcast", "seq": 3,
-         "state": "started", "entries": 3, "groups": {"the process group": {
-             "seq": 3, "collective": "nccl:broadcast", "state": "started"}}}]
+         "state": "started", "entries": 3, "last_id": None, "groups": {"the process group": {
+             # no pg_status (torch before 2.5): open by its state alone
+             "seq": 3, "collective": "nccl:broadcast", "state": "started", "completed": None,
+             "open": True}}}]
     found = Collected("r", [], flight=[dict(flight.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
                                             node="gpu-a")])
     assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \

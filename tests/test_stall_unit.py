@@ -151,3 +151,30 @@ def test_busy_cpu_counts_only_while_the_main_thread_computes(
     for second in range(4):
         found.look(t0 + second)
     assert found.quiet(t0 + 3) == (3 if waits else 0)
+
+
+def test_without_a_flight_recorder_busy_cpu_stays_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy, silent rank on a host with no Flight Recorder pipe (no GPU, or a torch without
+    one): its CPU is progress, however long, and no dump is ever asked for."""
+    from clusterrun.remote import flight
+
+    asked: list[str] = []
+
+    def ask(rundir: str, wait: float = 5.0) -> list[str]:
+        asked.append(rundir)
+        return []
+
+    monkeypatch.setattr(flight, "ask", ask)
+    monkeypatch.setattr(flight, "request", ask)
+    found = progress(tmp_path, monkeypatch, os.getpid())
+    ticks = iter(range(0, 100000, 100))
+    monkeypatch.setattr(pystack, "cpu_ticks", lambda pid: next(ticks))
+    monkeypatch.setattr(pystack, "io_bytes", lambda pid: 1000)
+    monkeypatch.setattr(pystack, "in_io_wait", lambda pid: False)
+    t0 = time.monotonic() + 100
+    for second in range(40):  # five timeouts
+        found.look(t0 + second)
+        found.flight.wait()
+        assert found.quiet(t0 + second) == 0
+    assert asked == []

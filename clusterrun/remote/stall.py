@@ -8,8 +8,10 @@ writes grow (/proc/PID/io: a checkpoint written slowly uses little CPU and print
 while one of its threads sits in uninterruptible I/O (state D, an fsync to a slow filesystem) for
 at most IO_WAIT_MAX at a stretch. A run is stalled when no rank on any node has made progress for
 the timeout. A silent busy job is never stalled. Without py-spy on the host, growing CPU time
-always counts as progress (never a false stall; a run of spinning NCCL waiters is then not
-found).
+counts as progress (never a false stall), but for one case: where the ranks have torch's Flight
+Recorder (NCCL on GPU hosts), a rank whose busy CPU has been the node's only sign of progress
+for half the timeout, and whose collective sequence numbers then stand still with a collective
+open, is stuck: its CPU is NCCL's spinning, no progress (flightwatch.py).
 
 Each supervisor measures its own node (``Progress``) and reports how long it has been quiet:
 to the controller (a "progress" event) or, detached, to the hub over the gang connection. The
@@ -21,7 +23,7 @@ import os
 import threading
 import time
 
-from clusterrun.remote import protocol, pystack, userframe
+from clusterrun.remote import flight, flightwatch, protocol, pystack, userframe
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 REPORT = 2.0  # seconds between reports of this node's quiet time
@@ -51,6 +53,8 @@ class Progress:
         self.roots = roots  # () -> pids under which the ranks are (the launcher, the cgroup)
         self.pyspy = pyspy
         self.last = time.monotonic()
+        self.last_other = self.last  # the last progress by output or I/O (or no rank to judge)
+        self.busy_at = {}  # rank -> when its busy CPU last counted, since last_other
         self.sizes = {}
         self.cpu = {}  # pid -> (ticks, when)
         self.ranks = {}
@@ -62,6 +66,10 @@ class Progress:
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         # A short timeout needs fresher looks at the stacks; the default one, fewer.
         self.stack_age = max(1.0, min(STACK_AGE, timeout / 4.0))
+        # NCCL's waiters on a GPU (flightwatch.py): asked after half the timeout of busy CPU
+        # alone, and every half timeout after, a stall is reported about 1.5 timeouts after the
+        # last output.
+        self.flight = flightwatch.Recorder(rundir, max(LOOK, timeout / 2.0))
 
     def quiet(self, now):
         return max(0.0, now - self.last)
@@ -79,14 +87,27 @@ class Progress:
             self.found_at = now
         if not self.ranks:
             moved = True  # starting (torchrun importing torch) or ending: nothing to judge
-        for pid in self.ranks.values():
+        busy = []
+        for rank, pid in self.ranks.items():
             # Every test runs for every rank: each keeps its own last reading up to date.
             io = self._io(pid, now)
             if self._busy(pid, now) and not self._waiting(pid, now):
-                moved = True
+                busy.append(rank)
             moved = moved or io
         if moved:
-            self.last = now
+            self.last = self.last_other = now
+            self.busy_at = {}
+            self.flight.reset()
+            return
+        for rank in busy:
+            self.busy_at[rank] = now
+        # Busy CPU alone for a while: the ranks' Flight Recorders (if any) say whether it is
+        # NCCL's spinning. A rank stuck in a collective since S counted only up to S.
+        stuck = self.flight.stuck(now, bool(busy) and now - self.last_other >= self.flight.every)
+        for rank, since in stuck.items():
+            if rank in self.busy_at:
+                self.busy_at[rank] = min(self.busy_at[rank], since)
+        self.last = max([self.last_other, *self.busy_at.values()])
 
     def _io(self, pid, now):
         """Progress through I/O: the rank's bytes grew since the last look, or it waits in the
@@ -158,6 +179,18 @@ def compact(ranks):
     return out
 
 
+def attach_flight(ranks, rundir):
+    """Each rank's Flight Recorder, dumped now where it has a pipe (NCCL), as ``flight``: its
+    process groups' last collectives, which the report compares (stallreport.py)."""
+    if flight.armed(rundir):
+        flight.request(rundir)
+    found = {r["rank"]: r for r in flight.flight(rundir)}
+    for entry in ranks:
+        record = found.get(str(entry["rank"]))
+        if record is not None:
+            entry["flight"] = {"rank": record["rank"], "groups": record["groups"]}
+
+
 class Dumper:
     """Every rank of this node's stacks, taken on a thread of its own (py-spy takes a moment per
     rank: the supervisor's loop never waits for it); ``take`` returns them once ready."""
@@ -173,6 +206,7 @@ class Dumper:
         def run():
             ranks = pystack.find_ranks(progress.rundir, progress.roots())
             found = pystack.dump_all(progress.pyspy, ranks, progress.rundir)
+            attach_flight(found, progress.rundir)
             self.result = compact(found)
 
         self.thread = threading.Thread(target=run, daemon=True)

@@ -11,12 +11,13 @@ group; ranks outside any collective come first (the likelier cause), then the sm
 then the lowest rank. Every group but the last is odd; a single group is odd only when it is a
 single rank. A rank whose stack could not be read is no odd one out (not seeing it names no
 host), and when no rank's stack could be read the report says what could not be seen and names
-no rank and no host (``blind``).
+no rank and no host (``blind``). A rank that fell behind its process group by torch's Flight
+Recorder (NCCL on GPUs: remote/flight.py ``lead``) comes first, odd, in a group of its own.
 """
 
 import re
 
-from clusterrun.remote import pystack, userframe
+from clusterrun.remote import flight, pystack, userframe
 
 # The words of a blind report's first line, and so of its stop's detail: wire.RootCause reads
 # them to record a stopped stall that blames no host.
@@ -100,10 +101,13 @@ def groups(ranks):
                                                  g[0]["rank"]))
 
 
-def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans):
+def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans, *,
+          records=()):
     """``(lines, record)``: the report, odd ranks out first, then the waiting group, then what
     could not be seen; the record has ``odd`` (rank, node, pid, frame, last line, stopped,
-    where), ``waiting`` (ranks, in) and ``blind``. ``problems``: {host: why it gave no stacks}."""
+    where), ``waiting`` (ranks, in) and ``blind``. ``problems``: {host: why it gave no stacks}.
+    A rank that fell behind its process group by torch's Flight Recorder (``records``, or a
+    rank's own ``flight``: remote/flight.py) is an odd one out first, whatever its stack."""
     problems = problems or {}
     seen = [r for r in ranks if not r.get("error")]
     if not seen:
@@ -113,6 +117,8 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
     out = ["stall: no rank made progress for %s s; %d rank%s, %d different stack%s" % (
         "%g" % timeout, len(ranks), "" if len(ranks) == 1 else "s", len(found),
         "" if len(found) == 1 else "s")]
+    found, late = flight.lead(found, list(records) + [r["flight"] for r in ranks
+                                                      if r.get("flight")])
     odd, waiting = [], None
     for index, members in enumerate(found):
         wait = waits_in(members[0])
@@ -120,7 +126,8 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
         # is a stdlib selector's frame, which nobody can act on), else the innermost frame.
         where = "the collective %s" % wait if wait else (members[0].get("at")
                                                            or innermost(members[0]))
-        if index < len(found) - 1 or (len(found) == 1 and len(members) == 1):
+        if (index < len(found) - 1 or (len(found) == 1 and len(members) == 1)
+                or members[0]["rank"] in late):
             for rank in members:
                 stopped = rank.get("state") == "T"
                 out.append("stall: odd one out: rank %d on %s (pid %d)%s in %s; last line: %r"
@@ -129,6 +136,8 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
                               rank.get("last_line") or ""))
                 if rank.get("where"):  # its own line, and its DataLoader workers'
                     out.append("stall:   %s" % rank["where"])
+                if rank["rank"] in late:
+                    out.append("stall:   %s" % flight.said(late[rank["rank"]]))
                 odd.append({"rank": rank["rank"], "node": rank["node"], "pid": rank["pid"],
                             "frame": innermost(rank), "last_line": rank.get("last_line") or "",
                             "stopped": stopped, "where": rank.get("where")})

@@ -34,7 +34,7 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
     hub's own rule and words (remote/stallreport.py); host names folded by NodeSet here."""
     lines, record = stallreport.build(  # type: ignore[no-untyped-call]
         [as_sent(r) for r in found.ranks], timeout, found.problems,
-        fold_nodes=fold, fold_ranks=fold_numbers)
+        fold_nodes=fold, fold_ranks=fold_numbers, records=found.flight)
     return lines, dict(record, stacks=found.to_json()["ranks"])
 
 
