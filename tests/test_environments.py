@@ -249,6 +249,9 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     assert host["name"] == "n0" and host["checks"][0]["name"] == "environment"
     assert "not built yet" in host["checks"][0]["detail"]
     assert report["environment"]["hosts"][0]["state"] == "missing"
+    plain = run_cli("check", str(inv), timeout=300)
+    assert plain.returncode == 3
+    assert f"not built yet on n0. `clusterrun env {inv}` builds it" in plain.stderr
 
     code, found = env()
     assert code == 0 and [h["state"] for h in found["hosts"]] == ["built"]

@@ -62,6 +62,9 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
 
             if not envs.ok:
                 envview.render_plain(envs, sys.stderr)
+                hint = envview.not_built(envs, inventory_path)
+                if hint:
+                    click.echo(hint, err=True)
                 if as_json:  # still one JSON object on stdout, as for any failed check
                     envview.check_json(envs, sys.stdout)
                 return Result(unreachable=any(h.unreachable for h in envs.hosts),

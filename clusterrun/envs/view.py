@@ -43,6 +43,19 @@ def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 
 
+def not_built(report: EnvReport, inventory_path: str) -> Optional[str]:
+    """What to do where hosts merely lack the lock's environment (`check` builds nothing)."""
+    missing = [h.spec.name for h in report.hosts if h.state == "missing"]
+    if not missing:
+        return None
+    from clusterrun.inventory.ranges import fold
+
+    return (f"clusterrun: the lock's environment is not built yet on {fold(missing)}. "
+            f"`clusterrun env {inventory_path}` builds it (`launch` does too, before it "
+            "starts the ranks); `check` then checks the hosts with that environment's "
+            "interpreter.")
+
+
 def as_json(report: EnvReport) -> dict[str, Any]:
     return {"ok": report.ok, "sent_bytes": report.sent,
             "hosts": [h.as_json() for h in report.hosts]}
