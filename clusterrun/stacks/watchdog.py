@@ -25,7 +25,7 @@ from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import links
 from clusterrun.stacks.collect import collect
-from clusterrun.stacks.model import Collected, RankStack
+from clusterrun.stacks.model import Collected, as_sent
 from clusterrun.transport import SshOptions
 
 
@@ -36,11 +36,6 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
         [as_sent(r) for r in found.ranks], timeout, found.problems,
         fold_nodes=fold, fold_ranks=fold_numbers)
     return lines, dict(record, stacks=found.to_json()["ranks"])
-
-
-def as_sent(rank: RankStack) -> dict[str, Any]:
-    """A rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``), with its node."""
-    return dict(rank.to_json(), state=rank.state, error=rank.error, last_line=rank.last_line)
 
 
 class Watchdog:
