@@ -135,6 +135,28 @@ def test_a_stopped_stall_with_a_spare_left_leaves_the_blamed_host_out() -> None:
     assert next_step(failed, 1, spare=True).leave_out == ()  # type: ignore[union-attr]
 
 
+def test_a_stall_stopped_on_a_host_whose_links_fail_leaves_that_host_out() -> None:
+    """No rank stood out and node2's links failed the re-test: the stop fails node2 with the
+    links' detail ("node2: stalled, its links fail: ..."), and a restart with a spare left
+    leaves node2 out, not the master."""
+    from clusterrun.remote import linkrule, stallreport
+
+    hosts = ["node0", "node1", "node2"]
+    cut = [(o, "node2", "timed out after 5 s") for o in hosts[:2]] + [
+        ("node2", o, "timed out after 5 s") for o in hosts[:2]]
+    more, links, _ = linkrule.judge(hosts, cut, {"node2": "10.79.0.2"})  # type: ignore[no-untyped-call]
+    host, detail = stallreport.stop(more, {"odd": [], "links": links})  # type: ignore[no-untyped-call]
+    assert host == "node2" and detail.startswith("stalled, its links fail: node[0-1] cannot")
+    stall = RootCause(host, None, 7, f"{host}: {detail}")  # as the stopped host words it
+    assert stall.stalled and stall.blamed_node == "node2" and stall.blamed_rank is None
+    plan = SimpleNamespace(attempt=1)
+    nodes = tuple(SimpleNamespace(plan=SimpleNamespace(name=h), lost=None) for h in hosts)
+    step = next_step(AttemptResult(plan, None, nodes, stall), 1, spare=True)  # type: ignore[arg-type]
+    assert step is not None and step.leave_out == (("node2", "blamed by the stall watchdog"),)
+    step = next_step(AttemptResult(plan, None, nodes, stall), 1, spare=False)  # type: ignore[arg-type]
+    assert step is not None and step.leave_out == ()
+
+
 def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: Path) -> None:
     """No rank's stack could be read: the master ends the run (some host must), but the stall
     is recorded with no host and says what could not be seen, and a restart with a spare left

@@ -224,6 +224,12 @@ def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
     lines, record = report(found, 10)
     assert record["odd"] == [] and not any("odd one out" in x for x in lines), lines
     assert lines[-1] == "stall: no stack from rank 2 on node3 (pid 1002): no py-spy on this host"
+    # `stacks` neither: the rank is said after the groups, with its reason.
+    text = view.render(found)
+    assert not any("odd one out" in x for x in text), text
+    assert text[0] == "run r: 3 ranks on 3 nodes, 1 different stack", text
+    assert text[-2:] == ["no stack from rank 2 (node3): no py-spy on this host",
+                         "  rank 2 (node3, pid 1002) last line: 'step 2'"], text
     # The hub: the same.
     got = {n: [dict(r.to_json(), error=r.error, last_line=r.last_line)] for n, r in
            (("node1", found.ranks[0]), ("node2", found.ranks[1]), ("node3", blind))}
@@ -284,6 +290,40 @@ def test_the_controller_and_the_hub_make_the_same_report(name: str) -> None:
         {k: record.get(k) for k in ("odd", "waiting", "blind", "timeout")}
     assert kept["odd_node"] == (record["odd"][0]["node"] if record["odd"] else None)
     assert lines[0].startswith("stall: no rank made progress for 7.5 s; ")
+
+
+@pytest.mark.parametrize("name", sorted(STALLS))
+def test_stacks_groups_the_ranks_as_the_stall_report_does(name: str) -> None:
+    """`clusterrun stacks` and the stall report group by one rule: the same groups in the same
+    order, the same odd ones out (but a lone rank: `stacks` of a one-rank run calls nothing
+    odd), and a rank whose stack could not be read is in no group and no odd one out."""
+    from clusterrun.stacks.model import from_reply
+
+    got = STALLS[name]
+    found = Collected("r", sorted((from_reply(node, dict(entry)) for node, entries in got.items()
+                                   for entry in entries), key=lambda r: r.rank))
+    lines, record = report(found, 7.5)
+    shown = view.groups(found)
+    read = [dict(e, node=n) for n, entries in got.items() for e in entries if not e.get("error")]
+    assert [[r.rank for r in g.ranks] for g in shown] == [
+        [r["rank"] for r in g] for g in stallreport.groups(read)]  # type: ignore[no-untyped-call]
+    text = view.render(found)
+    tagged = {r.rank for g in shown for r in g.ranks
+              if any(x.startswith(f"odd one out: {g.label}: ") for x in text)}
+    assert tagged == ({o["rank"] for o in record["odd"]} if len(shown) > 1 else set()), text
+    unread = [r for r in found.ranks if r.error]
+    for rank in unread:
+        assert f"stall: no stack from rank {rank.rank} on {rank.node} (pid {rank.pid}): " \
+            f"{rank.error}" in lines or record.get("blind"), lines
+        assert any(x.startswith("no stack from ") and x.endswith(f": {rank.error}")
+                   for x in text), text
+        assert f"  rank {rank.rank} ({rank.node}, pid {rank.pid}) last line: " \
+            f"{rank.last_line!r}" in text, text
+    assert not {r.rank for r in unread} & tagged
+    plural = "" if len(shown) == 1 else "s"
+    assert text[0].endswith(f", {len(shown)} different stack{plural}"), text
+    if not record.get("blind"):
+        assert lines[0].endswith(f", {len(shown)} different stack{plural}"), lines
 
 
 def test_the_hosts_fold_host_names_as_nodeset_does() -> None:

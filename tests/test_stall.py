@@ -91,6 +91,47 @@ def test_a_dataloader_worker_hang_names_the_users_line_and_the_worker(
     assert cluster.wait_no_processes(HOSTS, 20) == {}
 
 
+def test_stacks_shows_the_hung_dataloader_worker_and_the_stop_leaves_none(
+        cluster: Cluster, home: Path, tmp_path: Path, strays: None) -> None:
+    """`clusterrun stacks` while rank 1's DataLoader worker hangs (a detached run, so the
+    command runs beside it): the odd rank's own line, then each of its workers with its pid
+    and its own stack down to the dataset's ``__getitem__``. The hub's --on-stall stop then
+    ends it, and no rank and no worker is left on any host."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    script = copy_payload(tmp_path, "loader_hang.py")
+    timeout = 30  # long enough for `stacks` to see the hang before the stop
+    cp = run_cli("launch", "--detach", "--nproc-per-node", "1", "--grace", "2",
+                 "--stall-timeout", str(timeout), "--on-stall", "stop", "--env", "HANG_RANK=1",
+                 str(inv), str(script))
+    assert cp.returncode == 0, cp.stderr
+    run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
+    deadline = time.monotonic() + 90
+    while "Shards.__getitem__" not in (shown := run_cli("stacks", run_id)).stdout:
+        assert time.monotonic() < deadline, (shown.stdout, shown.stderr)
+        time.sleep(2)
+    text = shown.stdout
+    assert "odd one out: rank 1 (node14): <module> (loader_hang.py:34)" in text, text
+    workers = re.findall(r"^    DataLoader worker (\d) \(pid (\d+)\):$", text, re.M)
+    assert workers, text
+    assert re.search(r"^        Shards\.__getitem__  \S*/loader_hang\.py:29$", text, re.M), text
+    assert re.search(r"; DataLoader worker \d \(pid \d+\) waits in `time.sleep\(3600\)` "
+                     r"\(loader_hang.py:29\) in `Shards.__getitem__`", text), text
+    pids = {int(pid) for _n, pid in workers}
+    alive = cluster.run_on("node14", "sh", "-c", "ls /proc")
+    assert pids <= {int(x) for x in alive.split() if x.isdigit()}, (pids, text)
+    # The hub stops the run on the worker's host; nothing of it is left anywhere.
+    state_file = f"/tmp/clusterrun/runs/{run_id}/node13/state.json"
+    deadline = time.monotonic() + timeout + 90
+    while (state := json.loads(cluster.read("node13", state_file))).get("state") in (
+            "running", "stalled", "stopping"):
+        assert time.monotonic() < deadline, state
+        time.sleep(1)
+    assert cluster.wait_no_processes(HOSTS, 20) == {}
+    rows = {r["id"]: r for r in json.loads(run_cli("ps", "--json").stdout)}
+    assert (rows[run_id]["outcome"], rows[run_id]["stalled"]) == (
+        "stalled", {"node": "node14", "rank": 1}), rows[run_id]
+
+
 def test_a_stopped_stall_restarts_on_a_spare_in_the_blamed_hosts_place(
         cluster: Cluster, home: Path, tmp_path: Path, strays: None) -> None:
     """`--on-stall stop --max-restarts 1` with a spare: the host of the odd rank out is left

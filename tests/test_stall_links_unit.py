@@ -13,7 +13,7 @@ import pytest
 
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote import linkwatch
+from clusterrun.remote import linkrule, linkwatch, stallreport
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import links, watchdog
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
@@ -44,7 +44,9 @@ def test_failing_pairs_put_the_stall_on_the_host_nobody_reaches() -> None:
                      "(10.79.0.2) on an ephemeral port: timed out after 5 s; node2 cannot "
                      "connect to node[1,3] on an ephemeral port: timed out after 5 s"]
     assert record["blamed"] == ["node2"] and not record["fine"]
-    assert links.stop_detail(lines[0]).startswith("stalled, its links fail: node[1,3] cannot")
+    host, detail = stallreport.stop(lines, {"odd": [], "links": record})  # type: ignore[no-untyped-call]
+    assert host == "node2"
+    assert detail.startswith("stalled, its links fail: node[1,3] cannot"), detail
 
 
 def test_one_host_that_reaches_nobody_is_blamed_not_its_peers() -> None:
@@ -135,6 +137,74 @@ def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
     assert sent[-1][0] == "node3"
 
 
+class HubNode:
+    """The master's supervisor as the hub's watchdog (remote/watchdog.py) sees it: what it
+    records, sends to its peers and fails with."""
+
+    def __init__(self, rundir: Path) -> None:
+        self.name = "node1"
+        self.rundir = str(rundir)
+        self.peer = None
+        self.hub = FakeHub(HOSTS[1:])
+        self.recorded: list[dict[str, Any]] = []
+        self.hub.record = self.recorded.append  # type: ignore[attr-defined]
+        self.failed: list[tuple[int, str]] = []
+
+    def roots(self) -> list[int]:
+        return []
+
+    def state(self, **fields: Any) -> None:
+        pass
+
+    def fail(self, code: int, detail: str, cause: str, force: bool = False) -> None:
+        self.failed.append((code, detail))
+
+
+STOPS = {  # the stacks and the re-tested links of a stall, and the host it is put on
+    "odd rank": ([*(waiting(r, HOSTS[r // 2]) for r in range(5)),
+                  RankStack(5, "node3", 1005, (Thread("MainThread", (
+                      Frame("<module>", "/job/train.py", 44),
+                      Frame("load_batch", "/job/data.py", 30))),), last_line="step 2")],
+                 cut("node2"), "node3"),
+    "links": ([waiting(r, HOSTS[r // 2]) for r in range(6)], cut("node2"), "node2"),
+    "neither": ([waiting(r, HOSTS[r // 2]) for r in range(6)], [], None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STOPS))
+def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """One rule (stallreport.stop) picks the host a stopped stall fails and its failure's
+    detail: the controller sends the stop there, and the hub, given the same report, stops
+    the same host with the same detail (an odd rank's host is told over the gang, a host whose
+    links fail is recorded as failed by the hub, neither: the master fails itself)."""
+    from clusterrun.remote import protocol
+    from clusterrun.remote import watchdog as hub_watchdog
+
+    ranks, blocked, host = STOPS[case]
+    sent, _said, _ = fire(monkeypatch, tmp_path, ranks, blocked)
+    node, stop = sent[-1]
+    assert node == host, sent
+    lines, report = sent[0][1]["lines"], sent[0][1]["report"]
+    assert stallreport.stop(lines, report) == (host, stop["detail"])  # type: ignore[no-untyped-call]
+    master = HubNode(tmp_path)
+    hub = hub_watchdog.Watch(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP})
+    hub.stall_here(lines, report)
+    told = {peer: box for peer, box in master.hub.outbox.items() if box}
+    if case == "odd rank":
+        assert told == {"node3": [{protocol.OP: protocol.Gang.STALL_STOP,
+                                   "detail": stop["detail"]}]}, told
+        assert not master.recorded and not master.failed
+    elif case == "links":
+        assert [(r["node"], r["detail"]) for r in master.recorded] == [
+            ("node2", f"node2: {stop['detail']}")]
+        assert stop["detail"].startswith("stalled, its links fail: node[1,3] cannot"), stop
+        assert not told and not master.failed
+    else:
+        assert master.failed == [(7, f"node1: {stop['detail']}")]
+        assert not told and not master.recorded
+
+
 def local_run(tmp_path: Path, addresses: dict[str, str]) -> RunDir:
     """A run whose hosts are all this machine (no SSH), each using ``addresses[name]``."""
     nodes = [{"name": name, "host": "localhost", "node_rank": i, "address": address,
@@ -158,17 +228,44 @@ def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
     assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines
 
 
+def hub_judges(blocked: list[Blocked], untested: dict[str, str]) -> Any:
+    """The detached hub's own judging (linkwatch.HubTest) of these pairs: node1 is the hub,
+    every host listened at its address, and each answered its connects."""
+    test = linkwatch.HubTest(FakeHub(HOSTS[1:]), "127.0.0.1", time.monotonic())
+    test.side.close()
+    test.ports = {h: (ADDRESSES[h], 40000) for h in HOSTS if h not in untested}
+    test.untested = dict(untested)
+    failed = {(b.source, b.target): b.error for b in blocked}
+    test.pairs = {s: {t: ({"ok": False, "error": failed[s, t]} if (s, t) in failed
+                          else {"ok": True}) for t in test.ports if t != s}
+                  for s in test.ports}
+    test._judge()
+    return test.result
+
+
 @pytest.mark.parametrize("blocked", [
     cut("node2"), [Blocked("node3", o, "x") for o in ("node1", "node2")],
-    [Blocked("node1", "node2", "x")], [], [*cut("node1"), Blocked("node2", "node3", "x")]])
+    [Blocked("node1", "node2", "x")], [], [*cut("node1"), Blocked("node2", "node3", "x")],
+    [Blocked("node1", "node3", "refused"), Blocked("node2", "node3", "timed out")]])
 def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
-    """The detached hub (host side: no preflight import there) blames as `check` does."""
+    """The detached hub (host side: no preflight import there) blames as `check` does, and
+    its report says what the controller's says, line for line: the same host blamed, the
+    other hosts folded alike (``node[1,3]``), the same record."""
     triples = [(b.source, b.target, b.error) for b in blocked]
-    want = {h: [(b.source, b.target, b.error) for b in pairs]
-            for h, pairs in mesh.blamed(Pairs(HOSTS, blocked, {})).items()}
-    assert linkwatch.blamed(HOSTS, triples) == want
-    _lines, _record, blamed = linkwatch.judge(HOSTS, triples, ADDRESSES)
-    assert blamed == links.judge(links.Links(HOSTS, blocked, ADDRESSES))[2]
+    assert linkrule.blamed(HOSTS, triples) == mesh.blamed(Pairs(HOSTS, blocked, {}))  # type: ignore[no-untyped-call]
+    controller = links.judge(links.Links(HOSTS, blocked, ADDRESSES))
+    assert hub_judges(blocked, {}) == controller
+    assert controller[0], controller  # a root cause or "links fine": never nothing
+
+
+def test_the_hub_and_the_controller_say_an_untested_host_alike() -> None:
+    untested = {"node3": "cannot listen on an ephemeral port of 10.79.0.3: refused"}
+    blocked = [Blocked("node1", "node2", "timed out after 5 s"),
+               Blocked("node2", "node1", "timed out after 5 s")]
+    controller = links.judge(links.Links(HOSTS[:2], blocked, ADDRESSES, untested))
+    assert hub_judges(blocked, untested) == controller
+    assert controller[0][-1] == ("stall: links of node3 not tested: cannot listen on an "
+                                 "ephemeral port of 10.79.0.3: refused"), controller
 
 
 class FakeConn:

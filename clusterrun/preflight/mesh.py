@@ -23,6 +23,7 @@ from clusterrun.preflight.answers import Connected, Listening, connections
 from clusterrun.preflight.net_facts import Lookup, lookups
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
+from clusterrun.remote import linkrule
 from clusterrun.remote.protocol import Probe
 from clusterrun.transport import parallel
 
@@ -97,35 +98,10 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
 
 def blamed(pairs: Pairs) -> dict[str, list[Blocked]]:
     """Which host each failed pair is put on: a host nobody reaches (its firewall) or a host
-    that reaches nobody (its egress); otherwise the one connected to."""
-    incoming: dict[str, int] = {}
-    outgoing: dict[str, int] = {}
-    for b in pairs.blocked:
-        incoming[b.target] = incoming.get(b.target, 0) + 1
-        outgoing[b.source] = outgoing.get(b.source, 0) + 1
-    others = len(pairs.hosts) - 1
-    out: dict[str, list[Blocked]] = {}
-    for b in pairs.blocked:
-        if incoming[b.target] < others and outgoing[b.source] == others:
-            out.setdefault(b.source, []).append(b)
-        else:
-            out.setdefault(b.target, []).append(b)
-    return out
-
-
-def failed_pairs(name: str, address: Optional[str], mine: Sequence[Blocked]) -> str:
-    """What a host's failed pairs (``blamed()``'s for it) say: who cannot reach it, and whom
-    it cannot reach (check's `pairs` and the stall watchdog's link test say it alike)."""
-    into = [b for b in mine if b.target == name]
-    out = [b for b in mine if b.source == name]
-    parts = []
-    if into:
-        parts.append(f"{fold([b.source for b in into])} cannot connect to {name} "
-                     f"({address or '?'}) on an ephemeral port: {into[0].error}")
-    if out:
-        parts.append(f"{name} cannot connect to {fold([b.target for b in out])} on an "
-                     f"ephemeral port: {out[0].error}")
-    return "; ".join(parts)
+    that reaches nobody (its egress); otherwise the one connected to (remote/linkrule.py, the
+    stall watchdog's rule too)."""
+    found = linkrule.blamed(pairs.hosts, pairs.blocked)  # type: ignore[no-untyped-call]
+    return {host: list(mine) for host, mine in found.items()}
 
 
 def fix(port_range: Optional[Sequence[int]]) -> str:
@@ -145,8 +121,8 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
             r.add("pairs", True, f"reached all {len(pairs.hosts) - 1} other hosts on ephemeral "
                   "ports, and reached from them")
             continue
-        r.add("pairs", False, failed_pairs(name, r.address, mine) + ". "
-              + fix(r.known.port_range))
+        said = linkrule.failed_pairs(name, r.address, mine, fold)  # type: ignore[no-untyped-call]
+        r.add("pairs", False, f"{said}. {fix(r.known.port_range)}")
 
 
 def _judge_port_ranges(answered: Sequence[HostReport]) -> None:

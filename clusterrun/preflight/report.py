@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
@@ -114,8 +114,10 @@ class HostReport:
                 "checks": [c.as_json() for c in self.checks]}
 
 
-@dataclass(frozen=True)
-class Blocked:
+class Blocked(NamedTuple):
+    """``source`` could not connect to an ephemeral port of ``target``: a triple, as the rule
+    shared with the hosts (remote/linkrule.py) reads a failed pair."""
+
     source: str
     target: str
     error: str

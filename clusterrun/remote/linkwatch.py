@@ -5,15 +5,15 @@ Over the gang, in the supervisors' loop: the hub asks every connected peer to li
 ephemeral port of the address its gang connection uses (``links_listen``; the hub listens on
 master_addr), then gives everyone the others' ports (``links_connect``): every host connects to
 every other at once (remote/mesh.py, as `check` does), and answers its pairs (``links_pairs``).
-A failed pair is put on one host by `check`'s rule (``blamed``); a peer that does not answer at
-all over its gang connection, which runs on the same network, counts as a failed pair from the
-hub to it. ``links_close`` ends the listeners.
+A failed pair is put on one host, and said, by `check`'s rule and the controller's words
+(linkrule.py); a peer that does not answer at all over its gang connection, which runs on the
+same network, counts as a failed pair from the hub to it. ``links_close`` ends the listeners.
 """
 
 import threading
 import time
 
-from clusterrun.remote import mesh, protocol, stallreport
+from clusterrun.remote import linkrule, mesh, protocol
 
 G = protocol.Gang
 
@@ -21,54 +21,6 @@ LISTEN_WAIT = 3.0  # for the peers' ports
 PAIR_SECONDS = 5.0  # a connect that takes longer is a broken link, as in `check`
 PAIRS_WAIT = PAIR_SECONDS + 3.0  # for the peers' pairs
 LISTEN_MAX = 60.0  # a peer's listener ends by itself if the hub never says so
-
-
-def blamed(hosts, blocked):
-    """preflight.mesh.blamed's rule: {host: [(source, target, error)]}. A host nobody reaches
-    (its firewall) or one that reaches nobody (its egress); otherwise the one connected to."""
-    incoming, outgoing = {}, {}
-    for source, target, _error in blocked:
-        incoming[target] = incoming.get(target, 0) + 1
-        outgoing[source] = outgoing.get(source, 0) + 1
-    others = len(hosts) - 1
-    out = {}
-    for pair in blocked:
-        source, target = pair[0], pair[1]
-        if incoming[target] < others and outgoing[source] == others:
-            out.setdefault(source, []).append(pair)
-        else:
-            out.setdefault(target, []).append(pair)
-    return out
-
-
-def judge(hosts, blocked, addresses):
-    """The report's lines, its record and the host blamed (None: every pair connected)."""
-    blame = blamed(hosts, blocked)
-    ranked = sorted(blame, key=lambda h: (-len(blame[h]), h))
-    lines = []
-    for name in ranked:
-        into = [p for p in blame[name] if p[1] == name]
-        out = [p for p in blame[name] if p[0] == name]
-        parts = []
-        if into:
-            parts.append("%s cannot connect to %s (%s) on an ephemeral port: %s" % (
-                ",".join(sorted(p[0] for p in into)), name, addresses.get(name, "?"), into[0][2]))
-        if out:
-            parts.append("%s cannot connect to %s on an ephemeral port: %s" % (
-                name, ",".join(sorted(p[1] for p in out)), out[0][2]))
-        lines.append("stall: root cause: %s's links fail: %s" % (name, "; ".join(parts)))
-    fine = not ranked and len(hosts) > 1
-    if fine:
-        lines.append("stall: links fine: every pair of the run's %d hosts connects on an "
-                     "ephemeral port of the run's addresses, so no host's data path is the "
-                     "cause" % len(hosts))
-    record = {"tested": sorted(hosts), "fine": fine, "blamed": ranked,
-              "failed": [{"source": s, "target": t, "error": e} for s, t, e in blocked]}
-    return lines, record, ranked[0] if ranked else None
-
-
-def stop_detail(line):
-    return "stalled, " + stallreport.LINKS_FAIL + line.partition("'s links fail: ")[2]
 
 
 class Side:
@@ -143,11 +95,7 @@ class HubTest:
             hosts.append(peer)
             blocked.append((self.me, peer, "no answer over its connection to the master"))
             addresses[peer] = _peer_address(self.hub.conns.get(peer))
-        lines, record, blamed_host = judge(hosts, blocked, addresses)
-        lines.extend("stall: links of %s not tested: %s" % (peer, why)
-                     for peer, why in sorted(self.untested.items()))
-        record["untested"] = self.untested
-        self.result = (lines, record, blamed_host)
+        self.result = linkrule.judge(hosts, blocked, addresses, self.untested)
         self.phase = "done"
 
 

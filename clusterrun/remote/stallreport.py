@@ -13,6 +13,7 @@ single rank. A rank whose stack could not be read is no odd one out (not seeing 
 host), and when no rank's stack could be read the report says what could not be seen and names
 no rank and no host (``blind``). A rank that fell behind its process group by torch's Flight
 Recorder (NCCL on GPUs: remote/flight.py ``lead``) comes first, odd, in a group of its own.
+``stop`` picks, for both, the host a stopped stall fails.
 """
 
 import re
@@ -22,8 +23,10 @@ from clusterrun.remote import flight, pystack, userframe
 # The words of a blind report's first line, and so of its stop's detail: wire.RootCause reads
 # them to record a stopped stall that blames no host.
 BLIND = "no rank's stack could be read, so no rank or host can be named as the cause"
-# How a stop's detail starts when a host's links failed the re-test (linkwatch.py, links.py).
+# How a stop's detail starts when a host's links failed the re-test (linkrule.py), and the
+# report's line that names such a host (``LINKS_ROOT % host``).
 LINKS_FAIL = "its links fail: "
+LINKS_ROOT = "stall: root cause: %s's links fail: "
 
 
 def spans(numbers):
@@ -180,3 +183,17 @@ def stop_detail(lines):
     odd = [x for x in lines if "odd one out" in x]
     return ("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
             ).replace("stall: ", "", 1)
+
+
+def stop(lines, record):
+    """``(host, detail)``: the host a stall stopped with --on-stall stop fails, and the detail
+    of its failure (wire.RootCause reads the blamed host and rank back from it). The first odd
+    rank's host; with none, the first host whose links failed the re-test (``record["links"]``,
+    linkrule.py); with neither, None: the master only ends the run, and no host is blamed."""
+    host = odd_node(record)
+    blamed = (record.get("links") or {}).get("blamed") or []
+    if host is None and blamed:
+        head = LINKS_ROOT % blamed[0]
+        said = next((x[len(head):] for x in lines if x.startswith(head)), "")
+        return blamed[0], "stalled, " + LINKS_FAIL + said
+    return host, stop_detail(lines)

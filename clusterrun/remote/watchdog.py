@@ -189,12 +189,11 @@ class Watch(watcher.Watcher):
         self.node.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
         if not (stop and self.stop_run):
             return
-        blamed = (report.get("links") or {}).get("blamed") or []
-        detail = (linkwatch.stop_detail(next(x for x in lines if x.startswith(
-            "stall: root cause: %s's" % blamed[0]))) if blamed else stallreport.stop_detail(lines))
-        target = report.get("odd_node")
+        # The host to stop and its failure's detail, by the controller's rule (stallreport).
+        target, detail = stallreport.stop(lines, report)
+        by_links = target is not None and not report.get("odd")
         conn = self.node.hub.conns.get(target) if self.node.hub is not None and target else None
-        if blamed and target != self.node.name and self.node.hub is not None:
+        if by_links and target != self.node.name and self.node.hub is not None:
             # Its link is what failed, the gang's to it likely too: the hub records the failure
             # as that host's own (the root cause) and stops the others.
             self.node.hub.record({"node": target, "rank": None, "code": stall.STATUS,

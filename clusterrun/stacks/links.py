@@ -5,9 +5,9 @@ would throw the wrong host out on a restart. The likeliest cause left is a host 
 broke while its SSH stayed up (a NIC or switch port that flaps): Gloo and NCCL then wait on
 peer sockets that carry nothing. So every host listens on an ephemeral port of the address its
 ranks use and connects to every other host's (preflight's all-pairs test, remote/links.py),
-all at once, in seconds. A failed pair is put on one host by preflight's rule
-(``preflight.mesh.blamed``: a host nobody reaches, or one that reaches nobody): that host is the
-stall's root cause. When every pair connects, the report says the links are fine.
+all at once, in seconds. A failed pair is put on one host by `check`'s rule (remote/linkrule.py,
+which a detached run's hub applies too: a host nobody reaches, or one that reaches nobody): that
+host is the stall's root cause. When every pair connects, the report says the links are fine.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
-from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote import protocol, stallreport
+from clusterrun.preflight.report import Blocked
+from clusterrun.remote import linkrule, protocol
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode, PlanRecord
@@ -144,28 +145,7 @@ def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links
 
 
 def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
-    """The report's lines, its record and the host the stall is put on (None: no link failed).
-    The host with the most failed pairs comes first and is the one blamed."""
-    blame = mesh.blamed(Pairs(links.hosts, links.blocked, {}))
-    ranked = sorted(blame, key=lambda h: (-len(blame[h]), h))
-    lines: list[str] = []
-    for name in ranked:
-        lines.append(f"stall: root cause: {name}'s links fail: "
-                     + mesh.failed_pairs(name, links.addresses.get(name), blame[name]))
-    if not ranked and len(links.hosts) > 1:
-        lines.append(f"stall: links fine: every pair of the run's {len(links.hosts)} hosts "
-                     "connects on an ephemeral port of the run's addresses, so no host's data "
-                     "path is the cause")
-    lines.extend(f"stall: links of {name} not tested: {why}"
-                 for name, why in sorted(links.untested.items()))
-    record = {"tested": links.hosts, "fine": not ranked and len(links.hosts) > 1,
-              "blamed": ranked, "untested": links.untested,
-              "failed": [{"source": b.source, "target": b.target, "error": b.error}
-                         for b in links.blocked]}
-    return lines, record, ranked[0] if ranked else None
-
-
-def stop_detail(line: str) -> str:
-    """The failure a stopped stall records when a host's links are to blame: the root cause
-    line names the host already (wire.RootCause reads a stall from "stalled" at its start)."""
-    return "stalled, " + stallreport.LINKS_FAIL + line.partition("'s links fail: ")[2]
+    """The report's lines, its record and the host the stall is put on (None: no link failed),
+    by the hub's rule and words (remote/linkrule.py); host names folded by NodeSet here."""
+    return linkrule.judge(  # type: ignore[no-any-return,no-untyped-call]
+        links.hosts, links.blocked, links.addresses, links.untested, fold=fold)

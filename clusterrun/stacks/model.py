@@ -55,15 +55,6 @@ class RankStack:
                 return thread
         return self.threads[0] if self.threads else None
 
-    def signature(self) -> tuple[Any, ...]:
-        """What makes two ranks' stacks "the same": the main thread's functions and files
-        (line numbers too: two ranks on different lines of one function differ)."""
-        if self.error:
-            return ("error", self.error)
-        main = self.main
-        frames = tuple((f.function, f.file, f.line) for f in main.frames) if main else ()
-        return ("stopped" if self.state == "T" else "", frames)
-
     def to_json(self) -> dict[str, Any]:
         threads = _threads(self.threads)
         out: dict[str, Any] = {"rank": self.rank, "node": self.node, "pid": self.pid,
@@ -80,6 +71,12 @@ class RankStack:
         if self.samples is not None:
             out["samples"] = self.samples
         return out
+
+
+def as_sent(rank: RankStack) -> dict[str, Any]:
+    """A rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``), with its node:
+    what the stall report's rule (remote/stallreport.py) reads."""
+    return dict(rank.to_json(), state=rank.state, error=rank.error, last_line=rank.last_line)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Grouping ranks by identical stacks, and the text `stacks` and the stall report print."""
+"""Grouping ranks by identical stacks, by the stall report's rule (remote/stallreport.py), and
+the text `stacks` prints."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from clusterrun.inventory.ranges import fold, fold_numbers
-from clusterrun.remote import flight, pystack  # the same rules the hosts apply
-from clusterrun.stacks.model import Collected, RankStack, Thread
+from clusterrun.remote import flight, stallreport  # the same rules the hosts apply
+from clusterrun.stacks.model import Collected, RankStack, Thread, as_sent
 
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
 
@@ -29,38 +30,23 @@ class Group:
 
 
 def groups(collected: Collected) -> list[Group]:
-    """Ranks with the same stack together; the odd ones out first (ranks outside any collective,
-    then the smallest groups), the biggest group waiting in a collective last."""
-    by_sig: dict[tuple[object, ...], list[RankStack]] = {}
-    for rank in collected.ranks:
-        by_sig.setdefault(rank.signature(), []).append(rank)
-    found = [Group(tuple(members)) for members in by_sig.values()]
-    # Ranks not waiting in a collective are the likelier cause: they come before those that do.
-    found.sort(key=lambda g: (waiting_in(g.first) is not None, len(g.ranks), g.first.rank))
-    return found
+    """The ranks whose stacks were read, grouped by the stall report's rule (remote/stallreport.py
+    ``groups``): the same stack together, the odd ones out first (ranks outside any collective,
+    then the smallest groups), the biggest group waiting in a collective last. A rank whose
+    stack could not be read is in none (``unread``): not seeing it makes it no odd one out."""
+    read = [(as_sent(rank), rank) for rank in collected.ranks if not rank.error]
+    of = {id(sent): rank for sent, rank in read}
+    found = stallreport.groups([sent for sent, _rank in read])  # type: ignore[no-untyped-call]
+    return [Group(tuple(of[id(sent)] for sent in members)) for members in found]
 
 
-def waiting_in(rank: RankStack) -> Optional[str]:
-    """Where the rank's main thread waits for its peers (remote/pystack.py ``peer_wait``): a
-    torch.distributed collective, or, idle, DDP's backward or a torch.distributed wait."""
-    main = rank.main
-    if main is None:
-        return None
-    found = pystack.peer_wait([  # type: ignore[no-untyped-call]
-        {"function": f.function, "file": f.file, "line": f.line} for f in main.frames],
-        main.active)
-    return str(found) if found else None
-
-
-def innermost(rank: RankStack) -> str:
-    """The frame a rank is in: its main thread's innermost frame outside the standard library
-    and torch internals is the most telling; the innermost frame itself is shown too."""
-    if rank.error:
-        return rank.error
-    main = rank.main
-    if main is None or not main.frames:
-        return "no Python frames"
-    return main.frames[-1].short
+def unread(collected: Collected) -> list[Group]:
+    """The ranks whose stacks could not be read, by the reason, in rank order."""
+    by_error: dict[str, list[RankStack]] = {}
+    for rank in sorted(collected.ranks, key=lambda r: r.rank):
+        if rank.error:
+            by_error.setdefault(rank.error, []).append(rank)
+    return [Group(tuple(members)) for members in by_error.values()]
 
 
 def _frame_lines(rank: RankStack, indent: str) -> list[str]:
@@ -123,9 +109,11 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
     for index, group in enumerate(found):
         odd = len(found) > 1 and index < len(found) - 1
         lines.append("")
-        wait = waiting_in(group.first)
+        first = as_sent(group.first)
+        wait = stallreport.waits_in(first)  # type: ignore[no-untyped-call]
         # Outside a collective: the user's own line where there is one (remote/stallreport.py).
-        what = f"waiting in {wait}" if wait else (group.first.at or innermost(group.first))
+        inner = stallreport.innermost(first)  # type: ignore[no-untyped-call]
+        what = f"waiting in {wait}" if wait else group.first.at or inner
         tag = "odd one out: " if odd else ""
         lines.append(f"{tag}{group.label}: {what}")
         for rank in group.ranks if (odd or len(group.ranks) <= 4) else group.ranks[:1]:
@@ -136,4 +124,11 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
             lines.append(f"  ... and {len(group.ranks) - 1} more with the same stack")
         if frames:
             lines.extend(_frame_lines(group.first, "    "))
+    for group in unread(collected):
+        lines.append("")
+        lines.append(f"no stack from {group.label}: {group.first.error}")
+        lines.extend(f"  {_rank_head(rank)} last line: {rank.last_line!r}"
+                     for rank in group.ranks[:4])
+        if len(group.ranks) > 4:
+            lines.append(f"  ... and {len(group.ranks) - 4} more")
     return lines

@@ -25,7 +25,7 @@ from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import links
 from clusterrun.stacks.collect import collect
-from clusterrun.stacks.model import Collected, RankStack
+from clusterrun.stacks.model import Collected, as_sent
 from clusterrun.transport import SshOptions
 
 
@@ -36,11 +36,6 @@ def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]
         [as_sent(r) for r in found.ranks], timeout, found.problems,
         fold_nodes=fold, fold_ranks=fold_numbers, records=found.flight)
     return lines, dict(record, stacks=found.to_json()["ranks"])
-
-
-def as_sent(rank: RankStack) -> dict[str, Any]:
-    """A rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``), with its node."""
-    return dict(rank.to_json(), state=rank.state, error=rank.error, last_line=rank.last_line)
 
 
 class Watchdog:
@@ -103,10 +98,9 @@ class Watchdog:
             return
         # No odd rank out (all wait in one collective, or none could be seen): the hosts'
         # data path is tested again, and a host whose links fail is the root cause.
-        blamed: Optional[str] = None
         more: list[str] = []
         if not record["odd"]:
-            more, record["links"], blamed = links.judge(links.retest(self.run, self.ssh))
+            more, record["links"], _blamed = links.judge(links.retest(self.run, self.ssh))
             lines.extend(more)
         with self.speaking:
             if self.closed:
@@ -118,13 +112,11 @@ class Watchdog:
                 k: v for k, v in record.items() if k != "stacks"}})
             # The odd rank's node, or the host whose links failed, fails with status 7
             # (--on-stall stop there): the root cause names that host, so a restart replaces
-            # it if a spare is left. Neither: the master, whose failure's detail says that no
-            # rank stood out (or none could be seen: then no host is blamed, wire.RootCause).
-            odd = stallreport.odd_node(record) or blamed  # type: ignore[no-untyped-call]
-            detail = (links.stop_detail(more[0]) if blamed  # the blamed host's line is first
-                      else stallreport.stop_detail(lines))  # type: ignore[no-untyped-call]
+            # it if a spare is left. Neither (None): the master, whose failure's detail says
+            # that no host is blamed (wire.RootCause). The hub decides by the same rule.
+            target, detail = stallreport.stop(lines, record)  # type: ignore[no-untyped-call]
             if self.stop_run:
-                self.to_node(odd, {OP: Lifeline.STALL, "fail": True, "detail": detail})
+                self.to_node(target, {OP: Lifeline.STALL, "fail": True, "detail": detail})
 
     def _say(self, lines: list[str]) -> bool:
         """Print the lines unless the attempt has ended; whether it had not."""
