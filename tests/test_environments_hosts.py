@@ -1,7 +1,8 @@
 """`environment:` on the namespace cluster, its other forms and failures: a uv project built on
 the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
-torch, and a host whose disk fills during the build (exit 6, host and path named, nothing
-half-built left in envs/)."""
+torch, and a host whose disk fills during the build of `env` or `launch` (exit 6, host and
+path named, nothing half-built left in envs/). The light lock (numpy and a wheel built here) is
+built by the real uv, shipped by clusterrun, on hosts with no route to an index."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from clusterrun.inventory import load
 from tests.conftest import Cluster, run_cli
 from tests.envtools import host_path, tiny_wheel
 
@@ -155,18 +157,51 @@ def test_system_site_packages_keeps_the_hosts_own_torch(
     assert {h["state"] for h in again["hosts"]} == {"ready"}
 
 
-def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
-        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+# Run in the lock's environment: where each rank's interpreter and packages came from.
+IN_ENV = """import json, os, sys
+import numpy, tinypkg
+out = os.environ["TEST_DIR"]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "rank-%s.json" % os.environ["RANK"]), "w") as handle:
+    json.dump({"prefix": sys.prefix, "numpy": numpy.__version__, "tiny": tinypkg.WORD}, handle)
+"""
+
+
+def light_lock(cluster: Cluster, tmp_path: Path, workdir: str) -> tuple[Path, str]:
+    """An inventory of HOSTS with numpy and the tiny wheel as their environment, and the
+    lock's hash (the name of its folder under <workdir>/envs on every host)."""
     tiny_wheel(tmp_path / "wheels")
     (tmp_path / "requirements.lock").write_text(f"numpy=={NUMPY}\nclusterrun-tinypkg==0.1\n")
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
         "python": "/usr/bin/python3", "workdir": workdir,
         "environment": {"lock": "requirements.lock", "find_links": ["wheels"]}})
+    env = load(inv).hosts[0].environment
+    assert env is not None
+    return inv, env.digest
+
+
+def launch_args(inv: Path, tmp_path: Path, test_dir: str) -> list[str]:
+    """`launch`'s arguments for IN_ENV: one process a host (rank 0 on node4). The lock has no
+    torch, which preflight asks of every host: --no-check shows that and goes on."""
+    script = tmp_path / "job" / "in_env.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(IN_ENV)
+    return ["--no-torchrun", "--no-check", "--nproc-per-node", "1", "--env",
+            f"TEST_DIR={test_dir}", str(inv), str(script)]
+
+
+@pytest.mark.usefixtures("home", "clean")
+@pytest.mark.parametrize("command", ["env", "launch"])
+def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
+        cluster: Cluster, tmp_path: Path, workdir: str, command: str) -> None:
+    inv, _lock = light_lock(cluster, tmp_path, workdir)
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    args = launch_args(inv, tmp_path, test_dir) if command == "launch" else [str(inv)]
     # node5's envs/ is a 4 MiB file system of its own: the wheels fit in its store, numpy's
     # unpacked files (tens of MB) do not.
     cluster.run_on("node5", "mkdir", "-p", f"{workdir}/envs")
     cluster.run_on("node5", "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", f"{workdir}/envs")
-    cp = run_cli("env", str(inv), timeout=600)
+    cp = run_cli(command, *args, timeout=600)
     assert cp.returncode == 6, cp.stderr
     assert f"node5: no space left in {workdir}/envs" in cp.stderr
     assert "Traceback" not in cp.stderr
@@ -175,3 +210,5 @@ def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
     assert not [n for n in left if not n.startswith(".") or n.startswith(".tmp-")], left
     ok = cluster.run_on("node4", "ls", f"{workdir}/envs").split()
     assert len(ok) == 1  # node4 built the lock's environment
+    for name in HOSTS:  # a launch started nothing anywhere
+        assert not host_path(cluster, name, test_dir).exists()
