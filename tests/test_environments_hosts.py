@@ -1,18 +1,25 @@
 """`environment:` on the namespace cluster, its other forms and failures: a uv project built on
 the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
-torch, and a host whose disk fills during the build of `env` or `launch` (exit 6, host and
-path named, nothing half-built left in envs/). The light lock (numpy and a wheel built here) is
-built by the real uv, shipped by clusterrun, on hosts with no route to an index."""
+torch, a host whose disk fills during the build of `env` or `launch` (exit 6, host and path
+named, nothing half-built left in envs/), and two launches at once building it once. The light
+lock (numpy and a wheel built here) is built by the real uv, shipped by clusterrun, on hosts
+with no route to an index."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import hashlib
 import json
+import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +28,7 @@ from typing import Any
 import pytest
 
 from clusterrun.inventory import load
-from tests.conftest import Cluster, run_cli
+from tests.conftest import Cluster, run_cli, start_cli
 from tests.envtools import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
@@ -165,6 +172,7 @@ os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "rank-%s.json" % os.environ["RANK"]), "w") as handle:
     json.dump({"prefix": sys.prefix, "numpy": numpy.__version__, "tiny": tinypkg.WORD}, handle)
 """
+IN_CREATE, IN_MOVED_TO = 0x100, 0x80
 
 
 def light_lock(cluster: Cluster, tmp_path: Path, workdir: str) -> tuple[Path, str]:
@@ -190,6 +198,59 @@ def launch_args(inv: Path, tmp_path: Path, test_dir: str) -> list[str]:
             f"TEST_DIR={test_dir}", str(inv), str(script)]
 
 
+class Created:
+    """The names created in (or moved into) a folder from now on, by inotify: none is missed,
+    however briefly it lives. The folder is a host's, seen from this machine's side."""
+
+    def __init__(self, folder: Path) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0 or libc.inotify_add_watch(self.fd, os.fsencode(folder),
+                                                 IN_CREATE | IN_MOVED_TO) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify on {folder}")
+        self.names: list[str] = []
+
+    def read(self) -> list[str]:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return self.names
+            at = 0
+            while at < len(data):  # struct inotify_event: wd, mask, cookie, len, name
+                size = struct.unpack_from("iIII", data, at)[3]
+                self.names.append(data[at + 16:at + 16 + size].rstrip(b"\0").decode())
+                at += 16 + size
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def lock_waiters(path: Path) -> list[int]:
+    """The processes waiting for the flock on ``path`` (/proc/locks marks them ``->``)."""
+    st = path.stat()
+    file = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    found = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # 1: -> FLOCK ADVISORY WRITE <pid> <major:minor:inode> 0 EOF
+        if fields[1:3] == ["->", "FLOCK"] and fields[6:7] == [file]:
+            found.append(int(fields[5]))
+    return found
+
+
+def wait_until(what: str, found: Any, procs: list[subprocess.Popen[str]],
+               timeout: float = 120) -> Any:
+    """``found()`` once it is true, polled while the commands run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = found()
+        if value:
+            return value
+        ended = [p.args for p in procs if p.poll() is not None]
+        assert not ended and time.monotonic() < deadline, f"{what} not seen; ended: {ended}"
+        time.sleep(0.02)
+
+
 @pytest.mark.usefixtures("home", "clean")
 @pytest.mark.parametrize("command", ["env", "launch"])
 def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
@@ -212,3 +273,52 @@ def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
     assert len(ok) == 1  # node4 built the lock's environment
     for name in HOSTS:  # a launch started nothing anywhere
         assert not host_path(cluster, name, test_dir).exists()
+
+
+def test_two_launches_at_once_build_the_environment_once(
+        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+    inv, lock = light_lock(cluster, tmp_path, workdir)
+    # This test takes each host's build lock first: both launches get as far as the build and
+    # wait there, so the two builds are truly at once; released, one builds and the other, still
+    # waiting, must find it built.
+    envs = {name: host_path(cluster, name, f"{workdir}/envs") for name in HOSTS}
+    held = {}
+    for name, folder in envs.items():
+        cluster.run_on(name, "mkdir", "-p", f"{workdir}/envs")
+        held[name] = (folder / f".{lock}.lock").open("a")
+        fcntl.flock(held[name].fileno(), fcntl.LOCK_EX)
+    test_dirs = [f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    runs = [start_cli("launch", *launch_args(inv, tmp_path, test_dir)) for test_dir in test_dirs]
+    watches: dict[str, Created] = {}
+    try:
+        for name, handle in held.items():
+            path = Path(handle.name)
+            wait_until(f"both launches waiting to build on {name}",
+                       lambda path=path: len(lock_waiters(path)) == 2, runs)
+            watches[name] = Created(envs[name])
+        for handle in held.values():
+            handle.close()
+        outputs = [run.communicate(timeout=300) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        for handle in held.values():
+            handle.close()
+    for run, (_out, err) in zip(runs, outputs):
+        assert run.returncode == 0, err
+        assert f"environment {lock}: building on 2 of 2 host(s)" in err  # both found it cold
+    env_dir = f"{workdir}/envs/{lock}"
+    for name, watch in watches.items():
+        builds = [n for n in watch.read() if re.fullmatch(rf"\.tmp-{lock}-\d+", n)]
+        watch.close()
+        assert len(builds) == 1, (name, watch.names)  # one of the two built, once
+        left = cluster.run_on(name, "ls", "-A", f"{workdir}/envs").split()
+        assert sorted(left) == sorted([lock, f".{lock}.lock", ".uv-cache"]), (name, left)
+    for test_dir in test_dirs:  # each launch ran its rank on each host in the one environment
+        for rank, name in enumerate(HOSTS):
+            record = json.loads(cluster.read(name, f"{test_dir}/rank-{rank}.json"))
+            shutil.rmtree(host_path(cluster, name, test_dir))
+            assert record == {"prefix": env_dir, "numpy": NUMPY, "tiny": "tiny"}
+    assert cluster.wait_no_processes(HOSTS, 15) == {}
