@@ -1,9 +1,9 @@
 """`environment:` on the namespace cluster, its other forms and failures: a uv project built on
 the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
 torch, a host whose disk fills during the build of `env` or `launch` (exit 6, host and path
-named, nothing half-built left in envs/), and two launches at once building it once. The light
-lock (numpy and a wheel built here) is built by the real uv, shipped by clusterrun, on hosts
-with no route to an index."""
+named, nothing half-built left in envs/), two launches at once building it once, and a build
+killed on a host leaving nothing used and nothing running. The light lock (numpy and a wheel
+built here) is built by the real uv, shipped by clusterrun, on hosts with no route to an index."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def sha256(path: Path) -> str:
 def workdir(cluster: Cluster) -> Iterator[str]:
     path = f"/tmp/clusterrun-env-{uuid.uuid4().hex[:8]}"
     yield path
+    cluster.kill_all(HOSTS)  # what a failed test left there (a build held by SIGSTOP)
     for name in HOSTS:
         cluster.run_on(name, "sh", "-c", f"umount {path}/envs 2>/dev/null || true")
         shutil.rmtree(host_path(cluster, name, path), ignore_errors=True)
@@ -251,6 +253,13 @@ def wait_until(what: str, found: Any, procs: list[subprocess.Popen[str]],
         time.sleep(0.02)
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:  # it exited meanwhile
+        return ""
+
+
 @pytest.mark.usefixtures("home", "clean")
 @pytest.mark.parametrize("command", ["env", "launch"])
 def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
@@ -322,3 +331,48 @@ def test_two_launches_at_once_build_the_environment_once(
             shutil.rmtree(host_path(cluster, name, test_dir))
             assert record == {"prefix": env_dir, "numpy": NUMPY, "tiny": "tiny"}
     assert cluster.wait_no_processes(HOSTS, 15) == {}
+
+
+def test_a_build_killed_on_a_host_leaves_nothing_used_or_running(
+        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+    inv, lock = light_lock(cluster, tmp_path, workdir)
+    proc = start_cli("env", "--json", str(inv))
+    try:
+        # node5's build caught in uv's install, uv held there (SIGSTOP) so that the kill lands
+        # mid-build; then the build process (pyenv.py, uv's parent) killed outright.
+        pattern = re.compile(rf"{re.escape(workdir)}/runs/\.tools/uv-\w+ pip install .*"
+                             rf"{re.escape(workdir)}/envs/\.tmp-{lock}-(\d+)/bin/python")
+
+        def installing() -> list[tuple[int, int]]:
+            return [(pid, int(m.group(1))) for pid in cluster.pids("node5")
+                    if (m := pattern.search(cmdline(pid)))]
+
+        uv, builder = wait_until("uv installing on node5", installing, [proc])[0]
+        os.kill(uv, signal.SIGSTOP)
+        os.kill(builder, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, err
+    states = {h["name"]: h["state"] for h in json.loads(out)["hosts"]}
+    assert states == {"node4": "built", "node5": "failed"}, out
+    # Nothing of the build lives on: not its uv (its parent gone, it goes too), not another.
+    assert cluster.wait_no_processes(HOSTS, 10) == {}
+    assert lock not in cluster.run_on("node5", "ls", "-A", f"{workdir}/envs").split()
+    code, found, err = env_json("--check", str(inv))
+    assert code == 3, err
+    assert {h["name"]: h["state"] for h in found["hosts"]} == {
+        "node4": "ready", "node5": "missing"}
+    code, built, err = env_json(str(inv))
+    assert code == 0, err
+    assert {h["name"]: h["state"] for h in built["hosts"]} == {
+        "node4": "ready", "node5": "built"}
+    assert built["sent_bytes"] == 0  # node5's store kept every wheel it had fetched
+    left = cluster.run_on("node5", "ls", "-A", f"{workdir}/envs").split()
+    assert sorted(left) == sorted([lock, f".{lock}.lock", ".uv-cache"])  # the killed one's gone
+    code, again, err = env_json("--check", str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in again["hosts"]} == {"ready"}
+    assert len({h["hash"] for h in again["hosts"]}) == 1
