@@ -2,8 +2,9 @@
 the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
 torch, a host whose disk fills during the build of `env` or `launch` (exit 6, host and path
 named, nothing half-built left in envs/), two launches at once building it once, and a build
-killed on a host leaving nothing used and nothing running. The light lock (numpy and a wheel
-built here) is built by the real uv, shipped by clusterrun, on hosts with no route to an index."""
+killed on a host, or whose controller is killed, leaving nothing half-built used and nothing
+running. The light lock (numpy and a wheel built here) is built by the real uv, shipped by
+clusterrun, on hosts with no route to an index."""
 
 from __future__ import annotations
 
@@ -260,6 +261,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def installing(cluster: Cluster, name: str, workdir: str, lock: str) -> list[tuple[int, int]]:
+    """(uv, its build process) for each uv installing the lock's wheels on the host: the
+    build's folder, .tmp-<lock>-<pid>, names the build process."""
+    pattern = re.compile(rf"{re.escape(workdir)}/runs/\.tools/uv-\w+ pip install .*"
+                         rf"{re.escape(workdir)}/envs/\.tmp-{lock}-(\d+)/bin/python")
+    return [(pid, int(m.group(1))) for pid in cluster.pids(name)
+            if (m := pattern.search(cmdline(pid)))]
+
+
 @pytest.mark.usefixtures("home", "clean")
 @pytest.mark.parametrize("command", ["env", "launch"])
 def test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built(
@@ -340,14 +350,8 @@ def test_a_build_killed_on_a_host_leaves_nothing_used_or_running(
     try:
         # node5's build caught in uv's install, uv held there (SIGSTOP) so that the kill lands
         # mid-build; then the build process (pyenv.py, uv's parent) killed outright.
-        pattern = re.compile(rf"{re.escape(workdir)}/runs/\.tools/uv-\w+ pip install .*"
-                             rf"{re.escape(workdir)}/envs/\.tmp-{lock}-(\d+)/bin/python")
-
-        def installing() -> list[tuple[int, int]]:
-            return [(pid, int(m.group(1))) for pid in cluster.pids("node5")
-                    if (m := pattern.search(cmdline(pid)))]
-
-        uv, builder = wait_until("uv installing on node5", installing, [proc])[0]
+        uv, builder = wait_until("uv installing on node5",
+                                 lambda: installing(cluster, "node5", workdir, lock), [proc])[0]
         os.kill(uv, signal.SIGSTOP)
         os.kill(builder, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
@@ -372,6 +376,36 @@ def test_a_build_killed_on_a_host_leaves_nothing_used_or_running(
     assert built["sent_bytes"] == 0  # node5's store kept every wheel it had fetched
     left = cluster.run_on("node5", "ls", "-A", f"{workdir}/envs").split()
     assert sorted(left) == sorted([lock, f".{lock}.lock", ".uv-cache"])  # the killed one's gone
+    code, again, err = env_json("--check", str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in again["hosts"]} == {"ready"}
+    assert len({h["hash"] for h in again["hosts"]}) == 1
+
+
+def test_a_controller_killed_mid_build_leaves_nothing_half_built_or_running(
+        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
+    inv, lock = light_lock(cluster, tmp_path, workdir)
+    proc = start_cli("env", "--json", str(inv))
+    try:
+        wait_until("uv installing on node5", lambda: installing(cluster, "node5", workdir, lock),
+                   [proc])
+        proc.kill()  # SIGKILL: the controller's connections close, nothing more is said
+        proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # A build whose controller is gone ends (its answer has no one to go to); what it leaves
+    # under the lock's name is the whole environment or nothing.
+    assert cluster.wait_no_processes(HOSTS, 60) == {}
+    code, found, err = env_json("--check", str(inv))
+    assert {h["state"] for h in found["hosts"]} <= {"ready", "missing"}, (code, err)
+    code, built, err = env_json(str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in built["hosts"]} <= {"ready", "built"}
+    for name in HOSTS:
+        left = cluster.run_on(name, "ls", "-A", f"{workdir}/envs").split()
+        assert sorted(left) == sorted([lock, f".{lock}.lock", ".uv-cache"]), (name, left)
     code, again, err = env_json("--check", str(inv))
     assert code == 0, err
     assert {h["state"] for h in again["hosts"]} == {"ready"}
