@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -40,6 +41,7 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl$")
 SIOCGIFADDR = 0x8915
 BUILD_SECONDS = 1800
+PR_SET_PDEATHSIG = 1
 
 
 class Refused(Exception):
@@ -171,6 +173,26 @@ def uv_binary(workdir, uv):
     return path
 
 
+def _with_parent():
+    """For uv's process: killed when this build process dies (Linux's PR_SET_PDEATHSIG). A
+    killed build otherwise leaves uv running on, writing into a folder that no one will use
+    and that the next build clears while it writes. None where that cannot be asked for."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # this process died before the line above
+            os._exit(1)
+
+    return arm
+
+
 def _uv(argv, workdir):
     env = dict(os.environ, UV_OFFLINE="1", UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never",
                UV_NO_PROGRESS="1", UV_CACHE_DIR=os.path.join(workdir, "envs", ".uv-cache"))
@@ -178,7 +200,8 @@ def _uv(argv, workdir):
                  "VIRTUAL_ENV", "CONDA_PREFIX"):
         env.pop(name, None)
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=env, timeout=BUILD_SECONDS, check=False)
+                          env=env, timeout=BUILD_SECONDS, check=False,
+                          preexec_fn=_with_parent())
     if proc.returncode != 0:
         said = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-6:]
         if any("No space left" in line for line in said):
