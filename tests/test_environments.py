@@ -261,6 +261,9 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     next(path.glob("lib/python3*/site-packages")).joinpath("handmade-1.0.dist-info").mkdir()
     code, found = env("--check")
     assert code == 3 and found["hosts"][0]["drift"] == ["handmade==1.0 not in the lock"]
+    plain = run_cli("env", "--check", str(inv), timeout=300)
+    assert plain.returncode == 3
+    assert f"differs from the lock on n0. `clusterrun env {inv}` builds it" in plain.stderr
     code, report = check()
     assert code == 3 and "handmade==1.0 not in the lock" in report["hosts"][0]["checks"][0][
         "detail"]

@@ -73,6 +73,9 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
         view.render_json(report, sys.stdout)
     else:  # what failed on stderr, once: a full disk's paragraph comes with its exit status
         view.render_plain(report, sys.stdout, None if disk_full else sys.stderr)
+        hint = view.what_to_do(report, inventory_path) if check_only else None
+        if hint:
+            click.echo(hint, err=True)
     if disk_full:
         report.raise_if_failed()  # exit 6, as for a payload that does not fit
     return Result(unreachable=any(h.unreachable for h in report.hosts),

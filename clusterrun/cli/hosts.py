@@ -62,7 +62,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
 
             if not envs.ok:
                 envview.render_plain(envs, sys.stderr)
-                hint = envview.not_built(envs, inventory_path)
+                hint = envview.what_to_do(envs, inventory_path)
                 if hint:
                     click.echo(hint, err=True)
                 if as_json:  # still one JSON object on stdout, as for any failed check

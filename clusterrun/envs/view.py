@@ -43,17 +43,22 @@ def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
 
 
-def not_built(report: EnvReport, inventory_path: str) -> Optional[str]:
-    """What to do where hosts merely lack the lock's environment (`check` builds nothing)."""
+def what_to_do(report: EnvReport, inventory_path: str) -> Optional[str]:
+    """The fix where hosts lack the lock's environment or theirs differs from it (`check` and
+    `env --check` change nothing): `clusterrun env`, which builds or rebuilds only those."""
     missing = [h.spec.name for h in report.hosts if h.state == "missing"]
-    if not missing:
+    drifted = [h.spec.name for h in report.hosts if h.state == "drift" and not h.built_here]
+    if not missing and not drifted:
         return None
     from clusterrun.inventory.ranges import fold
 
-    return (f"clusterrun: the lock's environment is not built yet on {fold(missing)}. "
-            f"`clusterrun env {inventory_path}` builds it (`launch` does too, before it "
-            "starts the ranks); `check` then checks the hosts with that environment's "
-            "interpreter.")
+    found = " and ".join(
+        part for part in (f"not built yet on {fold(missing)}" if missing else "",
+                          f"differs from the lock on {fold(drifted)}" if drifted else "")
+        if part)
+    return (f"clusterrun: the lock's environment is {found}. `clusterrun env {inventory_path}` "
+            "builds it there from the lock (`launch` does too, before it starts the ranks); "
+            "`check` then checks the hosts with that environment's interpreter.")
 
 
 def as_json(report: EnvReport) -> dict[str, Any]:
