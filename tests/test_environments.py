@@ -251,7 +251,7 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     assert report["environment"]["hosts"][0]["state"] == "missing"
     plain = run_cli("check", str(inv), timeout=300)
     assert plain.returncode == 3
-    assert f"not built yet on n0. `clusterrun env {inv}` builds it" in plain.stderr
+    assert f"not built yet on n0. `clusterrun env {inv}` builds it there" in plain.stderr
 
     code, found = env()
     assert code == 0 and [h["state"] for h in found["hosts"]] == ["built"]
@@ -263,7 +263,8 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     assert code == 3 and found["hosts"][0]["drift"] == ["handmade==1.0 not in the lock"]
     plain = run_cli("env", "--check", str(inv), timeout=300)
     assert plain.returncode == 3
-    assert f"differs from the lock on n0. `clusterrun env {inv}` builds it" in plain.stderr
+    assert f"The environment on n0 differs from the lock. `clusterrun env {inv}` builds it" \
+        in plain.stderr
     code, report = check()
     assert code == 3 and "handmade==1.0 not in the lock" in report["hosts"][0]["checks"][0][
         "detail"]

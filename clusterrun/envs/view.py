@@ -52,12 +52,14 @@ def what_to_do(report: EnvReport, inventory_path: str) -> Optional[str]:
         return None
     from clusterrun.inventory.ranges import fold
 
-    found = " and ".join(
-        part for part in (f"not built yet on {fold(missing)}" if missing else "",
-                          f"differs from the lock on {fold(drifted)}" if drifted else "")
+    found = " ".join(
+        part for part in (f"The lock's environment is not built yet on {fold(missing)}."
+                          if missing else "",
+                          f"The environment on {fold(drifted)} differs from the lock."
+                          if drifted else "")
         if part)
-    return (f"clusterrun: the lock's environment is {found}. `clusterrun env {inventory_path}` "
-            "builds it there from the lock (`launch` does too, before it starts the ranks); "
+    return (f"clusterrun: {found} `clusterrun env {inventory_path}` builds it there from the "
+            "lock (`launch` does too, before it starts the ranks); "
             "`check` then checks the hosts with that environment's interpreter.")
 
 
