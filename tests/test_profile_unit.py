@@ -133,6 +133,27 @@ def raw(*stacks: tuple[str, int]) -> str:
         "thread (8): pin_memory;Thread.run (threading.py:982) 300\n"
 
 
+def test_fsdps_idle_waits_for_its_collectives_count_as_waiting() -> None:
+    """FSDP2 waits for its all-gathers and reduce-scatters on a work handle (C++): the
+    innermost Python frame is FSDP's own code in torch/distributed, no collective by name. Idle
+    there, the rank waits for its peers; running there, it computes (copies the shards)."""
+    from clusterrun.remote import profile as remote
+    from clusterrun.remote import pystack
+
+    fsdp = "torch/distributed/fsdp/_fully_shard"
+    unshard = (f"<module> (train.py:48);Net.forward (train.py:30);"
+               f"FSDPParamGroup.wait_for_unshard ({fsdp}/_fsdp_param_group.py:292);"
+               f"foreach_all_gather_copy_out ({fsdp}/_fsdp_collectives.py:287)")
+    frames = [{"function": f.split(" (")[0], "file": f.split(" (")[1].rsplit(":", 1)[0]}
+              for f in unshard.split(";")]
+    assert pystack.peer_wait(frames, active=False) == "foreach_all_gather_copy_out"
+    assert pystack.peer_wait(frames, active=True) is None
+    forward = "<module> (train.py:48);Net.forward (train.py:31)"
+    # 240 samples in FSDP's wait, 40 of them running (copying out): 200 waited.
+    assert remote.count(raw((unshard, 240), (forward, 60)),
+                        raw((unshard, 40), (forward, 60))) == (300, 200)
+
+
 def test_a_wait_share_counts_ddps_idle_backward_and_collectives() -> None:
     from clusterrun.remote import profile as remote
 
