@@ -120,16 +120,21 @@ def test_a_built_program_is_kept_and_rebuilt_when_its_sources_change(
     first = bundle.program_source("run.py")
     kept = list((home / "cache" / "programs").glob("run-*.py"))
     assert len(kept) == 1 and kept[0].read_bytes() == first
-    kept[0].write_bytes(first + b"# read from the cache\n")
+    loader = len(bundle._LOADER)
+    marked = first[:loader] + b"# read from the cache\n" + first[loader:]
+    kept[0].write_bytes(marked)
     monkeypatch.setattr(bundle, "_built", {})
-    assert bundle.program_source("run.py").endswith(b"# read from the cache\n")
+    assert bundle.program_source("run.py") == marked
+    kept[0].write_bytes(first[:-100])  # cut short: built again, not shipped
+    monkeypatch.setattr(bundle, "_built", {})
+    assert bundle.program_source("run.py") == first == kept[0].read_bytes()
 
     original = bundle._remote_source
     monkeypatch.setattr(bundle, "_remote_source", lambda name: original(name) + (
         b"# changed\n" if name == "procs.py" else b""))
     monkeypatch.setattr(bundle, "_built", {})
     changed = bundle.program_source("run.py")
-    assert changed not in (first, first + b"# read from the cache\n")
+    assert changed != first
     assert [p.read_bytes() for p in (home / "cache" / "programs").glob("run-*.py")] == [changed]
 
 

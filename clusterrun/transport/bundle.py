@@ -102,6 +102,9 @@ def _shared_modules(source: bytes, found: Optional[list[str]] = None) -> list[st
     return found
 
 
+# How every built program ends: a kept one that does not was cut short or changed.
+_END = b", {'__name__': '__main__'})\n"
+
 _built: dict[str, bytes] = {}
 _building = threading.Lock()
 
@@ -131,7 +134,9 @@ def _kept(name: str) -> bytes:
     stem = name.removesuffix(".py")
     file = home() / "cache" / "programs" / f"{stem}-{digest.hexdigest()[:24]}.py"
     with contextlib.suppress(OSError):
-        return file.read_bytes()
+        kept = file.read_bytes()
+        if kept.startswith(_LOADER) and kept.endswith(_END):  # whole, as _build wrote it
+            return kept
     built = _build(name, source, texts)
     _keep(file, stem, built)
     return built
@@ -140,14 +145,17 @@ def _kept(name: str) -> bytes:
 def _keep(file: Path, stem: str, built: bytes) -> None:
     # Only a shortcut: a home that cannot be written costs the build next time, nothing else.
     # Written whole and renamed, so a command reading it meanwhile sees all of it or none.
-    with contextlib.suppress(OSError):
+    temporary = file.with_name(f".{file.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
         file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = file.with_name(f".{file.name}.{os.getpid()}.{threading.get_ident()}")
         temporary.write_bytes(built)
         os.replace(temporary, file)
         for old in file.parent.glob(f"{stem}-*.py"):  # built from an earlier clusterrun
             if old != file:
                 old.unlink(missing_ok=True)
+    except OSError:  # a full disk: no half-written file is left behind
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
 
 
 def _build(name: str, source: bytes, texts: list[tuple[str, bytes]]) -> bytes:
@@ -157,6 +165,6 @@ def _build(name: str, source: bytes, texts: list[tuple[str, bytes]]) -> bytes:
         parts.append(b'_clusterrun_module("clusterrun.remote.%s", %s)\n' % (
             module.encode(), _pieces(text, filename)))
     filename = f"<clusterrun {name}>"
-    parts.append(b"exec(_clusterrun_code(%s, %r), {'__name__': '__main__'})\n" % (
-        _pieces(source, filename), filename.encode()))
+    parts.append(b"exec(_clusterrun_code(%s, %r)%s" % (
+        _pieces(source, filename), filename.encode(), _END))
     return b"".join(parts)
