@@ -24,6 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,38 +116,59 @@ def test_a_uv_project_is_built_with_the_wheels_uv_locked(
     assert "is not one the lock" in cp.stderr and "uv.lock" in cp.stderr
 
 
+@dataclass(frozen=True)
+class BasePython:
+    python: str  # the interpreter: a base one, not a virtual environment's
+    site: str  # its own site-packages directory, which holds torch
+
+
 @pytest.fixture(scope="module")
-def base_python_with_torch() -> Iterator[str]:
+def base_python_with_torch() -> Iterator[BasePython]:
     """A base interpreter (not a virtual environment) whose own site-packages holds torch, as a
-    vendor's or a cluster module's Python does: Debian's python3.11 copied under a prefix of its
-    own, the standard library linked, and lib/python3/dist-packages (Debian's site directory)
-    holding this interpreter's packages. Under /var/tmp, which the hosts share."""
+    vendor's or a cluster module's Python does, made from whatever Python runs the tests (pyenv's,
+    the distribution's, a conda base): its binary copied under a prefix of its own, the standard
+    library and libpython linked, and the site directory that interpreter reports (Debian's
+    lib/python3/dist-packages, elsewhere lib/pythonX.Y/site-packages) holding this interpreter's
+    packages. Under /var/tmp, which the hosts share; the hosts' root reaches a base under /root."""
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    binary = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix}))
     place = Path(tempfile.mkdtemp(prefix="clusterrun-basepy-", dir="/var/tmp"))
     try:
         (place / "bin").mkdir()
-        shutil.copy2("/usr/bin/python3.11", place / "bin" / "python3.11")
-        (place / "lib").mkdir()
-        (place / "lib" / "python3.11").symlink_to("/usr/lib/python3.11")
-        (place / "lib" / "python3").mkdir()
-        (place / "lib" / "python3" / "dist-packages").symlink_to(
-            sysconfig.get_paths()["purelib"])
-        python = str(place / "bin" / "python3.11")
-        found = subprocess.run([python, "-c", "import sys, torch; print(sys.prefix)"],
+        shutil.copy2(binary, place / "bin" / version)
+        (place / "lib" / version).mkdir(parents=True)
+        # A build with a shared libpython may find it beside its prefix ($ORIGIN/../lib).
+        for shared in Path(sys.base_prefix, "lib").glob("libpython*"):
+            (place / "lib" / shared.name).symlink_to(shared)
+        for entry in stdlib.iterdir():
+            if entry.name not in ("site-packages", "dist-packages"):
+                (place / "lib" / version / entry.name).symlink_to(entry)
+        python = str(place / "bin" / version)
+        asked = subprocess.run([python, "-c", "import site, sys; print(sys.prefix); "
+                                "print(site.getsitepackages()[0])"],
+                               capture_output=True, text=True, timeout=60, check=False)
+        assert asked.returncode == 0, f"{python} does not start: {asked.stderr[-500:]}"
+        prefix, site = asked.stdout.split()
+        assert prefix == str(place), f"{python} takes its prefix from {prefix}, not {place}"
+        Path(site).parent.mkdir(parents=True, exist_ok=True)
+        Path(site).symlink_to(sysconfig.get_paths()["purelib"])
+        found = subprocess.run([python, "-c", "import torch; print(torch.__file__)"],
                                capture_output=True, text=True, timeout=120, check=False)
-        if found.returncode != 0 or found.stdout.strip() != str(place):
-            pytest.skip(f"no base Python with torch could be made here: {found.stderr[-300:]}")
-        yield python
+        assert found.stdout.startswith(f"{site}/torch/"), \
+            f"{python} does not import torch from {site}: {found.stderr[-500:]}"
+        yield BasePython(python, site)
     finally:
         shutil.rmtree(place, ignore_errors=True)
 
 
 @pytest.mark.usefixtures("home", "clean")
 def test_system_site_packages_keeps_the_hosts_own_torch(
-        cluster: Cluster, tmp_path: Path, workdir: str, base_python_with_torch: str) -> None:
+        cluster: Cluster, tmp_path: Path, workdir: str, base_python_with_torch: BasePython) -> None:
     tiny_wheel(tmp_path / "wheels")
     (tmp_path / "requirements.lock").write_text(f"numpy=={NUMPY}\nclusterrun-tinypkg==0.1\n")
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
-        "python": base_python_with_torch, "workdir": workdir,
+        "python": base_python_with_torch.python, "workdir": workdir,
         "environment": {"lock": "requirements.lock", "find_links": ["wheels"],
                         "system_site_packages": True}})
     code, built, err = env_json(str(inv))
@@ -154,13 +176,12 @@ def test_system_site_packages_keeps_the_hosts_own_torch(
     hosts = {h["name"]: h for h in built["hosts"]}
     assert {h["state"] for h in hosts.values()} == {"built"}
     assert all(h["drift"] == [] for h in hosts.values())  # the base's torch is not drift
-    base = str(Path(base_python_with_torch).parent.parent)
     for name in HOSTS:
         env = hosts[name]["path"]
         found = in_env(cluster, name, f"{env}/bin/python",
                        "import json, numpy, torch, tinypkg; print(json.dumps({"
                        "'torch': torch.__file__, 'numpy': numpy.__file__}))")
-        assert found["torch"].startswith(f"{base}/lib/python3/dist-packages/torch/")
+        assert found["torch"].startswith(f"{base_python_with_torch.site}/torch/")
         assert found["numpy"].startswith(f"{env}/lib/")  # the lock's comes first
     code, again, err = env_json("--check", str(inv))
     assert code == 0, err
