@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -30,19 +31,57 @@ def closest_option(word: str, command: click.Command) -> Optional[str]:
     return match[0] if match else None
 
 
+# torchrun's options that clusterrun answers itself, in other words: the nearest spelling of
+# launch's own would point the wrong way (--nnodes is not --min-nodes, and torchrun's
+# --max-restarts restarts workers in place where launch's restarts the run on healthy hosts).
+_RENDEZVOUS = ("clusterrun sets torchrun's rendezvous itself (static, on the master's "
+               "master_addr:master_port, a fresh port per run): mark the master host with "
+               "`master: true` in the inventory, and give a port with --master-port if needed")
+TORCHRUN = {
+    "--nnodes": "clusterrun takes the node count from the inventory (one node per host, "
+                "spares aside); use -w/-x to pick hosts",
+    "--node-rank": "clusterrun gives each host its node rank: the master (`master: true`, else "
+                   "the first host) is 0, the others follow in inventory order",
+    "--master-addr": "set `master_addr:` in the inventory (default: the master host's own "
+                     "address on its data interface), and mark the master with `master: true`",
+    "--rdzv-backend": _RENDEZVOUS, "--rdzv-endpoint": _RENDEZVOUS, "--rdzv-id": _RENDEZVOUS,
+    "--rdzv-conf": _RENDEZVOUS,
+    "--standalone": "clusterrun runs one torchrun node per inventory host; for this machine "
+                    "alone give an inventory with one local host (`host: localhost`)",
+    "--max-restarts": "torchrun's --max-restarts restarts workers in place, which clusterrun "
+                      "does not use; clusterrun's own --max-restarts N starts the whole run "
+                      "again on healthy hosts after a failure, spares taking failed hosts' "
+                      "places (docs/restarts.md)",
+}
+
+
+def torchrun_hint(name: str) -> Optional[str]:
+    """What to do instead of torchrun's option ``name`` (either spelling), where launch's
+    closest option would mislead."""
+    return TORCHRUN.get("--" + name[2:].replace("_", "-") if name.startswith("--") else name)
+
+
 def unknown_option(word: str, command: click.Command, path: str, *,
-                   before_inventory: bool = False) -> UsageError:
+                   before_inventory: bool = False, remote_command: bool = False) -> UsageError:
+    """``remote_command``: the command takes a CMD whose own options (`ls -la`) need `--`
+    before them, or they are read as its options."""
     name = word.split("=", 1)[0]
     hint = closest_option(name, command)
     text = f"unknown option {name} for `{path}`"
-    if hint and "_" in name and hint == name.replace("_", "-"):
+    torchrun = torchrun_hint(name)
+    if torchrun is not None:
+        text += f": {torchrun}."
+    elif hint and "_" in name and hint == name.replace("_", "-"):
         text += f"; did you mean {hint} (clusterrun spells torchrun's options with '-')?"
     elif hint:
         text += f"; did you mean {hint}?"
     else:
         text += "."
-    if before_inventory:
+    if before_inventory and torchrun is None:  # the option has no place anywhere
         text += f" All options go before INVENTORY: {path} [OPTIONS] INVENTORY SCRIPT [ARGS]..."
+    if remote_command:
+        text += (f" If {name} is the command's own, put `--` before the command: {path} "
+                 "[OPTIONS] INVENTORY -- CMD [ARGS]...")
     return UsageError(f"{text} See `{path} --help`.")
 
 
@@ -76,11 +115,52 @@ def check_launch_words(inventory: str, script: str, args: tuple[str, ...],
                          " clusterrun copies the directory the script is in to every host.")
 
 
+def _dashes_first(args: list[str], command: click.Command) -> bool:
+    """Whether ``--`` comes before the first word that is not an option (or an option's
+    value): everything after it, the first positional argument included, is then literal."""
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            return True
+        if not word.startswith("-") or word == "-":
+            return False
+        if "=" not in word and _takes_value(word, command):
+            next(words, None)
+    return False
+
+
+class RemoteCommand(click.Command):
+    """A command of the form ``INVENTORY [--] CMD...``: notes, for its own usage errors,
+    whether ``--`` came before INVENTORY (``exec -w 'gpu[01-04]' -- hostname``, where the
+    command's first word was taken for INVENTORY)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["clusterrun.dashes_first"] = _dashes_first(args, self)
+        return list(super().parse_args(ctx, args))
+
+
+def missing_command(ctx: click.Context, inventory: str, hosts: Optional[str]) -> UsageError:
+    """``exec`` given one word: the inventory with no command, or (more often) a command with
+    no inventory before it."""
+    path = ctx.command_path
+    from clusterrun.inventory.slurm import WORD as SLURM
+
+    inventory_like = (os.path.exists(inventory) or inventory.endswith((".yaml", ".yml"))
+                      or inventory == SLURM)
+    if ctx.meta.get("clusterrun.dashes_first") or not inventory_like:
+        pick = f" -w {shlex.quote(hosts)}" if hosts else ""
+        return UsageError(f"exec needs an INVENTORY before the command ({inventory!r} was "
+                          f"taken for it): {path} INVENTORY{pick} -- {shlex.quote(inventory)}")
+    return UsageError(f"missing CMD: give the command to run after the inventory: {path} "
+                      f"{inventory} -- CMD [ARGS]...")
+
+
 def from_click(exc: click.UsageError) -> UsageError:
     """click's own usage errors, worded as clusterrun's."""
     ctx = exc.ctx
     path = ctx.command_path if ctx is not None else "clusterrun"
     if isinstance(exc, click.NoSuchOption) and ctx is not None:
         return unknown_option(exc.option_name, ctx.command, path,
-                              before_inventory=ctx.command.name == "launch")
+                              before_inventory=ctx.command.name == "launch",
+                              remote_command=ctx.command.name == "exec")
     return UsageError(f"{exc.format_message()} See `{path} --help`.")
