@@ -7,6 +7,7 @@ from typing import Optional
 
 import click
 
+from clusterrun import usage
 from clusterrun.cli.common import (
     CONTEXT,
     allow_busy_gpus_option,
@@ -89,9 +90,9 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
         return smoke_test.run(inv, report, pool, smoke_home, bandwidth=bandwidth)
 
 
-@click.command("exec", context_settings=CONTEXT)
+@click.command("exec", cls=usage.RemoteCommand, context_settings=CONTEXT)
 @click.argument("inventory_path", metavar="INVENTORY")
-@click.argument("cmd", nargs=-1, required=True)
+@click.argument("cmd", nargs=-1)  # required: said below, with what was meant
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
 @click.option("--container", "container", metavar="NAME", default=None,
@@ -116,6 +117,8 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     from clusterrun.console import Printer
     from clusterrun.transport.local import require_linux
 
+    if not cmd:
+        raise usage.missing_command(click.get_current_context(), inventory_path, only_hosts)
     if container is not None and on_host:
         raise UsageError("give either --container NAME or --on-host, not both.")
     inv = fanout.placed(load_inventory(inventory_path, only_hosts, exclude_hosts), container,
