@@ -49,9 +49,15 @@ def sandbox_up(n: int, decoy: bool, rc_file: Optional[Path]) -> None:
 
 @sandbox.command("down", context_settings=CONTEXT)
 def sandbox_down() -> None:
-    """Remove the sandbox cluster and everything running in it."""
+    """Remove the sandbox cluster and everything running in it (exit 0 also when there is
+    none: it says so)."""
     from clusterrun import sandbox as sb
+    from clusterrun.sandbox.cluster import STATE_FILE
 
     root = home() / "sandbox"
+    if not (root / STATE_FILE).exists():  # sb.down leaves a directory without state alone
+        click.echo(f"no sandbox in {root}: nothing to remove (`clusterrun sandbox up N` "
+                   "makes one)")
+        return
     sb.down(root)
     click.echo(f"sandbox removed ({root})")
