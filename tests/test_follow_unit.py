@@ -18,7 +18,33 @@ from clusterrun.logs import follow as follow_module
 from clusterrun.logs.mirror import Mirror
 from clusterrun.runs import store
 from clusterrun.transport import SshOptions
-from tests.test_wire import Stream, data, event
+
+
+class Stream:
+    """A Process whose stdout is the given bytes, then its end."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def recv(self, size: int) -> bytes:
+        head, self.payload = self.payload[:size], self.payload[size:]
+        return head
+
+    def recv_stderr(self, size: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        return None
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    return b"J " + json.dumps(obj).encode() + b"\n"
+
+
+def data(name: str, offset: int, payload: bytes) -> bytes:
+    return (b"D " + json.dumps({"f": name, "o": offset, "n": len(payload)}).encode() + b"\n"
+            + payload)
+
 
 # What each host's run folder holds: the rank files the fake tail serves from the asked offset.
 HOSTS = {"node1": {"rank-0.log": b"".join(b"r0 line %04d\n" % i for i in range(200))},
