@@ -17,6 +17,7 @@ import pytest
 
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import decide, limits, names, stacks
+from clusterrun.preflight import facts as facts_module
 from clusterrun.preflight import gpus as gpus_check
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import CheckReport
@@ -166,7 +167,33 @@ def test_the_filled_fake_leaves_nothing_unknown(tmp_path: Path) -> None:
 MISSING = {"nvidia": "gpus", "names": "names", "limits": "limits", "limits.shm": "limits",
            "limits.nofile": "limits", "workdir.free": "workdir", "packages": "packages",
            "nccl": "nccl", "torch.cuda": "cuda", "links": "mtu", "infiniband": "infiniband",
-           "machine": "same_machine", "ptrace": "stacks"}
+           "machine": "same_machine", "ptrace": "stacks", "port_range": "port_range",
+           "dns": "dns", "dns.seconds": "dns", "python": "python", "python_path": "python",
+           "workdir": "workdir", "interfaces": "interface", "hostname": "facts",
+           "user": "facts", "gpus": "facts", "env": "facts", "rsync": "facts"}
+# Facts whose absence means something of its own, and what it means.
+NOT_A_CHECK = {"torch": "not installed: the torch check fails",
+               "ssh_server_address": "reached without SSH (a Slurm job step)",
+               "pyenv": "sent only when the inventory asks for an `environment:`"}
+
+
+def test_every_fact_the_probe_sends_is_said_unknown_when_it_is_missing() -> None:
+    """A fact added to the probe needs its line above: the check that says it is unknown."""
+    sent = set(FakeHost("10.0.0.1", [Interface("eth0", "10.0.0.1/24")]).all_facts(
+        {"workdir": "/w"}, "10.0.0.1"))
+    assert sent == set(facts_module.SENT) | {"pyenv"}
+    top = {path.split(".")[0] for path in MISSING}
+    assert sorted(sent - top - set(NOT_A_CHECK)) == []
+    assert not set(MISSING) & set(NOT_A_CHECK)
+
+
+def test_a_missing_torch_fails_its_check(tmp_path: Path) -> None:
+    net = three_hosts()
+    without(net.hosts["10.0.0.2"], "torch")
+    report = check(net, tmp_path)
+    [torch] = [c for h in report.hosts if h.spec.name == "node2" for c in h.checks
+               if c.name == "torch"]
+    assert not torch.ok and "torch is not installed" in torch.detail and not report.ok
 
 
 @pytest.mark.parametrize("fact", sorted(MISSING))

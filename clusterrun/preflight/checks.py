@@ -142,7 +142,8 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
                  if spec.transport == "srun"
                  else f"connected to {getattr(transport, 'address', spec.host)}")
         known = report.known  # the reply read into typed facts, once for this host's checks
-        report.add("ssh", True, f"{where}, hostname {known.hostname}")
+        named = f", hostname {known.hostname}" if known.hostname else ""  # else: decide.unreported
+        report.add("ssh", True, f"{where}{named}")
         report.checks.extend(decide.host_checks(spec, known))
         report.checks.extend(gpus.host_checks(spec, known, allow_busy_gpus=allow_busy_gpus))
         if on_facts is not None:

@@ -52,7 +52,13 @@ def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
     """What one host's facts say on their own: Python, torch, workdir, name lookup (GPUs:
     clusterrun/preflight/gpus.py)."""
     name = spec.name
-    checks = [Check("python", True, f"{facts.python} ({facts.python_path})")]
+    if facts.python and facts.python_path:
+        checks = [Check("python", True, f"{facts.python} ({facts.python_path})")]
+    else:
+        checks = [warn("python", f"the Python version or path on {name} is unknown: the probe "
+                       "did not report it, so it was not compared with the master's.",
+                       "Python version or path unknown: the probe did not report it, so it "
+                       "was not compared")]
     torch = facts.torch
     if torch and torch.version:
         checks.append(Check("torch", True, f"{torch.version}"))
@@ -61,21 +67,50 @@ def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
                             f"on {name}: install it there (pip install torch) or point `python:`/"
                             "`setup:` at the environment that has it."))
     workdir = facts.workdir
-    if workdir.ok:
+    if "workdir" in facts.unsent:
+        checks.append(warn("workdir", f"whether the workdir on {name} can be written is "
+                           "unknown: the probe did not report it, so it was not checked.",
+                           "workdir unknown: the probe did not report it, so it was not "
+                           "checked"))
+    elif workdir.ok:
         checks.append(_workdir_space(name, workdir))
     else:
         checks.append(Check("workdir", False, hostpaths.explain(name, workdir.found,
                                                                local=spec.local)))
     dns = facts.dns
     seconds = dns.seconds
-    if dns.error or seconds is None or seconds > SLOW_DNS_SECONDS:
+    if "dns" in facts.unsent or (seconds is None and not dns.error):
+        checks.append(warn("dns", f"how long {name} takes to look up its own name is unknown: "
+                           "the probe did not report it, so it was not checked (torch looks "
+                           "it up at start-up; `getent hosts $(hostname)` there says).",
+                           "own name lookup unknown: the probe did not report it, so it was "
+                           "not checked"))
+    elif dns.error or seconds is None or seconds > SLOW_DNS_SECONDS:
         why = f"failed ({dns.error})" if dns.error else f"took {seconds} s"
         checks.append(Check("dns", True, f"warning: looking up its own name "
                             f"{dns.hostname!r} {why}; torch does this at start-up, which "
                             "will be slow. List the hostname in /etc/hosts on every host."))
     else:
         checks.append(Check("dns", True, f"{dns.hostname} -> {', '.join(dns.addresses)}"))
-    return checks
+    quiet = unreported(name, facts)
+    return checks if quiet is None else [*checks, quiet]
+
+
+# Facts no check of their own speaks for when they are missing: what each one tells.
+_QUIET = {"hostname": "its hostname", "user": "the user it runs as",
+          "gpus": "how many GPUs it has (the ranks per host)",
+          "env": "the NCCL/Gloo variables of its own environment",
+          "rsync": "whether rsync is there (the payload is then streamed instead)"}
+
+
+def unreported(name: str, facts: HostFacts) -> Optional[Check]:
+    """One warning naming the facts above that the probe left out: unknown, not fine."""
+    lacking = [what for key, what in _QUIET.items() if key in facts.unsent]
+    if not lacking:
+        return None
+    return warn("facts", f"{'; '.join(lacking)} unknown on {name}: the probe did not report "
+                "it, so that was not checked.", f"{'; '.join(lacking)} unknown: the probe "
+                "did not report it, so that was not checked")
 
 
 def master_addr_from_facts(inv: Inventory, master: HostSpec,
@@ -149,6 +184,13 @@ def pick_interface(spec: HostSpec, facts: HostFacts, master_addr: str,
                                  f"{describe_interfaces(facts)}. Set `interface:` or "
                                  "`master_addr:`.")
     role = "holds" if route.local else "routes to"
+    if not facts.interfaces:  # the route alone chose it: whether it is a decoy is unknown
+        return dev, route.src, warn("interface", f"{dev} {route.src} ({role} {master_addr}), "
+                                    f"but the interfaces of {spec.name} are unknown: the probe "
+                                    "did not report them, so the choice was not checked. "
+                                    "`ip -br addr` there says.", f"{dev} {route.src}; its "
+                                    "interfaces unknown: the probe did not report them, so "
+                                    "the choice was not checked")
     return dev, route.src, Check("interface", True, f"{dev} {route.src} "
                                              f"({role} {master_addr})")
 
@@ -166,7 +208,7 @@ def compare_versions(reports: list[HostReport]) -> None:
         if r is ref:
             continue
         py, ref_py = _minor(r.python), _minor(ref.python)
-        if py != ref_py:
+        if r.python and ref.python and py != ref_py:  # unknown: its own check says so
             r.replace(Check("python", False, f"Python {r.python} on {r.spec.name} but "
                             f"{ref.python} on {where}: use the same Python {ref_py} everywhere."))
         if r.torch and ref.torch and r.torch != ref.torch:

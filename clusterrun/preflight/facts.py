@@ -17,6 +17,12 @@ from clusterrun.preflight.gpu_facts import NvidiaFacts
 from clusterrun.preflight.limit_facts import IbPort, Limits
 from clusterrun.preflight.net_facts import Interface, Link, Lookup, Names
 
+# Every fact the probe sends whatever the host is like (remote/probe.py facts(); `pyenv` only
+# when an environment is asked for): one it left out is unknown, never taken as fine.
+SENT = ("hostname", "user", "python", "python_path", "torch", "gpus", "nvidia", "interfaces",
+        "ssh_server_address", "dns", "workdir", "rsync", "names", "port_range", "packages",
+        "nccl", "limits", "links", "infiniband", "env", "machine", "ptrace")
+
 
 @dataclass(frozen=True)
 class Workdir:
@@ -99,7 +105,8 @@ class HostFacts:
     None: not reported); ``env``: the NCCL/Gloo variables of the host's own environment;
     ``nccl`` with ``says_nccl``: the NCCL torch loads (None: none), if the probe said;
     ``packages``: name -> version (None: not reported); ``links``: interface -> MTU and speed;
-    ``port_range``: net.ipv4.ip_local_port_range."""
+    ``port_range``: net.ipv4.ip_local_port_range; ``unsent``: the facts of ``SENT`` the reply
+    lacks (the checks say those are unknown)."""
 
     hostname: Optional[str] = None
     user: Optional[str] = None
@@ -123,6 +130,7 @@ class HostFacts:
     env: Mapping[str, str] = field(default_factory=dict)
     machine: Machine = field(default_factory=Machine)
     ptrace: Optional[Ptrace] = None
+    unsent: frozenset[str] = frozenset()
 
     @classmethod
     def from_json(cls, reply: Mapping[str, object]) -> HostFacts:
@@ -147,4 +155,5 @@ class HostFacts:
             infiniband=limit_facts.infiniband(reply),
             env={str(k): str(v) for k, v in obj(reply.get("env")).items()},
             machine=Machine.from_json(reply.get("machine")),
-            ptrace=Ptrace.from_json(reply.get("ptrace")))
+            ptrace=Ptrace.from_json(reply.get("ptrace")),
+            unsent=frozenset(key for key in SENT if key not in reply))

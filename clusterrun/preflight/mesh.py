@@ -128,6 +128,14 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
 def _judge_port_ranges(answered: Sequence[HostReport]) -> None:
     ref = answered[0]
     want = ref.known.port_range
+    for r in answered:
+        if not r.known.port_range:
+            other = "the other hosts'" if r is ref else f"{ref.spec.name}'s"
+            r.add("port_range", True, "warning: net.ipv4.ip_local_port_range is unknown on "
+                  f"{r.spec.name}: the probe did not report it, so it was not compared with "
+                  f"{other} (`sysctl net.ipv4.ip_local_port_range` there says).")
+            r.checks[-1].group = ("warning: net.ipv4.ip_local_port_range unknown: the probe did "
+                                  "not report it, so it was not compared")
     for r in answered[1:]:
         have = r.known.port_range
         if have and want and have != want:
