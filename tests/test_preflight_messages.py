@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -83,12 +84,21 @@ def test_a_workdir_that_cannot_be_created_fails_at_check_time() -> None:
     assert found["ok"] is False and found["error"]
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (the kernel picked it, and it was let go)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_a_malformed_known_hosts_is_exit_2_before_any_host_is_contacted(tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("# fine\n10.0.0.1 ssh-ed25519 AAAA!!!notbase64\n")
     inv = tmp_path / "inv.yaml"
-    # 192.0.2.0/24 is TEST-NET-1: connecting there would hang until the timeout, not fail fast.
-    inv.write_text(f"defaults:\n  known_hosts: {known}\nhosts:\n  - host: 192.0.2.10\n")
+    # A closed loopback port, reached through SSH (127.0.0.2 is not `localhost` to clusterrun):
+    # a regression that connects first gets exit 4, never exit 2, and stays on this machine.
+    inv.write_text(f"defaults:\n  known_hosts: {known}\nhosts:\n  - host: 127.0.0.2\n"
+                   f"    port: {closed_port()}\n")
     script = tmp_path / "train.py"
     script.write_text("print('never')\n")
     for argv in (["check"], ["exec"], ["launch"]):

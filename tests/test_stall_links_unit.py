@@ -19,6 +19,11 @@ from clusterrun.stacks import links, watchdog
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.transport import SshOptions
 
+# Not an address this host holds, and where nothing can be sent either: IPv6 link-local on
+# the loopback device (the kernel refuses both bind and connect with EINVAL, and where IPv6 is
+# off the socket cannot even be made). Never an address of another machine.
+UNBINDABLE = "fe80::1%lo"
+
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 HOSTS = ["node1", "node2", "node3"]
 ADDRESSES = {"node1": "10.79.0.1", "node2": "10.79.0.2", "node3": "10.79.0.3"}
@@ -220,9 +225,9 @@ def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
     each other; a host whose address is not this machine's cannot listen and is not tested
     (nor blamed)."""
     found = links.retest(local_run(tmp_path, {"a": "127.0.0.1", "b": "127.0.0.2",
-                                              "c": "192.0.2.1"}), SshOptions())
+                                              "c": UNBINDABLE}), SshOptions())
     assert (found.hosts, found.blocked) == (["a", "b"], [])
-    assert found.untested["c"].startswith("c: cannot listen on an ephemeral port of 192.0.2.1:")
+    assert found.untested["c"].startswith(f"c: cannot listen on an ephemeral port of {UNBINDABLE}:")
     lines, _record, blamed = links.judge(found)
     assert blamed is None
     assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines
@@ -334,7 +339,7 @@ def test_the_hub_blames_a_peer_silent_over_the_gang_and_not_one_that_answers() -
 def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
     hub = FakeHub(["node2"])
     test = linkwatch.HubTest(hub, "127.0.0.1", time.monotonic())
-    peer, link = linkwatch.PeerSide(), FakePeerLink("192.0.2.1")  # not this machine's
+    peer, link = linkwatch.PeerSide(), FakePeerLink(UNBINDABLE)
     for msg in hub.outbox["node2"]:
         peer.on_message(link, msg)
     for msg in link.sent:
@@ -346,7 +351,7 @@ def test_a_peer_that_cannot_listen_is_untested_not_blamed() -> None:
         time.sleep(0.05)
     lines, record, blamed = test.result
     assert blamed is None and record["untested"]["node2"].startswith(
-        "cannot listen on an ephemeral port of 192.0.2.1"), record
+        f"cannot listen on an ephemeral port of {UNBINDABLE}"), record
     assert lines[-1].startswith("stall: links of node2 not tested: cannot listen"), lines
 
 
