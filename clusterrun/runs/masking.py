@@ -8,6 +8,14 @@ file of the run may hold them (a run folder is read, copied and attached to bug 
 the launch keeps, in the run's private folder (``masks.json``, 0600), only keyed digests of the
 values and their lengths; a writer finds a value in a text by the digest of each stretch of the
 text that long. The launch masks with the same digests, so every writer masks alike.
+
+The key is kept apart from the run, under ``$CLUSTERRUN_HOME/keys/<run id>`` (0600): with the
+key, anyone holding the digests could test guesses offline, and a run folder is what gets
+copied. A copied run folder masks only ``SECRET_NAME=value`` where the key is not. A run made
+before the key moved keeps it in masks.json, and is read as it is.
+
+Values shorter than ``MIN_LENGTH`` are not masked as values (they would mask ordinary words
+everywhere); only as ``SECRET_NAME=value``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from clusterrun.plan.secrets import MASK, is_secret
@@ -24,6 +33,7 @@ from clusterrun.runs import store
 from clusterrun.runs.store import RunDir
 
 FILE = "masks.json"
+KEYS = "keys"  # under $CLUSTERRUN_HOME, beside runs/: one key file per run
 MIN_LENGTH = 4  # shorter values would mask ordinary words
 
 _ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)(\s*[=:]\s*)(\S+)")
@@ -94,23 +104,55 @@ class Masks:
                 i += 1
         return "".join(out) + text[plain:] if out else text
 
-    # -- kept in the run's folder ----------------------------------------------------------
+    # -- kept in the run's folder, the key apart --------------------------------------------
 
     def save(self, run: RunDir) -> None:
         if self.digests:
+            _save_key(run, self.key)  # first: digests without their key mask nothing
             store.write_json(run.file(FILE), {
-                "key": self.key.hex(),
                 "digests": {str(n): sorted(d) for n, d in sorted(self.digests.items())}})
 
     @classmethod
     def load(cls, run: RunDir) -> Masks:
-        """The run's masks; none for a run without secrets (or from before they were kept)."""
+        """The run's masks; none for a run without secrets (or from before they were kept),
+        nor for a run folder whose key is not in this $CLUSTERRUN_HOME (a copied one)."""
         found = store.read_json(run.file(FILE))
         if not isinstance(found, dict):
             return cls()
         try:
-            return cls(bytes.fromhex(str(found["key"])),
-                       {int(n): frozenset(str(x) for x in d)
-                        for n, d in dict(found["digests"]).items()})
+            kept = found.get("key")  # a run from before the key moved out of its folder
+            key = bytes.fromhex(str(kept)) if kept is not None else _load_key(run)
+            if not key:
+                return cls()
+            return cls(key, {int(n): frozenset(str(x) for x in d)
+                             for n, d in dict(found["digests"]).items()})
         except (KeyError, TypeError, ValueError):
             return cls()
+
+
+def key_path(run: RunDir) -> Path:
+    """Where a run's key is kept: ``$CLUSTERRUN_HOME/keys/<run id>``, outside its folder."""
+    return run.path.parent.parent / KEYS / run.path.name
+
+
+def _save_key(run: RunDir, key: bytes) -> None:
+    """Written whole under a temporary name and moved into place: a reader never sees a part."""
+    path = key_path(run)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path.parent, 0o700)  # whatever the umask made of it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = store.open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        os.write(fd, key.hex().encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _load_key(run: RunDir) -> bytes:
+    try:
+        fd = store.open_private(key_path(run), os.O_RDONLY)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as handle:
+        return bytes.fromhex(handle.read(256).decode("ascii", "replace").strip())
