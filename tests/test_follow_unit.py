@@ -49,7 +49,7 @@ def data(name: str, offset: int, payload: bytes) -> bytes:
 # What each host's run folder holds: the rank files the fake tail serves from the asked offset.
 HOSTS = {"node1": {"rank-0.log": b"".join(b"r0 line %04d\n" % i for i in range(200))},
          "node2": {"rank-1.log": b"".join(b"r1 line %04d\n" % i for i in range(300)),
-                   "torchrun.log": b"agent started\n"}}
+                   "node.log": b"agent started\n"}}
 
 
 @pytest.fixture
