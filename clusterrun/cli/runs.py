@@ -6,6 +6,7 @@ from typing import Optional
 
 import click
 
+from clusterrun.cli import selectors
 from clusterrun.cli.common import (
     CONTEXT,
     home,
@@ -22,9 +23,8 @@ from clusterrun.runs import names
 @click.argument("run_id", metavar="[RUN]", required=False)
 @click.option("-f", "--follow", is_flag=True,
               help="Keep showing new lines until the run ends (also from a new shell).")
-@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node; repeatable.")
-@click.option("--rank", "ranks_", multiple=True, type=click.IntRange(min=0), metavar="R",
-              help="Only this global rank; repeatable.")
+@selectors.node_option
+@selectors.rank_option
 @click.option("--grep", "pattern", default=None, metavar="REGEX",
               help="Only lines matching this regular expression.")
 @click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",

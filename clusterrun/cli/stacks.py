@@ -6,6 +6,7 @@ from typing import Optional
 
 import click
 
+from clusterrun.cli import selectors
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
 from clusterrun.errors import UnreachableError, UsageError
 from clusterrun.runs import names
@@ -31,8 +32,7 @@ def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
 @click.argument("run_id", metavar="[RUN]", required=False)
 @click.option("--node", "node_set", default=None, metavar="NODESET",
               help="Only these nodes (NodeSet syntax, e.g. node[1-4]).")
-@click.option("--rank", "ranks_", multiple=True, type=click.IntRange(min=0), metavar="R",
-              help="Only this global rank; repeatable.")
+@selectors.rank_option
 @click.option("--json", "as_json", is_flag=True,
               help='{"run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
                    '"frames": [{"function", "file", "line"}]}]}]}, frames outermost first.')

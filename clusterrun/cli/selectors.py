@@ -1,0 +1,75 @@
+"""--node and --rank as every command that selects takes them: a NodeSet (`node[1-4]`,
+`a,b`) and a rank list (`0-3,8`), each repeatable. A single name or number is the smallest
+of each, so the old forms keep working."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import click
+
+_RANKS = re.compile(r"(\d+)(?:-(\d+))?")
+# A typo such as --rank 0-100000000 must not build a list that size; no run has this many.
+MAX_RANKS = 1 << 20
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``0-3,8`` -> [0, 1, 2, 3, 8]; ValueError with a plain message if it is not a list of
+    ranks and ranges."""
+    found: list[int] = []
+    for piece in text.split(","):
+        match = _RANKS.fullmatch(piece.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not a rank list: give ranks and ranges such as 3, "
+                             "0-3 or 0,2,8-11.")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise ValueError(f"{piece.strip()!r} in {text!r} runs backwards; write "
+                             f"{high}-{low}.")
+        if high - low + len(found) >= MAX_RANKS:
+            raise ValueError(f"{text!r} names more than {MAX_RANKS} ranks.")
+        found.extend(range(low, high + 1))
+    return found
+
+
+def ranks(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+          ) -> tuple[int, ...]:
+    """Callback of a repeatable --rank: every rank named, each once, in order."""
+    chosen: dict[int, None] = {}
+    for text in values:
+        try:
+            chosen.update(dict.fromkeys(parse_ranks(text)))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return tuple(sorted(chosen))
+
+
+def nodes(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+          ) -> tuple[str, ...]:
+    """Callback of a repeatable --node: every node name its NodeSets stand for, each once."""
+    from clusterrun.inventory.ranges import expand
+
+    chosen: dict[str, None] = {}
+    for text in values:
+        try:
+            chosen.update(dict.fromkeys(expand(text)))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return tuple(chosen)
+
+
+def rank_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--rank R, as every command that selects ranks takes it (the value arrives as
+    ``ranks_``, a tuple of ints)."""
+    return click.option("--rank", "ranks_", multiple=True, callback=ranks,
+                        metavar="RANKS", help="Only these global ranks: a rank, a range or a "
+                        "list (3, 0-3, 0,2,8-11); repeatable.")(fn)
+
+
+def node_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--node NODESET, repeatable (the value arrives as ``nodes``, a tuple of names)."""
+    return click.option("--node", "nodes", multiple=True, callback=nodes, metavar="NODESET",
+                        help="Only these nodes: a name or a NodeSet (node[1-4], a,b); "
+                        "repeatable.")(fn)

@@ -1,0 +1,77 @@
+"""--node takes a NodeSet and --rank a rank list (`0-3,8`) on every command that selects, each
+repeatable; a single name or number still works. `logs --node` took only names and `--rank 0-3`
+was "not a valid integer range"."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterrun.cli.selectors import parse_ranks
+from tests.conftest import run_main
+from tests.test_cli_usage import fake_run
+
+RUN = "20250101-100000-tick-aaaa"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    fake_run(home, RUN, "tick", time.time() - 60)  # node0 holds rank 0, node1 rank 1
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(home))
+    return home
+
+
+def shown(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    """The `[node rR` prefixes `logs` prints, one per line."""
+    status, out, err = run_main(capsys, "logs", RUN, *args)
+    assert status == 0, err
+    return sorted({line.split("]")[0] + "]" for line in out.splitlines()})
+
+
+BOTH = ["[node0 r0]", "[node1 r1]"]
+
+
+@pytest.mark.parametrize(("args", "lines"), [
+    (["--node", "node[0-1]"], BOTH),
+    (["--node", "node[1]"], ["[node1 r1]"]),
+    (["--node", "node0,node1"], BOTH),
+    (["--node", "node0", "--node", "node1"], BOTH),
+    (["--node", "node1"], ["[node1 r1]"]),
+    (["--rank", "0-1"], BOTH),
+    (["--rank", "0,1"], BOTH),
+    (["--rank", "1", "--rank", "0"], BOTH),
+    (["--rank", "1"], ["[node1 r1]"]),
+    (["--rank", "0-1", "--node", "node0"], ["[node0 r0]"]),
+])
+def test_logs_selects_by_nodeset_and_rank_list(home: Path, capsys: pytest.CaptureFixture[str],
+                                               args: list[str], lines: list[str]) -> None:
+    assert shown(capsys, *args) == lines
+
+
+@pytest.mark.parametrize(("command", "args", "says"), [
+    ("logs", [RUN, "--rank", "0-3"], "has no rank 2, 3; it has ranks 0-1"),
+    ("logs", [RUN, "--node", "node[0-2]"], "has no node node2"),
+    ("logs", [RUN, "--rank", "x"], "'x' is not a rank list: give ranks and ranges such as 3"),
+    ("logs", [RUN, "--rank", "3-1"], "'3-1' in '3-1' runs backwards; write 1-3"),
+    ("logs", [RUN, "--node", "node[1-"], "'node[1-' is not a valid host range"),
+    ("stacks", [RUN, "--rank", "0,x"], "'0,x' is not a rank list"),
+])
+def test_selectors_that_do_not_fit_are_usage_errors(
+        home: Path, capsys: pytest.CaptureFixture[str], command: str, args: list[str],
+        says: str) -> None:
+    status, out, err = run_main(capsys, command, *args)
+    assert status == 2, (out, err)
+    assert err.startswith("clusterrun: error: ") and says in err, err
+    assert "Traceback" not in err
+
+
+def test_rank_lists() -> None:
+    assert parse_ranks("3") == [3]
+    assert parse_ranks("0-3,8") == [0, 1, 2, 3, 8]
+    assert parse_ranks(" 2 , 0-1 ") == [2, 0, 1]
+    for bad in ("", "-1", "1-", "a", "1-2-3", "0-99999999"):
+        with pytest.raises(ValueError):
+            parse_ranks(bad)
