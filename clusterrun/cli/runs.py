@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -14,9 +15,10 @@ from clusterrun.cli.common import (
     note,
     ssh_options,
 )
-from clusterrun.errors import ExitStatus, Result, UsageError
+from clusterrun.errors import ExitStatus, LocalFilesError, Result, UsageError
 from clusterrun.launch.options import GRACE
 from clusterrun.runs import names
+from clusterrun.runs.store import RunDir
 
 
 @click.command(context_settings=CONTEXT)
@@ -108,7 +110,8 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     if not local_only:
         ssh = make_options(connect_timeout, accept_new_host_keys)
         for run in store.all_runs(state_home):
-            settle(run, ssh)
+            if run.problem is None:  # one that cannot be read is listed as such, not settled
+                settle(run, ssh)
     rows = listing.ps_rows(state_home)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -119,10 +122,13 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     width = max(10, *(len(listing.state_text(row)) for row in rows))
     click.echo(f"{'RUN':34} {'STATE':{width}} {'STARTED':19} {'DURATION':>9}  HOSTS")
     for row in rows:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started_at"] or 0))
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started_at"])) \
+            if row["started_at"] else "-"
         duration = f"{row['duration']:.0f}s" if row["duration"] is not None else "-"
         click.echo(f"{row['id']:34} {listing.state_text(row):{width}} {started:19} "
                    f"{duration:>9}  {','.join(row['hosts'])}")
+        if listing.problem_line(row):
+            click.echo(listing.problem_line(row))
         if row["quarantined"]:
             click.echo(listing.quarantine_line(row))
         if listing.cause_line(row):
@@ -133,24 +139,52 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
             click.echo(listing.environment_line(row))
 
 
+def _only_running(state_home: Path) -> Optional[RunDir]:
+    """`stop` without RUN: the one run this machine last saw running; None (said) when none
+    is; refused, with their ids, when several are."""
+    from clusterrun.runs import lifecycle, store
+
+    runs = store.all_runs(state_home)
+    for run in runs:
+        if run.problem is not None:
+            note(f"run {run.id}: {run.problem}; not known whether it runs (`clusterrun stop "
+                 f"{run.id}` says more).")
+    running = [r for r in runs if r.problem is None and lifecycle.live(r)]
+    if len(running) > 1:
+        listed = "; ".join(f"{r.id} ({r.plan.get('name') or 'no name'})" for r in running)
+        raise UsageError(f"{len(running)} runs are running: {listed}. Give the one to stop: "
+                         "`clusterrun stop RUN`.")
+    if not running:
+        click.echo("no run is running; nothing to stop")
+        return None
+    note(f"stopping run {running[0].id}, the only one running")
+    return running[0]
+
+
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="RUN")
+@click.argument("run_id", metavar="[RUN]", required=False)
 @click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
 @ssh_options
-def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
+def stop(run_id: Optional[str], grace: float, force: bool, connect_timeout: float,
          accept_new_host_keys: bool) -> Result:
     """End a run on every host (graceful, then forced), also after its controller died.
 
-    Only this run's processes are touched: other runs on the same hosts go on. A restarted run
-    is stopped on the hosts of its current attempt.
+    Without RUN: the only run still running (several: they are listed, name one). Only this
+    run's processes are touched: other runs on the same hosts go on. A restarted run is
+    stopped on the hosts of its current attempt.
     """
     from clusterrun.logs.settle import settle
     from clusterrun.runs import attempts, lifecycle
     from clusterrun.runs import remote as remote_runs
     from clusterrun.runs.journal import Journal
 
+    if run_id is None:
+        only = _only_running(home(write=True))
+        if only is None:
+            return Result()
+        run_id = only.id
     run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
     ended = lifecycle.recorded(run)
     if ended is not None and ended.final:
@@ -160,7 +194,12 @@ def stop(run_id: str, grace: float, force: bool, connect_timeout: float,
     ssh = make_options(connect_timeout, accept_new_host_keys)
     # The current attempt's hosts and rundirs: earlier attempts have ended (and some of their
     # hosts are quarantined, maybe unreachable).
-    results = remote_runs.stop(attempts.current(run), ssh, grace, force)
+    current = attempts.current(run)
+    if not remote_runs.host_specs(current):
+        raise LocalFilesError(f"run {run.id}: its plan.json names no hosts "
+                              f"({current.file('plan.json')}); nothing was contacted or "
+                              "stopped.")
+    results = remote_runs.stop(current, ssh, grace, force)
     failed = []
     for name, result in results.items():
         if result.error is not None:

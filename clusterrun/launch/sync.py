@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterrun.errors import PreflightError, SyncError
+from clusterrun.home import home as state_home
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import hostpaths
@@ -115,9 +116,19 @@ def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
     return out
 
 
+def home_excludes(src: Path) -> tuple[str, ...]:
+    """$CLUSTERRUN_HOME when it lies inside ``src``, as an anchored pattern: its runs, mirrored
+    logs and caches are not code, and each launch would copy the copy's own logs again."""
+    root, home = os.path.realpath(src), os.path.realpath(state_home())
+    if home == root or not Path(home).is_relative_to(root):
+        return ()
+    return ("/" + Path(home).relative_to(root).as_posix(),)
+
+
 def patterns(src: Path, excludes: Sequence[str]) -> tuple[str, ...]:
-    """What a sync of ``src`` leaves out: the defaults, its .gitignore, ``--exclude``."""
-    return tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes)
+    """What a sync of ``src`` leaves out: the defaults, its .gitignore, ``--exclude``, and
+    $CLUSTERRUN_HOME when it is inside."""
+    return tuple(DEFAULT_EXCLUDES) + gitignored(src) + tuple(excludes) + home_excludes(src)
 
 
 def remote_manifest(transport: Transport, spec: HostSpec, dest: str,

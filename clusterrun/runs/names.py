@@ -7,13 +7,25 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from clusterrun.errors import UsageError
+from clusterrun.runs import attempts
 from clusterrun.runs.store import RunDir, all_runs, runs_root
 
 
 def resolve(home: Path, ref: Optional[str], *, note: Callable[[str], None],
             prefer: Optional[Callable[[RunDir], bool]] = None) -> RunDir:
     """The run ``ref`` names. A name several runs share means the newest of them (or the newest
-    that ``prefer`` accepts, if any does); ``note`` then says which, and which others there are."""
+    that ``prefer`` accepts, if any does); ``note`` then says which, and which others there are.
+    A run whose plan or state (or its current attempt's) cannot be read is refused, named."""
+    run = _find(home, ref, note=note, prefer=prefer)
+    run.require()
+    current = attempts.current(run)
+    if current.path != run.path:
+        current.require()
+    return run
+
+
+def _find(home: Path, ref: Optional[str], *, note: Callable[[str], None],
+          prefer: Optional[Callable[[RunDir], bool]]) -> RunDir:
     runs = all_runs(home)  # newest first
     if not runs:
         raise UsageError(f"no runs in {runs_root(home)} yet; start one with `clusterrun launch`.")

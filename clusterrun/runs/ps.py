@@ -16,9 +16,13 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
     runs nobody watches first: logs.settle). ``hosts`` are the current attempt's; ``attempt``
     is that attempt's number, ``attempts`` and ``quarantined`` the run's lists (empty for a
     run that never restarted); ``environment`` the `environment:` lock's hash the ranks ran
-    in (None without one)."""
+    in (None without one). A run whose plan or state cannot be read is listed with what is
+    wrong (``problem``; None for every other run) and nothing it cannot know."""
     rows = []
     for run in store.all_runs(home):
+        if run.problem is not None:
+            rows.append(unreadable_row(run, run.problem))
+            continue
         status = RunStatus.of(run)
         plan = PlanRecord.of(run)
         started = status.started_at or plan.created
@@ -33,8 +37,23 @@ def ps_rows(home: Any) -> list[dict[str, Any]]:
             "max_attempts": attempts.most(run), "attempts": attempts.entries(run),
             "quarantined": list(status.quarantined), "root_cause": root_cause(run),
             "nccl": nccl_summary(run), "outcome": status.outcome, "stalled": status.stalled,
-            "environment": plan.environment})
+            "environment": plan.environment, "problem": None})
     return rows
+
+
+def unreadable_row(run: store.RunDir, problem: str) -> dict[str, Any]:
+    """The row of a run whose plan.json or state.json cannot be read: its id and the problem;
+    no state, hosts or times (none is known: no date from nothing)."""
+    return {"id": run.id, "name": None, "state": "unknown", "hosts": [], "started_at": None,
+            "ended_at": None, "duration": None, "exit_status": None, "detached": False,
+            "attempt": 1, "max_attempts": 1, "attempts": [], "quarantined": [],
+            "root_cause": None, "nccl": None, "outcome": None, "stalled": None,
+            "environment": None, "problem": problem}
+
+
+def problem_line(row: dict[str, Any]) -> str:
+    """The line under the row of a run that cannot be read ('' for every other run)."""
+    return f"  run {row['id']}: {row['problem']}" if row.get("problem") else ""
 
 
 def nccl_summary(run: store.RunDir, k: Optional[int] = None) -> Optional[dict[str, Any]]:
@@ -95,6 +114,8 @@ def cause_line(row: dict[str, Any]) -> str:
 def state_text(row: dict[str, Any]) -> str:
     """The STATE column: ``running``, or ``running (attempt 2/3)`` for a run that restarted;
     ``stalled (stopped)`` for a run that `--on-stall stop` ended (recorded ``failed``: ended)."""
+    if row.get("problem"):
+        return "unreadable"
     state = "stalled (stopped)" if row.get("outcome") == "stalled" else str(row["state"])
     if row["attempt"] > 1:
         return f"{state} (attempt {row['attempt']}/{row['max_attempts']})"

@@ -50,9 +50,35 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def home_error(home: Path, exc: OSError) -> LocalFilesError:
+    """The error for a $CLUSTERRUN_HOME whose path cannot be used: it runs through a file, a
+    symlink loop, a name too long, a read-only or broken filesystem."""
+    where = exc.filename or home
+    why = exc.strerror or str(exc)
+    if isinstance(exc, NotADirectoryError):
+        why = "a file stands where a directory belongs on its path"
+    return LocalFilesError(
+        f"cannot use {where}: {why}. clusterrun keeps every run's plan, state and logs in "
+        f"{home} ($CLUSTERRUN_HOME, default {DEFAULT_HOME}). Point CLUSTERRUN_HOME at a "
+        "directory of your own that can be made (e.g. `export CLUSTERRUN_HOME=$HOME/"
+        ".clusterrun`), or fix the path.")
+
+
+def _foreign(home: Path, path: Path, owner: int) -> LocalFilesError:
+    user = _user(os.geteuid())
+    return LocalFilesError(
+        f"cannot use {path}: it belongs to {_user(owner)}, not to you ({user}). clusterrun "
+        f"keeps every run's plan, state and logs in {home} ($CLUSTERRUN_HOME, default "
+        f"{DEFAULT_HOME}), and its owner could change what your runs do (their hosts, the "
+        "command a run notifies). Point CLUSTERRUN_HOME at a directory of your own (e.g. "
+        f"`export CLUSTERRUN_HOME=$HOME/.clusterrun`), or make this one yours (`sudo chown -R "
+        f"{user} {home} && chmod 700 {home}`).")
+
+
 def check_home(home: Path, *, write: bool) -> None:
     """Refuse, before anything else happens, a $CLUSTERRUN_HOME this user cannot read (or, with
-    ``write``, write): the error says whose it is and how to get one of one's own."""
+    ``write``, write), one another user owns, or one whose path cannot be used at all: the
+    error says whose it is or what is wrong, and how to get one of one's own."""
     need = os.R_OK | os.X_OK | (os.W_OK if write else 0)
     for path in (home, runs_root(home)):
         try:
@@ -61,20 +87,37 @@ def check_home(home: Path, *, write: bool) -> None:
             break  # made by the first launch
         except PermissionError:
             raise unusable(home, path) from None
+        except OSError as exc:
+            raise home_error(home, exc) from None
         if not stat.S_ISDIR(st.st_mode):
             raise LocalFilesError(f"{path} is not a directory; clusterrun keeps its runs there "
                                   "($CLUSTERRUN_HOME). Move it away, or point CLUSTERRUN_HOME "
                                   "at a directory.")
         if not os.access(path, need):
             raise unusable(home, path)
-    if write and not home.exists():
+        if st.st_uid != os.geteuid():
+            raise _foreign(home, path, st.st_uid)
+    if write and not _exists(home, home):
         # Nothing is created before a run is: a failed preflight or a dry run leaves no trace.
         # The nearest existing parent must let this user create the home later.
         parent = home.parent
-        while not parent.exists() and parent != parent.parent:
+        while not _exists(parent, home) and parent != parent.parent:
             parent = parent.parent
         if not os.access(parent, os.W_OK | os.X_OK):
             raise unusable(home, parent)
+
+
+def _exists(path: Path, home: Path) -> bool:
+    """Whether ``path`` exists (FileNotFound: no); any other OSError is the home's error."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        return True  # os.access on it or below says the rest
+    except OSError as exc:
+        raise home_error(home, exc) from None
+    return True
 
 
 def _private_dir(path: Path) -> None:
@@ -103,6 +146,20 @@ def read_json(path: Path) -> Optional[Any]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def unreadable(path: Path) -> Optional[str]:
+    """Why the JSON object a run keeps in ``path`` (its plan.json, its state.json) cannot be
+    used; None when it can."""
+    try:
+        raw = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return "it is missing"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    except ValueError as exc:  # not JSON, or not UTF-8
+        return f"it is not JSON ({exc})"
+    return None if isinstance(raw, dict) else f"it holds a JSON {type(raw).__name__}, not an object"
 
 
 @dataclass(frozen=True)
@@ -137,6 +194,26 @@ class RunDir:
     @property
     def state(self) -> dict[str, Any]:
         return read_json(self.file("state.json")) or {}
+
+    @property
+    def problem(self) -> Optional[str]:
+        """What keeps this run from being read (``its plan.json cannot be read: it is
+        missing``); None for a run whose plan and state are there."""
+        for name in ("plan.json", "state.json"):
+            why = unreadable(self.file(name))
+            if why is not None:
+                return f"its {name} cannot be read: {why}"
+        return None
+
+    def require(self) -> None:
+        """Refuse a run whose plan or state cannot be read: without them its hosts are not
+        known, nor whether it still runs."""
+        problem = self.problem
+        if problem is not None:
+            raise LocalFilesError(
+                f"run {self.id}: {problem} ({self.path}). Nothing was contacted: clusterrun "
+                "finds a run's hosts and state there. Put the file back, or remove the run's "
+                f"folder (`rm -r {self.path}`) once nothing of the run runs on its hosts.")
 
     @contextlib.contextmanager
     def locked(self, name: str, blocking: bool = True) -> Iterator[bool]:
@@ -189,8 +266,21 @@ def all_runs(home: Path) -> list[RunDir]:
     root = runs_root(home)
     if not root.is_dir():
         return []
-    found = [RunDir(p) for p in root.iterdir() if p.is_dir() and (p / "plan.json").exists()]
-    return sorted(found, key=lambda r: (r.plan.get("created", 0), r.id), reverse=True)
+    # A folder with either file is a run: one that lost the other is listed, and named as such.
+    found = [RunDir(p) for p in root.iterdir() if p.is_dir() and (
+        (p / "plan.json").exists() or (p / "state.json").exists())]
+    return sorted(found, key=lambda r: (_created(r), r.id), reverse=True)
+
+
+def _created(run: RunDir) -> float:
+    """When the run was made, as its plan says, else its state; else its folder's time."""
+    for value in (run.plan.get("created"), run.state.get("started_at")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    try:
+        return run.path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def pid_alive(pid: Optional[int]) -> bool:
