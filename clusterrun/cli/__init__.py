@@ -11,10 +11,12 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import envs, hosts, launch, observe, runs, sandbox, stacks
+from clusterrun.cli import envs, failure, hosts, launch, observe, runs, sandbox, stacks
 from clusterrun.cli.common import CONTEXT
-from clusterrun.errors import ClusterrunError, ExitStatus, Result, exit_status
+from clusterrun.cli.failure import Failure
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, exit_status
 from clusterrun.home import home as state_home
+from clusterrun.home import home_setting
 from clusterrun.runs import connections
 
 
@@ -49,53 +51,97 @@ def _terminated(_signum: int, _frame: object) -> None:
     raise Terminated()
 
 
-def _interrupted(exc: BaseException) -> int:
+def _interrupted(exc: BaseException) -> Failure:
     """The status and word for Ctrl-C or SIGTERM that reached the top (click wraps both in
-    Abort)."""
+    Abort), the word said here."""
     cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__context__
     if isinstance(cause, Terminated):
         click.echo("clusterrun: terminated (SIGTERM)", err=True)
-        return int(ExitStatus.SIGTERM)
-    click.echo("clusterrun: interrupted" if isinstance(cause, KeyboardInterrupt) else "Aborted.",
-               err=True)
-    return int(ExitStatus.SIGINT)
+        return Failure(int(ExitStatus.SIGTERM), Outcome.TERMINATED.label, "terminated (SIGTERM)")
+    said = "clusterrun: interrupted" if isinstance(cause, KeyboardInterrupt) else "Aborted."
+    click.echo(said, err=True)
+    return Failure(int(ExitStatus.SIGINT), Outcome.INTERRUPTED.label, "interrupted")
+
+
+def _said(failure: Failure) -> Failure:
+    click.echo(f"clusterrun: error: {failure.message}", err=True)
+    return failure
+
+
+def _home_error(exc: OSError) -> Optional[Failure]:
+    """An OSError on a path in $CLUSTERRUN_HOME (a run directory another user made, a file
+    where a directory belongs): the paragraph for the home itself. None for any other path:
+    a bug, shown with its traceback."""
+    from clusterrun.runs import store
+
+    if not exc.filename or not _inside(state_home(), str(exc.filename)):
+        return None
+    error = (store.unusable(state_home(), exc.filename) if isinstance(exc, PermissionError)
+             else store.home_error(state_home(), exc))
+    return _said(Failure(error.exit_status, error.kind, error.message))
+
+
+def _run(argv: list[str]) -> tuple[int, Optional[Failure]]:
+    """The command's exit status, and what failed (None when it came to a Result)."""
+    try:
+        with connections.held():  # the connections to a run's hosts: closed when it ends
+            status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code, None
+    except click.UsageError as exc:
+        return ExitStatus.USAGE, _said(Failure(int(ExitStatus.USAGE), Outcome.USAGE.label,
+                                               usage.from_click(exc).message))
+    except click.ClickException as exc:
+        exc.show()
+        outcome = Outcome.USAGE if exc.exit_code == ExitStatus.USAGE else Outcome.INTERNAL
+        return exc.exit_code, Failure(exc.exit_code, outcome.label, exc.format_message())
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        said = _interrupted(exc)
+        return said.exit_status, said
+    except ClusterrunError as exc:
+        return exc.exit_status, _said(Failure(exc.exit_status, exc.kind, exc.message))
+    except BrokenPipeError:
+        sys.stderr.close()  # a closed pager or `| head`: not an error worth a traceback
+        return ExitStatus.SUCCESS, None
+    except OSError as exc:
+        found = _home_error(exc)
+        if found is None:
+            raise
+        return found.exit_status, found
+    return (exit_status(status) if isinstance(status, Result) else ExitStatus.SUCCESS), None
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the CLI and turn every outcome into an exit status: a command's Result
-    through ``errors.exit_status`` (the one mapping), an error through its outcome."""
+    through ``errors.exit_status`` (the one mapping), an error through its outcome. With
+    --json, an error is also one JSON document on stdout (cli/failure.py)."""
     signal.signal(signal.SIGTERM, _terminated)
     # Ctrl-C too, where this process was started with SIGINT ignored (a script's background
     # job, some test runners' workers): a launch's watch takes it in any case (Interrupts), so
     # preflight does as well.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("CLUSTERRUN_HOME"):
+        # A relative home is this directory's: the processes this one starts (a detached run's
+        # hub, --notify, the warm session) keep the same one wherever they run.
+        os.environ["CLUSTERRUN_HOME"] = home_setting()
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json, stream = failure.wants_json(cli, args), failure.is_stream(args)
+    stdout = sys.stdout
+    watched = failure.Watched(stdout)
+    if as_json:
+        sys.stdout = watched
     try:
-        with connections.held():  # the connections to a run's hosts: closed when it ends
-            status = cli.main(args=argv, prog_name="clusterrun", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.UsageError as exc:
-        click.echo(f"clusterrun: error: {usage.from_click(exc).message}", err=True)
-        sys.exit(ExitStatus.USAGE)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
-        sys.exit(_interrupted(exc))
-    except ClusterrunError as exc:
-        click.echo(f"clusterrun: error: {exc.message}", err=True)
-        sys.exit(int(exc.exit_status))
-    except BrokenPipeError:
-        sys.stderr.close()  # a closed pager or `| head`: not an error worth a traceback
-        sys.exit(ExitStatus.SUCCESS)
-    except PermissionError as exc:
-        # Anything in $CLUSTERRUN_HOME that is not ours (a run directory another user made):
-        # the same error as for the directory itself. Anything else is a bug: a traceback.
-        from clusterrun.runs import store
-
-        if not exc.filename or not _inside(state_home(), exc.filename):
-            raise
-        click.echo(f"clusterrun: error: {store.unusable(state_home(), exc.filename).message}",
-                   err=True)
-        sys.exit(ExitStatus.USAGE)
-    sys.exit(exit_status(status) if isinstance(status, Result) else ExitStatus.SUCCESS)
+        status, failed = _run(args)
+    except Exception as exc:  # a bug: its traceback follows, and the document still comes
+        if as_json and (stream or not watched.written):
+            sys.stdout = stdout
+            failure.emit(Failure(int(ExitStatus.ERROR), Outcome.INTERNAL.label,
+                                 f"internal error: {exc!r}"), stream=stream)
+        raise
+    finally:
+        sys.stdout = stdout
+    # One document: a command that printed its own (check's report, then a failed smoke test)
+    # keeps it; a stream ends with the error's line.
+    if as_json and failed is not None and (stream or not watched.written):
+        failure.emit(failed, stream=stream)
+    sys.exit(status)

@@ -109,9 +109,11 @@ def _take(watch: Watch, profiler: Optional[Profiler], wait: Optional[float] = No
 
 
 def _json(frame: Frame, profiler: Optional[Profiler]) -> dict[str, object]:
+    """The frame's object, ``ok`` first: whether every host gave its sample."""
     from clusterrun.observe.profiling import to_json
 
-    return to_json(frame) if profiler is not None else frame.to_json()
+    ok = all(h.status == "ok" for h in frame.hosts)
+    return {"ok": ok, **(to_json(frame) if profiler is not None else frame.to_json())}
 
 
 def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> bool:

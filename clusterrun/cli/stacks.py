@@ -34,8 +34,9 @@ def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
               help="Only these nodes (NodeSet syntax, e.g. node[1-4]).")
 @selectors.rank_option
 @click.option("--json", "as_json", is_flag=True,
-              help='{"run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
-                   '"frames": [{"function", "file", "line"}]}]}]}, frames outermost first.')
+              help='{"ok", "run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
+                   '"frames": [{"function", "file", "line"}]}]}]}, frames outermost first; '
+                   'on an error {"ok": false, "error": {...}}.')
 @click.option("--profile", type=click.FloatRange(min=1, max=600), default=None,
               metavar="SECONDS", help="Sample every rank for SECONDS first: each rank's share "
               "of time waiting in collectives, and the straggler the others wait for.")
@@ -67,9 +68,10 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
                             nodes=nodes, ranks=set(ranks_) if ranks_ else None,
                             profile=profile)
     if as_json:
-        click.echo(json.dumps(found.to_json(), indent=2))
         for name, why in sorted(found.problems.items()):
             note(f"no stacks from {name}: {why}")
+        if found.ranks:  # else the error below is the one document on stdout
+            click.echo(json.dumps({"ok": True, **found.to_json()}, indent=2))
     else:
         if profile:
             from clusterrun.stacks.profile import lines
