@@ -73,7 +73,8 @@ class AttemptLoop:
         """Preflight of the attempt's hosts, failing hosts replaced where spares allow."""
         return spares.check(self.inv, self.pool, self.slots, attempt=attempt,
                             data_path=self.opts.check, allow_busy_gpus=self.opts.allow_busy_gpus,
-                            say=self.say, on_facts=on_facts, after_facts=after_facts)
+                            say=self.say, torch_needed=self.job.torchrun, on_facts=on_facts,
+                            after_facts=after_facts)
 
     def plan(self, attempt: int, report: CheckReport, run_id: Optional[str]) -> LaunchPlan:
         return planning.build(self.slots.inventory(self.inv), report, self.job,

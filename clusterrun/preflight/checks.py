@@ -48,12 +48,13 @@ class _Master:
 
 
 def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth: bool = False,
-        allow_busy_gpus: bool = False,
+        allow_busy_gpus: bool = False, torch_needed: bool = True,
         on_facts: Optional[Callable[[HostReport], None]] = None,
         after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None) -> CheckReport:
     """Probe every host; never raises for a host's failure (it is in the report).
     ``bandwidth``: also measure each worker's throughput to the master (`check --bandwidth`);
-    ``allow_busy_gpus``: GPU problems are warnings, not failures; ``on_facts(report)``: called
+    ``allow_busy_gpus``: GPU problems are warnings, not failures; ``torch_needed``: False
+    where nothing runs torchrun (`launch --no-torchrun`); ``on_facts(report)``: called
     as each host's facts are in, while the others' and the cluster-wide checks go on (launch
     reads the code's manifest there meanwhile); ``after_facts(reports)``: called once every
     host's facts are in, before the cluster-wide checks; what it raises ends preflight there
@@ -63,7 +64,8 @@ def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth:
     sessions: dict[str, ProbeSession] = {}
     pairs = None
     try:
-        _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus, on_facts=on_facts)
+        _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus,
+               torch_needed=torch_needed, on_facts=on_facts)
         if after_facts is not None:
             after_facts(reports)
         twins.judge(reports)
@@ -117,7 +119,7 @@ def _fail_late(report: HostReport, failure: parallel.Failure, pool: Connections)
 
 
 def _facts(reports: Sequence[HostReport], pool: Connections,
-           sessions: dict[str, ProbeSession], *, allow_busy_gpus: bool,
+           sessions: dict[str, ProbeSession], *, allow_busy_gpus: bool, torch_needed: bool,
            on_facts: Optional[Callable[[HostReport], None]]) -> None:
     def one(report: HostReport) -> None:
         spec = report.spec
@@ -144,7 +146,7 @@ def _facts(reports: Sequence[HostReport], pool: Connections,
         known = report.known  # the reply read into typed facts, once for this host's checks
         named = f", hostname {known.hostname}" if known.hostname else ""  # else: decide.unreported
         report.add("ssh", True, f"{where}{named}")
-        report.checks.extend(decide.host_checks(spec, known))
+        report.checks.extend(decide.host_checks(spec, known, torch_needed=torch_needed))
         report.checks.extend(gpus.host_checks(spec, known, allow_busy_gpus=allow_busy_gpus))
         if on_facts is not None:
             on_facts(report)

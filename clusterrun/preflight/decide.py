@@ -48,9 +48,10 @@ def _workdir_space(name: str, workdir: Workdir) -> Check:
     return Check("workdir", True, f"{path} (created and written, {room} free)")
 
 
-def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
+def host_checks(spec: HostSpec, facts: HostFacts, *, torch_needed: bool = True) -> list[Check]:
     """What one host's facts say on their own: Python, torch, workdir, name lookup (GPUs:
-    clusterrun/preflight/gpus.py)."""
+    clusterrun/preflight/gpus.py). ``torch_needed``: False for `launch --no-torchrun`, which
+    starts the script itself: a host without torch passes."""
     name = spec.name
     if facts.python and facts.python_path:
         checks = [Check("python", True, f"{facts.python} ({facts.python_path})")]
@@ -62,6 +63,9 @@ def host_checks(spec: HostSpec, facts: HostFacts) -> list[Check]:
     torch = facts.torch
     if torch and torch.version:
         checks.append(Check("torch", True, f"{torch.version}"))
+    elif not torch_needed:
+        checks.append(Check("torch", True, "not installed (not needed: --no-torchrun starts "
+                            "the script without torchrun)"))
     else:
         checks.append(Check("torch", False, f"torch is not installed for {facts.python_path} "
                             f"on {name}: install it there (pip install torch) or point `python:`/"

@@ -22,16 +22,17 @@ def problem(host: HostReport) -> str:
 
 
 def check(inv: Inventory, pool: Connections, slots: Slots, *, attempt: int, data_path: bool,
-          allow_busy_gpus: bool, say: Callable[[str], None],
+          allow_busy_gpus: bool, say: Callable[[str], None], torch_needed: bool = True,
           on_facts: Optional[Callable[[HostReport], None]] = None,
           after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None) -> CheckReport:
     """Preflight of the attempt's hosts. A host that fails is replaced and the new set checked
     again; when nothing can replace it, the failing report is returned, as a launch without
-    spares would see it (``slots.quarantined`` lists the hosts left out). ``on_facts``,
-    ``after_facts``: see preflight.run."""
+    spares would see it (``slots.quarantined`` lists the hosts left out). ``torch_needed``,
+    ``on_facts``, ``after_facts``: see preflight.run."""
     while True:
         report = preflight.run(slots.inventory(inv), pool, data_path=data_path,
-                               allow_busy_gpus=allow_busy_gpus, on_facts=on_facts,
+                               allow_busy_gpus=allow_busy_gpus, torch_needed=torch_needed,
+                               on_facts=on_facts,
                                after_facts=after_facts)
         # Without the checks (--no-check), only a host that cannot be reached is left out.
         bad = [h for h in report.hosts if (not h.ok if data_path else not h.reached)]
