@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ended a stretch run under ``Interrupts.raising`` (the check of the hosts
+    before a restart): that stretch only waits, so it is cut short, not waited out."""
 
 
 class Interrupts:
@@ -14,6 +21,7 @@ class Interrupts:
         self.received: list[int] = []
         self.say = say
         self._old: dict[int, Any] = {}
+        self._raise = False
 
     def __enter__(self) -> Interrupts:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -26,6 +34,21 @@ class Interrupts:
 
     def _handler(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
+        if self._raise:
+            self._raise = False  # once: a second signal must not break the unwinding
+            raise Interrupted()
+
+    @contextmanager
+    def raising(self) -> Iterator[None]:
+        """A stretch that a signal ends at once (Interrupted), as Ctrl-C ends preflight before
+        a run exists; the signal is in ``received`` as always."""
+        if self.received:
+            raise Interrupted()
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
     def announce(self, signum: int, first: bool) -> None:
         name = signal.Signals(signum).name

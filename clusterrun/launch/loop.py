@@ -5,7 +5,9 @@ of the run is recorded by its journal (runs/journal.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.slots import CannotReplace, Slots
 from clusterrun.launch import outcome, restarts, sync, watchers
 from clusterrun.launch.headstart import HeadStart
-from clusterrun.launch.interrupts import Interrupts
+from clusterrun.launch.interrupts import Interrupted, Interrupts
 from clusterrun.launch.options import LaunchOptions
 from clusterrun.launch.restarts import AttemptResult, Restart
 from clusterrun.launch.session import Session
@@ -120,8 +122,18 @@ class AttemptLoop:
                 break
             self._attempt_failed(journal, ended)
             reported = True
-            following = self._restart(step, ended)
-            if following is None or interrupts.received:  # Ctrl-C while hosts were re-checked
+            try:
+                with interrupts.raising():
+                    following = self._restart(step, ended)
+            except Interrupted:
+                following = None
+            if interrupts.received:  # while the hosts were re-checked: the run ends, stopped
+                signum = interrupts.received[0]
+                self.say(f"{signal.Signals(signum).name}: attempt {step.attempt} not started; "
+                         "the run ends here")
+                ended = dataclasses.replace(ended, interrupted=signum)
+                break
+            if following is None:
                 break
             plan, report = following
         self._record_quarantine(journal)
