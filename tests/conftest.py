@@ -2,7 +2,8 @@
 $CLUSTERRUN_HOME per test, and a way to run the real `clusterrun` command.
 
 The cluster fixture fails (it never skips) when the cluster cannot be built: in CI that must be
-noticed. Deselect the cluster tests explicitly with `-m "not cluster"` where no root is at hand.
+noticed. Plain `pytest` leaves them out (the fast tier, `-m "not cluster"`, no root needed) and
+says so; `-m "cluster or slow"` or a test file named alone runs them.
 """
 
 from __future__ import annotations
@@ -164,18 +165,57 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def names_tests(config: pytest.Config) -> bool:
+    """Whether the command line names a test file or a test (`tests/test_x.py`,
+    `tests/test_x.py::test_y`) rather than only directories, or nothing (testpaths)."""
+    here = config.invocation_params.dir
+    for arg in config.args:
+        path = arg.split("::", 1)[0]
+        if "::" in arg or (here / path).is_file():
+            return True
+    return False
+
+
+def cluster_left_out(config: pytest.Config) -> bool:
+    """Plain `pytest` (no -m, no test file named) is the fast tier, `-m "not cluster"`: the
+    cluster tests need root and build a 32-host cluster, which nobody typing `pytest` expects.
+    `-m "cluster or slow"` runs them, and so does naming their file or a test."""
+    return not config.getoption("markexpr") and not names_tests(config)
+
+
+CLUSTER_LEFT_OUT = ('plain `pytest` runs the fast tier only: the cluster and slow tests were '
+                    'left out. Run them as root with `pytest -m "cluster or slow"` '
+                    '(docs/testing.md), or name their file.')
+
+
+@pytest.hookimpl(trylast=True)  # after tests/reliability's hook has marked its cluster tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `slow` (real torch or training on this machine, seconds of CPU each) are
     left out by any -m expression that does not name them, so the README's fast tier,
     `-m "not cluster"`, keeps its time on two cores; the root run, `-m "cluster or slow"`,
-    runs them (pyproject.toml's markers). Without -m (a file or a test named alone) they run."""
+    runs them (pyproject.toml's markers). Without -m, a test file or test named alone runs
+    whatever it holds, and plain `pytest` leaves out the cluster tier (`cluster_left_out`)."""
     expr = config.getoption("markexpr") or ""
-    if not expr or re.search(r"\bslow\b", expr):
+    if not expr:
+        if cluster_left_out(config):
+            _deselect(config, items, "cluster")
+            _deselect(config, items, "slow")
         return
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+    if not re.search(r"\bslow\b", expr):
+        _deselect(config, items, "slow")
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], marker: str) -> None:
+    gone = [item for item in items if item.get_closest_marker(marker) is not None]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [item for item in items if item.get_closest_marker(marker) is None]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    # Here rather than at collection: with -n the workers collect, and only this process prints.
+    if cluster_left_out(config):
+        terminalreporter.write_line(CLUSTER_LEFT_OUT)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The test tiers as the README and CI name them: the fast tier (`-m "not cluster"`) leaves out
 the `slow` tests, the root run (`-m "cluster or slow"`) has them, and the two together are the
-whole suite, so moving a test out of the fast tier never drops it from CI."""
+whole suite, so moving a test out of the fast tier never drops it from CI. Plain `pytest` is the
+fast tier and says what it left out; a test file named alone runs whole."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow  # three collections of the whole suite
 
 
-def collected(*args: str) -> set[str]:
+def collection(*args: str) -> subprocess.CompletedProcess[str]:
     cp = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                          "-p", "no:cacheprovider", *args], cwd=REPO, capture_output=True,
                         text=True, timeout=120, check=False)
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
-    return {line for line in cp.stdout.splitlines() if "::" in line}
+    return cp
+
+
+def collected(*args: str) -> set[str]:
+    return {line for line in collection(*args).stdout.splitlines() if "::" in line}
 
 
 def marker_expressions(text: str) -> list[str]:
@@ -28,7 +33,7 @@ def marker_expressions(text: str) -> list[str]:
 
 
 def test_the_fast_tier_and_the_root_run_are_the_whole_suite() -> None:
-    everything = collected()
+    everything = collected("-m", "slow or not slow")  # an expression naming `slow` drops nothing
     fast = collected("-m", "not cluster")
     root = collected("-m", "cluster or slow")
     assert fast | root == everything
@@ -44,3 +49,22 @@ def test_ci_runs_the_readmes_test_commands() -> None:
     ci = marker_expressions((REPO / ".ci" / "run").read_text())
     assert ci == ['"not cluster"', '"cluster or slow"']
     assert readme[:2] == ci
+
+
+def test_plain_pytest_is_the_fast_tier_and_says_how_to_run_the_rest() -> None:
+    plain = collection()
+    assert {line for line in plain.stdout.splitlines() if "::" in line} \
+        == collected("-m", "not cluster")
+    assert 'plain `pytest` runs the fast tier only' in plain.stdout
+    assert '`pytest -m "cluster or slow"`' in plain.stdout
+    assert collected("tests") == collected("-m", "not cluster")  # a folder is not a test named
+
+
+def test_a_cluster_test_file_named_alone_runs_whole() -> None:
+    named = collection("tests/test_environments_hosts.py")
+    tests = {line for line in named.stdout.splitlines() if "::" in line}
+    assert "tests/test_environments_hosts.py::test_system_site_packages_keeps_the_hosts_own_" \
+        "torch" in tests
+    assert "plain `pytest`" not in named.stdout
+    one = "tests/test_environments_hosts.py::test_two_launches_at_once_build_the_environment_once"
+    assert collected(one) == {one}
