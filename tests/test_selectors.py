@@ -4,6 +4,7 @@ was "not a valid integer range"."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,15 +12,34 @@ import pytest
 
 from clusterrun.cli.selectors import parse_ranks
 from tests.conftest import run_main
-from tests.test_cli_usage import fake_run
 
 RUN = "20250101-100000-tick-aaaa"
+
+
+def fake_run(home: Path, run_id: str, name: str, created: float) -> None:
+    """A finished run as a launch leaves it here: node0 holds rank 0, node1 rank 1."""
+    path = home / "runs" / run_id
+    plan = {"run_id": run_id, "name": name, "created": created, "nnodes": 2, "world_size": 2,
+            "nodes": [{"name": f"node{i}", "host": "localhost", "node_rank": i, "nproc": 1,
+                       "ranks": [i, i], "connection": {}} for i in range(2)]}
+    arrivals = []
+    for i in range(2):
+        folder = path / "nodes" / f"node{i}"
+        folder.mkdir(parents=True)
+        data = "".join(f"{name} r{i} line {n}\n" for n in range(3)).encode()
+        (folder / f"rank-{i}.log").write_bytes(data)
+        arrivals.append(f"node{i}\trank-{i}.log\t{len(data)}\n")
+    (path / "arrivals").write_text("".join(arrivals))
+    (path / "plan.json").write_text(json.dumps(plan))
+    (path / "state.json").write_text(json.dumps({"id": run_id, "name": name,
+                                                 "state": "succeeded", "started_at": created,
+                                                 "ended_at": created + 1}))
 
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
-    fake_run(home, RUN, "tick", time.time() - 60)  # node0 holds rank 0, node1 rank 1
+    fake_run(home, RUN, "tick", time.time() - 60)
     monkeypatch.setenv("CLUSTERRUN_HOME", str(home))
     return home
 

@@ -17,42 +17,13 @@ import paramiko
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.transport import hostkeys, shell
+from clusterrun.transport import banners, hostkeys, shell
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 
 # paramiko logs every failed handshake with a traceback from its own thread; with no handler
 # configured, Python prints that to stderr. Each failure is already reported as one sentence.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-
-class _Greetings(logging.Filter):
-    """The first line a server sent in place of SSH's greeting (an HTTP server's "HTTP/1.1 400
-    ..."), per transport thread: paramiko logs such lines at DEBUG and keeps nothing. Every
-    other record passes exactly as the logger's level would have let it."""
-
-    def __init__(self, level: int) -> None:
-        super().__init__()
-        self.level = level
-        self.lines: dict[int, str] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        if isinstance(msg, str) and msg.startswith("Banner: ") and record.thread is not None:
-            with self._lock:
-                if len(self.lines) < 4096:  # taken by connect(); bounded all the same
-                    self.lines.setdefault(record.thread, msg[len("Banner: "):])
-        return record.levelno >= self.level
-
-    def take(self, thread: Optional[int]) -> Optional[str]:
-        with self._lock:
-            return self.lines.pop(thread, None) if thread is not None else None
-
-
-_transport_log = logging.getLogger("paramiko.transport")
-_greetings = _Greetings(_transport_log.getEffectiveLevel())
-_transport_log.addFilter(_greetings)
-_transport_log.setLevel(logging.DEBUG)  # the filter lets through what the level did before
 
 
 class SshProcess:
@@ -141,15 +112,15 @@ class SshTransport:
         except BaseException as exc:
             ssh = cxn.client.get_transport()
             stalled = ssh is not None and not getattr(ssh, "initial_kex_done", True)
-            greeting = _greetings.take(ssh.ident if ssh is not None else None)
+            said = banners.greetings.take(ssh.ident if ssh is not None else None)
             cxn.close()
             if self._jump is not None:  # the tunnel was for this connection only
                 self._jump.close()
                 self._jump = None
             raise _classify(spec, cxn, known_hosts, self.options, exc, stalled=stalled,
-                            greeting=greeting) from None
+                            greeting=said) from None
         transport = cxn.client.get_transport()
-        _greetings.take(transport.ident if transport is not None else None)
+        banners.greetings.take(transport.ident if transport is not None else None)
         if transport is not None:
             # Keeps NAT and firewalls from dropping an idle connection; loss is detected by the
             # supervisor's heartbeats, since paramiko's keepalive never notices a dead peer.
@@ -313,27 +284,7 @@ def _login(user: Optional[str], port: Optional[int]) -> list[str]:
 # the next step finds no session.
 _STALLED = frozenset({"No existing session", "Negotiation failed."})
 # ...or, when paramiko's own banner timeout (the same length) fires first, this.
-_NO_BANNER = "Error reading SSH protocol banner"
-# ...or, after a hundred lines none of which began with "SSH-", this and the last of them.
-_GARBLED = "Indecipherable protocol version "
-
-
-def _not_ssh(exc: BaseException, greeting: Optional[str]) -> Optional[str]:
-    """What the server said instead of SSH's greeting, in a few escaped characters, or that it
-    closed the connection; None when it said nothing at all before the wait ran out."""
-    cause = exc.__context__  # paramiko's banner error is raised while handling the real one
-    if isinstance(cause, UnicodeDecodeError):  # a line of bytes that are not even text
-        return ascii(bytes(cause.object[:40]))
-    text = str(exc)
-    if not text.startswith((_NO_BANNER, _GARBLED)):  # past the greeting: an SSH server
-        return None
-    if greeting is not None or text.startswith(_GARBLED):
-        line = greeting if greeting is not None else text[len(_GARBLED):].strip('"')
-        return ascii(line[:40] + ("..." if len(line) > 40 else ""))
-    # A close while our own greeting is unread arrives as a reset, not as an end of file.
-    if isinstance(cause, (EOFError, ConnectionResetError)):
-        return "closed the connection at once; an sshd over its MaxStartups does that too"
-    return None
+_NO_BANNER = banners.NO_BANNER
 
 
 def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options: SshOptions,
@@ -357,7 +308,7 @@ def _classify(spec: HostSpec, cxn: fabric.Connection, known_hosts: Path, options
         who = (spec.name if hop is cxn
                else f"{spec.name}'s ProxyJump {hop.host} (from ~/.ssh/config)")
         return ConnectError(Outcome.HOST_KEY, f"{who}: {msg}")
-    said = _not_ssh(exc, greeting) if stalled else None
+    said = banners.not_ssh(exc, greeting) if stalled else None
     if said is not None:
         return ConnectError(Outcome.UNREACHABLE,
             f"{where}: answered, but not with SSH ({said}): is this port sshd's? Check "
