@@ -26,7 +26,7 @@ from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
 from clusterrun.logs.view import LogView
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, timing
 from clusterrun.transport import Process, SshOptions, connect, parallel, shell
 from clusterrun.transport.programs import drain, send
 
@@ -140,7 +140,7 @@ def _supervise(host: _Host, control: _Control, timeout: Optional[float]) -> None
     stop_by = None if timeout is None else started + timeout + GRACE + MARGIN
     while not host.finished.wait(0.2):
         now = time.monotonic()
-        if now - beat >= HEARTBEAT:
+        if timing.due(now, beat, HEARTBEAT):
             _send(host.proc, protocol.Lifeline.HEARTBEAT)
             beat = now
         while asked < len(control.interrupts):
@@ -148,11 +148,12 @@ def _supervise(host: _Host, control: _Control, timeout: Optional[float]) -> None
             asked += 1
             stop_by = min(stop_by or now + GRACE + MARGIN, now + GRACE + MARGIN)
         quiet = now - host.last
-        if quiet > LEASE or (stop_by is not None and now > stop_by):
+        lost = timing.over(now, host.last, LEASE)
+        if lost or (stop_by is not None and now > stop_by):
             host.proc.close()  # if the host can still hear us, its supervisor sees EOF
             why = (f"no word from it for {quiet:.0f} s (host down or network partitioned; "
                    "its supervisor ends the command there when its lease runs out)"
-                   if quiet > LEASE else "it did not confirm the end of the command in time")
+                   if lost else "it did not confirm the end of the command in time")
             raise HostLost(f"{host.spec.name}: {why}")
 
 

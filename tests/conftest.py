@@ -36,8 +36,9 @@ from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
 from clusterrun.transport.local import LocalTransport
 
-# The other-user fixtures (`other_user`, `shared`) live beside: tests/other_user.py.
-pytest_plugins = ["tests.other_user"]
+# The other-user fixtures (`other_user`, `shared`) live beside: tests/other_user.py; the clocks
+# of time tests (`clock_base`): tests/clocks.py.
+pytest_plugins = ["tests.other_user", "tests.clocks"]
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"

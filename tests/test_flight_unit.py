@@ -14,7 +14,6 @@ import os
 import pickle
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from clusterrun.remote import flight, pystack, stall, stallreport, watchdog
 from clusterrun.stacks import view
 from clusterrun.stacks import watchdog as controller
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
+from tests.clocks import seconds
 from tests.conftest import REPO
 
 RECORDED = REPO / "tests" / "fakes" / "flight-recorder"
@@ -169,10 +169,10 @@ def spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float) ->
     return stall.Progress(str(tmp_path), lambda: list(pids.values()), None, timeout=timeout)
 
 
-def quiet_over(found: stall.Progress, t0: float, seconds: range) -> list[float]:
+def quiet_over(found: stall.Progress, t0: float, span: range) -> list[float]:
     """Look once a second (each round of dumps let finish before the next look)."""
     out = []
-    for second in seconds:
+    for second in span:
         found.look(t0 + second)
         found.flight.wait()
         out.append(found.quiet(t0 + second))
@@ -180,7 +180,7 @@ def quiet_over(found: stall.Progress, t0: float, seconds: range) -> list[float]:
 
 
 def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_base: float) -> None:
     """Ranks 0 and 1 entered all_reduce #5 (open) and stay there, spinning: after half the
     timeout of busy CPU alone their dumps are asked for, twice the same, so they are stuck
     since the first round and the node is quiet from then on: a stall about 1.5 timeouts after
@@ -188,34 +188,33 @@ def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
     monkeypatch.setattr(flight, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
-    t0 = time.monotonic() + 100
+    t0 = clock_base + 100
     quiet = quiet_over(found, t0, range(14))
     # 0: the log is new; busy CPU is progress until round 1 (at 4 s) and round 2 (at 8 s)
     # agree: stuck since 4 s.
-    assert quiet[:9] == [0.0] * 9
-    assert quiet[9:] == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert quiet == seconds([0] * 9 + [5, 6, 7, 8, 9])
     assert torch.rounds == 3  # at 4, 8 and 12 s: every half timeout, not every look
     assert stall.stalled({"gpu-a": quiet[12]}, 8.0)  # type: ignore[no-untyped-call]
     torch.dumps = {0: moved_on(recorded(0), 1), 1: moved_on(recorded(1), 1)}
-    assert quiet_over(found, t0, range(14, 18)) == [10.0, 11.0, 12.0, 0.0]  # round at 16 s
+    assert quiet_over(found, t0, range(14, 18)) == seconds([10, 11, 12, 0])  # round at 16 s
 
 
 def test_a_stuck_rank_that_stops_spinning_stays_quiet(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_base: float) -> None:
     """No busy CPU, no more rounds: the verdict runs out, but the CPU it judged stays judged."""
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
     monkeypatch.setattr(flight, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
-    t0 = time.monotonic() + 100
-    assert quiet_over(found, t0, range(14))[-1] == 9.0  # stuck since 4 s
+    t0 = clock_base + 100
+    assert quiet_over(found, t0, range(14))[-1] == seconds(9)  # stuck since 4 s
     monkeypatch.setattr(pystack, "cpu_ticks", lambda pid: 5)  # blocked now, not spinning
-    assert quiet_over(found, t0, range(14, 40)) == [float(s - 4) for s in range(14, 40)]
+    assert quiet_over(found, t0, range(14, 40)) == seconds(range(10, 36))
     assert torch.rounds == 3
 
 
 @pytest.mark.parametrize("case", ["moving", "nothing open", "no dumps"])
 def test_busy_ranks_stay_progress_unless_their_recorder_shows_them_stuck(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, clock_base: float) -> None:
     """Their collectives move on between rounds (a silent job training); every collective they
     entered completed (computing between two, like rank 2 of the recorded job); or the ranks
     answer no round (their torch does not dump): the busy CPU is progress, as without a Flight
@@ -234,24 +233,25 @@ def test_busy_ranks_stay_progress_unless_their_recorder_shows_them_stuck(
     else:
         monkeypatch.setattr(flight, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
-    t0 = time.monotonic() + 100
-    assert quiet_over(found, t0, range(30)) == [0.0] * 30
+    t0 = clock_base + 100
+    assert quiet_over(found, t0, range(30)) == seconds([0] * 30)
     assert torch.rounds == 7  # asked all along, every 4 s
 
 
-def test_a_line_printed_ends_the_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_line_printed_ends_the_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       clock_base: float) -> None:
     """Output is progress: a node printing more often than half the timeout is never asked."""
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
     monkeypatch.setattr(flight, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
-    t0 = time.monotonic() + 100
+    t0 = clock_base + 100
     for second in range(20):
         if second % 3 == 0:
             with open(tmp_path / "rank-0.log", "a") as log:
                 log.write(f"rank 0 step {second}\n")
         found.look(t0 + second)
         found.flight.wait()
-        assert found.quiet(t0 + second) == 0
+        assert found.quiet(t0 + second) == seconds(0)
     assert torch.rounds == 0
 
 

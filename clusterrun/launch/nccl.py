@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from clusterrun.inventory.ranges import fold
+from clusterrun.remote import timing
 from clusterrun.wire import NcclReport
 
 # How long a host's ranks may take from its first NCCL report to all being initialised before
@@ -171,7 +172,7 @@ class NcclWatch:
     def tick(self, now: float) -> None:
         """While the run goes on: a host whose ranks take too long is shown as it stands."""
         for name, since in self.first_seen.items():
-            if name not in self.shown and now - since > self.patience:
+            if name not in self.shown and timing.over(now, since, self.patience):
                 host = HostNccl(name, self.ranks[name], self.reports[name])
                 self._show(host)
                 for flag in init_flags([host], ended=False, waited=now - since):

@@ -22,6 +22,7 @@ from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import NodeOutcome, failures
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan
+from clusterrun.remote import timing
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
@@ -147,16 +148,17 @@ class Leases(Watcher):
         for name, node in run.nodes.items():
             if node.done:
                 continue
-            quiet = now - run.last_frame.get(name, now)
-            if node.started is None and quiet > START_SECONDS:
+            heard = run.last_frame.get(name, now)
+            quiet = now - heard
+            if node.started is None and timing.over(now, heard, START_SECONDS):
                 run.lose(name, f"its supervisor did not start within {START_SECONDS:g} s")
-            elif quiet > run.plan.lease:
+            elif timing.over(now, heard, run.plan.lease):
                 run.silent.add(name)
                 run.lose(name, f"no word from it for {quiet:.0f} s (host down or network "
                          "partitioned; its supervisor ends the run there when its lease runs "
                          "out)")
-            elif run.stopping_since is not None and now - run.stopping_since > (
-                    run.plan.grace + TEARDOWN_MARGIN):
+            elif run.stopping_since is not None and timing.over(
+                    now, run.stopping_since, run.plan.grace + TEARDOWN_MARGIN):
                 run.lose(name, "it did not confirm the stop in time")
 
 

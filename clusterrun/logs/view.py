@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from clusterrun.console import Printer
 from clusterrun.logs.lines import LineFramer
+from clusterrun.remote import timing
 
 PARTIAL_LINE_SECONDS = 1.0
 _RANK_FILE = re.compile(r"rank-(\d+)\.log$")
@@ -78,7 +79,7 @@ class LogView:
         now = time.monotonic()
         with self._lock:
             for key, framer in self._framers.items():
-                if framer.pending and now - self._touched[key] >= PARTIAL_LINE_SECONDS:
+                if framer.pending and timing.due(now, self._touched[key], PARTIAL_LINE_SECONDS):
                     text = framer.flush()
                     if text is not None:
                         self._emit(*key, text)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory import HostSpec
 from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, RankSample, flag_ranks
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, timing
 from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode
@@ -159,7 +159,7 @@ class Watch:
         self.seq += 1
         for link in self.links:
             if link.proc is None and not link.busy and link.down is not None \
-                    and time.monotonic() - link.tried_at >= RECONNECT:
+                    and timing.due(time.monotonic(), link.tried_at, RECONNECT):
                 threading.Thread(target=link.open, daemon=True).start()
             link.ask(self.seq)
         deadline = time.monotonic() + (self.interval if wait is None else wait)
@@ -182,7 +182,7 @@ class Watch:
             return LOST, link.down
         if link.answered_at is not None:
             return LOST, f"no answer for {now - link.answered_at:.0f} s"
-        if now - link.opened_at > self.ssh.connect_timeout + stale:
+        if timing.over(now, link.opened_at, self.ssh.connect_timeout + stale):
             return LOST, f"no answer for {now - link.opened_at:.0f} s"
         return CONNECTING, ""
 

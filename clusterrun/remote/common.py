@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, timing
 
 POLL = 0.1
 CHUNK = 256 * 1024
@@ -234,7 +234,7 @@ class Writer:
                 self._send(protocol.event_frame(final))
                 self.finished.set()
                 return
-            if time.monotonic() - last >= self.heartbeat:
+            if timing.due(time.monotonic(), last, self.heartbeat):
                 self._send(protocol.event_frame(self.stamp(protocol.HEARTBEAT, {})))
                 last = time.monotonic()
 

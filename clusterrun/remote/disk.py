@@ -8,6 +8,8 @@ directory, while a margin is left: a run is never silently truncated.
 
 import os
 
+from clusterrun.remote import timing
+
 # The margin: looking at every 0.1 s tick of the supervisor (statvfs costs microseconds), a
 # host's ranks writing under 80 MB/s together lose nothing before the stop.
 FLOOR = 8 * 1024 * 1024
@@ -45,7 +47,7 @@ class Watch:
         self.told = False
 
     def check(self, now):
-        if self.told or now < self.next:
+        if self.told or now < self.next - timing.SLACK:  # due at next, rounding aside
             return None
         self.next = now + self.every
         free = free_bytes(self.path)

@@ -16,7 +16,7 @@ completed, no point-to-point operation recorded) while a collective it entered i
 
 import threading
 
-from clusterrun.remote import flight
+from clusterrun.remote import flight, timing
 
 WAIT = 5.0  # seconds a round waits for the ranks' dumps
 # A verdict holds this long past the round after it was due: a rank that stops dumping (its
@@ -47,13 +47,13 @@ class Recorder:
         ranks here have Flight Recorder pipes."""
         self._take()
         if (doubtful and self.round is None
-                and (self.asked is None or now - self.asked >= self.every)):
+                and timing.due(now, self.asked, self.every)):
             self.asked = now
             if flight.armed(self.rundir):
                 self._start(now)
         return {rank: s["since"] for rank, s in self.seen.items()
                 if s["open"] and s["read"] > s["since"]
-                and now - s["read"] <= self.every + HOLD}
+                and timing.within(now, s["read"], self.every + HOLD)}
 
     def _start(self, now):
         got = {"when": now, "records": None}

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 
-from clusterrun.remote import protocol
+from clusterrun.remote import protocol, timing
 
 G = protocol.Gang
 HEARTBEAT = 2.0
@@ -210,12 +210,12 @@ class Hub:
             if status == "waiting" and now > self.connect_by:
                 self.lose(peer, "its supervisor never reached the master")
             elif status == "connected" and conn is not None:
-                if now - conn.last_heard > self.lease:
+                if timing.over(now, conn.last_heard, self.lease):
                     conn.peer = None
                     conn.close()
                     self.lose(peer, "no heartbeat for %d s" % (now - conn.last_heard))
                     continue
-                if now - conn.last_sent >= HEARTBEAT:
+                if timing.due(now, conn.last_sent, HEARTBEAT):
                     conn.send({protocol.OP: G.HEARTBEAT})
                 conn.flush()
 
@@ -320,12 +320,12 @@ class Peer:
                 self._connect()
             return
         quiet = now - self.conn.last_heard
-        if quiet > self.lease:
+        if timing.over(now, self.conn.last_heard, self.lease):
             self.gone = True
             self.conn.close()
             self.lost("no heartbeat for %d s" % quiet)
             return
-        if self.ready and now - self.conn.last_sent >= HEARTBEAT:
+        if self.ready and timing.due(now, self.conn.last_sent, HEARTBEAT):
             self.conn.send({protocol.OP: G.HEARTBEAT})
         self.conn.flush()
 

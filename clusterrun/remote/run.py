@@ -17,7 +17,7 @@ import os
 import signal
 import time
 
-from clusterrun.remote import cgroup, common, gang, launcher, mainloop, procs, protocol
+from clusterrun.remote import cgroup, common, gang, launcher, mainloop, procs, protocol, timing
 
 # Only `from clusterrun.remote import MODULE` is shipped along (transport/shell.py).
 Cause = common.Cause
@@ -252,7 +252,7 @@ class Supervisor:
             self._torchrun_exited()
         now = time.monotonic()
         if (self.own is not None and self.failed_at is not None and self.tree.code is None
-                and now - self.failed_at > self.failure_teardown):
+                and timing.over(now, self.failed_at, self.failure_teardown)):
             self.stop(Cause.RANK_FAILED, self.own["detail"])
         if self.tree.code is not None and not self.cleaning and self.tree.left():
             self.cleaning = True  # torchrun has gone, a daemon a rank forked has not

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from clusterrun.remote import cgroup, common, gpus, procs, protocol, pystack
+from clusterrun.remote import cgroup, common, gpus, procs, protocol, pystack, timing
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -121,7 +121,7 @@ class LogRate:
                     self.lines += chunk.count(b"\n")
                     self.offset += len(chunk)
         self.history.append((now, self.lines))
-        while len(self.history) > 2 and now - self.history[1][0] >= RATE_WINDOW:
+        while len(self.history) > 2 and timing.due(now, self.history[1][0], RATE_WINDOW):
             self.history.pop(0)
         first_t, first_n = self.history[0]
         rate = (self.lines - first_n) * 60.0 / (now - first_t) if now > first_t else None
@@ -203,7 +203,7 @@ class Sampler:
         self.logs = {r: LogRate(os.path.join(self.rundir, "rank-%d.log" % r))
                      for r in self.ranks}
         self.pids = {}  # rank -> (pid, start time)
-        self.scanned = 0.0
+        self.scanned = None  # when the ranks were last looked for (None: never)
         self.gpu = GpuPoll()
         self.gpu.poke()
         self.last = None  # (monotonic, host busy, host total, net, {pid: jiffies})
@@ -213,7 +213,7 @@ class Sampler:
         gone = [r for r, (pid, start) in self.pids.items() if procs.start_time(pid) != start]
         for rank in gone:
             del self.pids[rank]
-        if len(self.pids) < len(self.ranks) and now - self.scanned >= RESCAN:
+        if len(self.pids) < len(self.ranks) and timing.due(now, self.scanned, RESCAN):
             self.scanned = now
             for rank, pid in pystack.find_ranks(self.rundir, rank_roots(state)).items():
                 if rank in self.logs:

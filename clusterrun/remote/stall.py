@@ -23,7 +23,7 @@ import os
 import threading
 import time
 
-from clusterrun.remote import flight, flightwatch, protocol, pystack, userframe
+from clusterrun.remote import flight, flightwatch, protocol, pystack, timing, userframe
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 REPORT = 2.0  # seconds between reports of this node's quiet time
@@ -42,7 +42,7 @@ def stalled(quiet, timeout):
     """THE rule: a watchdog that is on, every node heard from, and none of them has had a rank
     make progress for ``timeout`` seconds. ``quiet``: node -> seconds (None: not heard yet)."""
     return (timeout > 0 and bool(quiet)
-            and all(q is not None and q >= timeout for q in quiet.values()))
+            and all(q is not None and q >= timeout - timing.SLACK for q in quiet.values()))
 
 
 class Progress:
@@ -58,8 +58,8 @@ class Progress:
         self.sizes = {}
         self.cpu = {}  # pid -> (ticks, when)
         self.ranks = {}
-        self.looked = 0.0
-        self.found_at = 0.0
+        self.looked = None  # when the last look was (None: none yet)
+        self.found_at = None  # when the ranks were last looked for
         self.waiting = {}  # pid -> (when, in a collective)
         self.io = {}  # pid -> bytes read and written, at the last look
         self.io_wait = {}  # pid -> since when it sits in state D with no byte moving
@@ -75,13 +75,14 @@ class Progress:
         return max(0.0, now - self.last)
 
     def look(self, now):
-        if now - self.looked < LOOK:
+        if not timing.due(now, self.looked, LOOK):
             return
         self.looked = now
         moved = self._output()
         # Walking /proc is the costly part: only when a rank is gone, none is known yet, or
         # now and then (a rank that a launcher restarted keeps no pid).
-        if ((not self.ranks and now - self.found_at > 2) or now - self.found_at > FIND_EVERY
+        if (self.found_at is None or (not self.ranks and timing.over(now, self.found_at, 2))
+                or timing.over(now, self.found_at, FIND_EVERY)
                 or any(pystack.proc_state(p) is None for p in self.ranks.values())):
             self.ranks = pystack.find_ranks(self.rundir, self.roots())
             self.found_at = now
@@ -103,7 +104,8 @@ class Progress:
             self.busy_at[rank] = now
         # Busy CPU alone for a while: the ranks' Flight Recorders (if any) say whether it is
         # NCCL's spinning. A rank stuck in a collective since S counted only up to S.
-        stuck = self.flight.stuck(now, bool(busy) and now - self.last_other >= self.flight.every)
+        stuck = self.flight.stuck(
+            now, bool(busy) and timing.due(now, self.last_other, self.flight.every))
         for rank, since in stuck.items():
             if rank in self.busy_at:
                 self.busy_at[rank] = min(self.busy_at[rank], since)
@@ -122,7 +124,7 @@ class Progress:
             self.io_wait.pop(pid, None)
             return False
         since = self.io_wait.setdefault(pid, now)
-        return now - since < IO_WAIT_MAX
+        return not timing.due(now, since, IO_WAIT_MAX)
 
     def _output(self):
         moved = False
@@ -157,7 +159,7 @@ class Progress:
         if self.pyspy is None:
             return False
         seen = self.waiting.get(pid)
-        if seen is None or now - seen[0] > self.stack_age:
+        if seen is None or timing.over(now, seen[0], self.stack_age):
             threads, _error = pystack.dump(self.pyspy, pid, tries=1)
             main = userframe.main_thread(threads) or {}
             frames, active = main.get("frames") or [], main.get("active")

@@ -23,6 +23,7 @@ from clusterrun.remote import (
     pystack,
     stall,
     stallreport,
+    timing,
     watcher,
 )
 
@@ -65,7 +66,7 @@ class Watch(watcher.Watcher):
                  or shipped(node.rundir))
         self.progress = stall.Progress(node.rundir, node.roots, pyspy,
                                        self.timeout or protocol.STALL_TIMEOUT)
-        self.reported = 0.0
+        self.reported = None  # when this node's quiet time was last reported
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)
         self.fired = False
         self.gathering = None  # hub: (deadline, {node: ranks})
@@ -87,11 +88,11 @@ class Watch(watcher.Watcher):
     def tick(self, now):
         if self.timeout <= 0 or not self.node.running():
             return
-        if self.progress.pyspy is None and now - self.spy_looked > stall.FIND_EVERY:
+        if self.progress.pyspy is None and timing.over(now, self.spy_looked, stall.FIND_EVERY):
             self.spy_looked = now  # a `clusterrun stacks` may have shipped one since
             self.progress.pyspy = shipped(self.node.rundir)
         self.progress.look(now)
-        if now - self.reported >= stall.REPORT:
+        if timing.due(now, self.reported, stall.REPORT):
             self.reported = now
             quiet = round(self.progress.quiet(now), 1)
             if self.node.peer is not None:
