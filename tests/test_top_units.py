@@ -71,8 +71,24 @@ def rundir(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.fixture
+def smi_path(tmp_path: Path) -> str:
+    """A PATH with the fake nvidia-smi first, run by this interpreter: through its own
+    ``#!/usr/bin/env python3`` it may start a version manager's shim (pyenv's takes a lock),
+    and a loaded machine then runs past the sampler's limit for an answer."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    fake = folder / "nvidia-smi"
+    body = (FAKES / "nvidia-smi").read_text().split("\n", 1)[1]
+    fake.write_text(f"#!{sys.executable} -S\n{body}")
+    fake.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
 def gpus_of(sampler: Sampler) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 15
+    """The GPUs of the first sample that has them: nvidia-smi runs on the sampler's own thread,
+    so the first samples may come before its first answer. Bounded only against a hang."""
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         found: list[dict[str, Any]] = sampler.sample()["host"]["gpus"] or []
         if found:
@@ -81,9 +97,10 @@ def gpus_of(sampler: Sampler) -> list[dict[str, Any]]:
     raise AssertionError("no GPU figures from the fake nvidia-smi")
 
 
-def test_the_sampler_reads_gpus_from_nvidia_smi(gpu_state: Path, rundir: Path) -> None:
+def test_the_sampler_reads_gpus_from_nvidia_smi(gpu_state: Path, rundir: Path,
+                                                smi_path: str) -> None:
     sampler = Sampler({"rundir": str(rundir), "interface": "lo", "ranks": [0, 0]},
-                      {"PATH": f"{FAKES}:{os.environ['PATH']}",
+                      {"PATH": smi_path,
                        "FAKE_NVIDIA_SMI_STATE": str(gpu_state)})
     try:
         first, second = gpus_of(sampler)
@@ -104,13 +121,12 @@ def test_the_sampler_reads_gpus_from_nvidia_smi(gpu_state: Path, rundir: Path) -
 
 
 def test_an_old_driver_without_throttle_reasons_still_gives_the_rest(
-        gpu_state: Path, rundir: Path) -> None:
+        gpu_state: Path, rundir: Path, smi_path: str) -> None:
     state = json.loads(gpu_state.read_text())
     state["unsupported"] = ["clocks_throttle_reasons.active"]
     gpu_state.write_text(json.dumps(state))
     sampler = Sampler({"rundir": str(rundir), "interface": "lo", "ranks": [0, 0]},
-                      {"PATH": f"{FAKES}:{os.environ['PATH']}",
-                       "FAKE_NVIDIA_SMI_STATE": str(gpu_state)})
+                      {"PATH": smi_path, "FAKE_NVIDIA_SMI_STATE": str(gpu_state)})
     try:
         first = gpus_of(sampler)[0]
         assert first["util_percent"] == 97 and first["throttle"] is None
@@ -135,10 +151,31 @@ def test_lines_per_minute_counts_what_a_log_gained(rundir: Path) -> None:
         # monotonic clock). Exact however long each step took on a loaded machine.
         slowest, fastest = 30 * 60 / (answered - began), 30 * 60 / (asked - counting)
         assert slowest - 0.1 <= rank["lines_per_min"] <= fastest + 0.1, (slowest, rank, fastest)
-        assert rank["last_line"] == "line 29" and rank["silent_s"] < 5
+        # Silent since the lines were written: at most the time from then to the answer.
+        since_written = time.time() - (rundir / "rank-0.log").stat().st_mtime
+        assert rank["last_line"] == "line 29" and 0 <= rank["silent_s"] <= since_written + 0.1
         assert sampler.sample()["host"]["gpus"] is None  # no nvidia-smi on this PATH
     finally:
         sampler.close()
+
+
+def test_the_rate_is_over_the_last_minute_at_any_clock(tmp_path: Path, clock_base: float) -> None:
+    """Lines per minute count over the looks of the last RATE_WINDOW seconds, whatever the clock
+    reads: a burst of 30 lines before the look at 2 s, then 5 lines before each look, every 2 s.
+    At 62 s the look at 0 s, 62 s back, has left the window (the one at 2 s is exactly 60 s back,
+    float rounding aside): 150 lines in the last minute, not 180 in 62 s."""
+    from clusterrun.remote import sampler
+
+    log = tmp_path / "rank-0.log"
+    log.write_text("starting\n")
+    rate = sampler.LogRate(str(log))  # type: ignore[no-untyped-call]
+    t0 = clock_base + 100
+    rate.look(t0)
+    for look in range(1, 32):
+        with log.open("a") as out:
+            out.write("step\n" * (30 if look == 1 else 5))
+        got = rate.look(t0 + 2 * look)
+    assert got["lines_per_min"] == pytest.approx(150.0)
 
 
 def ranks(*rates: float, silent: tuple[float, ...] = ()) -> list[RankSample]:
