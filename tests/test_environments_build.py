@@ -20,8 +20,9 @@ import pytest
 from tests.conftest import REPO
 
 LOCK = "0123456789abcdef"
-# venv DIR: a pyvenv.cfg; pip install ... --python DIR/bin/python ... -r LOCK: a dist-info per
-# line, after FAKE_UV_SLEEP seconds. Each call is logged, so a test counts builds.
+# venv DIR: a pyvenv.cfg; pip install ... --python DIR/bin/python ... -r LOCK: writes its pid to
+# DIR/started, waits for the file FAKE_UV_GATE if one is named, then a dist-info per line. Each
+# call is logged, so a test counts builds.
 FAKE_UV = r"""#!/bin/sh
 echo "$1" >> "$FAKE_UV_LOG"
 last() { for a in "$@"; do :; done; echo "$a"; }
@@ -36,8 +37,10 @@ for a in "$@"; do
   [ "$prev" = -r ] && lock=$a
   prev=$a
 done
-touch "$env/started"
-sleep "${FAKE_UV_SLEEP:-0}"
+echo $$ > "$env/started.tmp" && mv "$env/started.tmp" "$env/started"
+if [ -n "$FAKE_UV_GATE" ]; then
+  while [ ! -e "$FAKE_UV_GATE" ]; do sleep 0.02; done
+fi
 while read -r line; do
   name=${line%%==*}; version=${line#*==}
   mkdir "$env/lib/python3.11/site-packages/$name-$version.dist-info"
@@ -68,10 +71,11 @@ def request_(tmp_path: Path) -> dict[str, Any]:
             "expected": ["alpha==1.0", "beta==2.0"], "python": "3.11.2"}
 
 
-def start(req: dict[str, Any], tmp_path: Path, sleep: float = 0,
+def start(req: dict[str, Any], tmp_path: Path, gate: Path | None = None,
           payload: bytes = b"") -> subprocess.Popen[bytes]:
+    """pyenv.py run as a host runs it; its uv installs nothing until ``gate`` exists."""
     env = dict(os.environ, FAKE_UV_LOG=str(tmp_path / "uv.log"), FAKE_PY="3.11.2",
-               FAKE_UV_SLEEP=str(sleep), PYTHONPATH=str(REPO))
+               FAKE_UV_GATE=str(gate or ""), PYTHONPATH=str(REPO))
     code = "import sys; from clusterrun.remote import pyenv; pyenv.main(sys.stdin.buffer)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
@@ -94,17 +98,36 @@ def builds(tmp_path: Path) -> int:
 
 
 def wait_for(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    end = time.monotonic() + 30
+    end = time.monotonic() + 60  # only against a hang
     while not path.exists():
         assert proc.poll() is None and time.monotonic() < end, "the build never started"
         time.sleep(0.02)
 
 
+def waits_for_a_lock(pid: int) -> bool:
+    """Whether the process is blocked taking a file lock (a ``->`` line of /proc/locks)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        words = line.split()
+        if len(words) > 5 and words[1] == "->" and words[5] == str(pid):
+            return True
+    return False
+
+
 def test_two_builds_at_once_build_once(request_: dict[str, Any], tmp_path: Path) -> None:
-    first = start(request_, tmp_path, sleep=1)
+    """The second build starts while the first holds the lock mid-build (its uv waits for the
+    gate), and is seen blocked on that lock before the gate opens: it finds the environment
+    only by looking again once it holds the lock."""
+    gate = tmp_path / "gate"
+    first = start(request_, tmp_path, gate)
     envs = Path(request_["workdir"]) / "envs"
     wait_for(envs / f".tmp-{LOCK}-{first.pid}" / "started", first)
-    second = start(request_, tmp_path)
+    second = start(request_, tmp_path, gate)
+    end = time.monotonic() + 60  # only against a hang: each step is waited for
+    while not waits_for_a_lock(second.pid):
+        assert second.poll() is None and time.monotonic() < end, "the second never waited"
+        time.sleep(0.02)
+    assert builds(tmp_path) == 1
+    gate.touch()
     one, two = answer(first), answer(second)
     assert builds(tmp_path) == 1
     assert one["built"] is True and two["built"] is False  # it waited, then found it done
@@ -114,10 +137,13 @@ def test_two_builds_at_once_build_once(request_: dict[str, Any], tmp_path: Path)
 
 
 def test_a_killed_build_leaves_nothing_used(request_: dict[str, Any], tmp_path: Path) -> None:
-    proc = start(request_, tmp_path, sleep=30)
+    proc = start(request_, tmp_path, tmp_path / "never")
     envs = Path(request_["workdir"]) / "envs"
-    wait_for(envs / f".tmp-{LOCK}-{proc.pid}" / "started", proc)
-    proc.send_signal(signal.SIGKILL)
+    started = envs / f".tmp-{LOCK}-{proc.pid}" / "started"
+    wait_for(started, proc)
+    uv = int(started.read_text())
+    proc.send_signal(signal.SIGKILL)  # the host's build, and its uv with it (a lost session)
+    os.kill(uv, signal.SIGKILL)
     proc.wait(10)
     assert not (envs / LOCK).exists()  # half-built: never under the lock's name
     status = answer(start({"op": "status", "workdir": request_["workdir"], "lock": LOCK},
