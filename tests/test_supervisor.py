@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -232,6 +233,14 @@ def wait_ended(req: dict[str, Any], timeout: float) -> dict[str, Any]:
     raise AssertionError(f"{req['node']} did not end: {state_of(req)}")
 
 
+def wait_state(req: dict[str, Any], ready: Callable[[dict[str, Any]], bool]) -> None:
+    """Until the node's state.json shows what ``ready`` wants (bounded only against a hang)."""
+    deadline = time.monotonic() + 60
+    while not ready(state_of(req)):
+        assert time.monotonic() < deadline, state_of(req)
+        time.sleep(0.05)
+
+
 def test_detached_gang_stops_everyone_when_a_worker_fails(tmp_path: Path, mark: str) -> None:
     hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100", 1: "sleep 100"},
                                       {2: "sleep 1; exit 3", 3: "sleep 100"})
@@ -249,7 +258,11 @@ def test_detached_gang_stops_everyone_when_a_worker_fails(tmp_path: Path, mark: 
 
 def test_detached_gang_loses_a_crashed_worker(tmp_path: Path, mark: str) -> None:
     hub_req, peer_req, _ = start_gang(tmp_path, mark, {0: "sleep 100"}, {1: "sleep 100"})
-    time.sleep(0.5)
+    wait_state(hub_req, lambda state: (state.get("peers") or {}).get("n1") == "connected")
+    deadline = time.monotonic() + 60  # and its rank is running: only against a hang
+    while not any(_cmdline(pid) == b"sleep\x00100\x00" for pid in _tree_of(peer_req)):
+        assert time.monotonic() < deadline, "the worker's rank never started"
+        time.sleep(0.05)
     # The worker's host crashes: everything of it dies at once. Frozen first, so that no
     # process of it sees another die (a supervisor that outlives its rank by a moment tells
     # the hub of the rank's failure: not a crash).
@@ -274,6 +287,13 @@ def test_detached_peer_with_the_wrong_secret_is_refused(tmp_path: Path, mark: st
     assert hub["root_cause"]["node"] == "n1" and "never reached" in hub["root_cause"]["detail"]
     assert peer["cause"] == "peer_lost"
     assert wait_gone(mark, 10) == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it exited since it was listed
+        return b""
 
 
 def _tree_of(req: dict[str, Any]) -> set[int]:

@@ -154,6 +154,7 @@ class Hub:
         elif op == G.ENDED:
             peer = conn.peer
             self.peers[peer] = "ended"
+            self._recorded()
             conn.close()
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
@@ -171,6 +172,7 @@ class Hub:
         conn.peer = who
         self.peers[who] = "connected"
         self.conns[who] = conn
+        self._recorded()
         conn.send({protocol.OP: G.WELCOME, "mac": mac(self.secret, msg.get("nonce"), self.name)})
         if self.root_cause is not None:
             conn.send({protocol.OP: G.STOP, "root_cause": self.root_cause})
@@ -182,6 +184,7 @@ class Hub:
     def lose(self, peer, why):
         self.peers[peer] = "lost"
         self.conns.pop(peer, None)
+        self._recorded()
         self.record({"node": peer, "rank": None, "code": None, "signal": None,
                      "detail": "%s was lost: %s" % (peer, why), "lost": True})
 
@@ -225,6 +228,11 @@ class Hub:
 
     def summary(self):
         return dict(self.peers)
+
+    def _recorded(self):
+        """The master's state.json says where each worker stands as it changes (connected,
+        ended, lost), not only once the run has ended."""
+        self.sup.state(peers=self.summary())
 
 
 class Peer:
