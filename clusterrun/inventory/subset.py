@@ -13,6 +13,9 @@ from clusterrun.inventory.hosts import AUTO, HostSpec, Inventory
 def _nodes(text: str, option: str, inv: Inventory) -> set[str]:
     from ClusterShell.NodeSet import NodeSet, NodeSetException
 
+    if ranges.at_most(text) > ranges.MAX_HOSTS:
+        raise UsageError(f"{option} {text!r} stands for more than {ranges.MAX_HOSTS} hosts; no "
+                         "inventory has that many.")
     try:
         nodes = set(NodeSet(text))
     except (NodeSetException, ValueError) as exc:

@@ -22,6 +22,40 @@ class Located:
     line: int
 
 
+# An inventory is a few levels deep (hosts, a host, its env); PyYAML composes and this module
+# converts a node by recursion, so a file of 1,000 `[` would end in a RecursionError.
+MAX_DEPTH = 32
+ANCHORS_FIX = "write the value out; anchors and aliases are not supported"
+
+
+class _Refused(Exception):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.message = line, message
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors (``&a``) and aliases (``*a``) as the parser meets them,
+    before anything is composed: an alias makes a graph of a tree, so nine levels of nine
+    aliases in 256 bytes stand for 387 million values, and ``&a [*a]`` for an endless one."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _Refused(line, f"a YAML anchor or alias (&name, *name): {ANCHORS_FIX}.")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Refused(line, f"values nested more than {MAX_DEPTH} levels deep; an "
+                           "inventory is hosts, a host and its settings. Check the brackets "
+                           "and indentation.")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
 
 def load(path: Path) -> Located:
     """Parse ``path``; raise InventoryError for a missing file, bad YAML or a duplicate key."""
@@ -45,7 +79,9 @@ def load(path: Path) -> Located:
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {exc}.") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_Loader)
+    except _Refused as exc:
+        raise InventoryError(f"{path}:{exc.line}: {exc.message}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -100,6 +136,15 @@ def _convert(path: Path, node: yaml.Node) -> Located:
         return Located(str(node.value), line)
     try:
         value = yaml.SafeLoader("").construct_object(node, deep=True)
+        if isinstance(value, int):
+            str(value)  # a 0x... of thousands of digits: too long to print in any message
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path}:{line}: cannot read this value: {exc}.") from None
+    # An explicit tag (`!!int ''`, `!!bool maybe`) hands the text to int(), float() or a dict
+    # lookup as it is.
+    except (ArithmeticError, LookupError, ValueError, TypeError):
+        tag = str(node.tag).rsplit(":", 1)[-1]
+        shown = str(node.value) if len(str(node.value)) <= 40 else str(node.value)[:40] + "..."
+        raise InventoryError(f"{path}:{line}: cannot read {shown!r} as a YAML {tag}. Write "
+                             "a plain string, number, true or false.") from None
     return Located(value, line)

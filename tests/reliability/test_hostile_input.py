@@ -12,11 +12,13 @@ evaluated it; no such file may appear on any host or on this machine.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,134 @@ def test_a_hostile_interface_name_is_listed_as_is_and_never_run(
     assert cp.returncode == 3, cp.stdout + cp.stderr
     assert f"interface {hostile_decoy!r} is down on {DECOY_HOST}" in cp.stdout, cp.stdout
     no_payload_ran(cluster, names, tmp_path)
+
+
+# ------------------------------------------------------------------ YAML that expands
+# An alias makes a graph of the YAML tree: nine levels of nine aliases in a few hundred bytes
+# stand for 387 million values, and `&a [*a]` for an endless one. Composing such a file is cheap
+# (the aliases are shared nodes); converting it is what never ends. So these tests count the
+# values converted (none may be, once the file is refused) rather than trust a clock on a
+# loaded machine; `timed` keeps a generous bound only so a regression fails instead of hanging.
+
+def _bomb(under_env: bool) -> str:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    if under_env:
+        return "hosts:\n  - host: h1\n    env:\n" + "".join(f"      {lv}\n" for lv in levels)
+    return "\n".join(levels) + "\nhosts:\n  - host: h1\n"
+
+
+ALIASES = {
+    "recursive": ("hosts:\n  - host: h1\n    env: &a [*a]\n", 3),
+    "bomb": (_bomb(under_env=False), 1),
+    "bomb-under-env": (_bomb(under_env=True), 4),
+    "merge-key": ("defaults: &d\n  user: root\nhosts:\n  - host: h1\n    <<: *d\n", 1),
+    "alias-only": ("hosts:\n  - host: h1\n  - *h\n", 3),
+}
+
+
+@pytest.fixture
+def converted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many YAML values were converted; fails the test past 100,000, so a file that expands
+    without end fails here instead of hanging."""
+    from clusterrun.inventory import yaml_lines
+
+    made = [0]
+
+    class Counted(yaml_lines.Located):
+        def __init__(self, value: Any, line: int) -> None:
+            made[0] += 1
+            assert made[0] < 100_000, "the inventory's YAML is being expanded"
+            super().__init__(value, line)
+
+    monkeypatch.setattr(yaml_lines, "Located", Counted)
+    return made
+
+
+@pytest.mark.parametrize("case", list(ALIASES))
+def test_yaml_anchors_and_aliases_are_refused_before_anything_is_expanded(
+        tmp_path: Path, case: str, converted: list[int], timed: Timed,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import run_main
+
+    text, line = ALIASES[case]
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    assert len(text.encode()) < 600
+    with timed(f"YAML aliases ({case}): refused", 10):
+        code, out, err = run_main(capsys, "hosts", str(path))
+    assert (code, out) == (2, ""), err
+    assert err.startswith(f"clusterrun: error: {path}:{line}: "), err
+    assert "anchors and aliases are not supported" in err and "write the value out" in err
+    assert "Traceback" not in err
+    assert converted[0] == 0  # refused while parsing: nothing was built from it
+
+
+def test_deep_nesting_is_refused_with_its_line(tmp_path: Path, converted: list[int]) -> None:
+    from clusterrun import inventory
+    from clusterrun.errors import InventoryError
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  - host: h1\n    env: " + "[" * 5000 + "\n")
+    with pytest.raises(InventoryError, match=r"inv.yaml:3: values nested more than 32 levels"):
+        inventory.load(path)
+    assert converted[0] == 0
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ('!!int ""', "'' as a YAML int"),
+    ("!!bool maybe", "'maybe' as a YAML bool"),
+    ("!!float one", "'one' as a YAML float"),
+    ("0x" + "f" * 4000, "as a YAML int"),  # hex has no digit limit; printing it in decimal has
+    ('!!python/name:os.system ""', "cannot read this value"),
+])
+def test_a_tagged_value_that_cannot_be_built_is_refused_with_its_line(
+        tmp_path: Path, value: str, shown: str) -> None:
+    from clusterrun import inventory
+    from clusterrun.errors import InventoryError
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"hosts:\n  - host: h1\n    port: {value}\n")
+    with pytest.raises(InventoryError) as info:
+        inventory.load(path)
+    assert info.value.message.startswith(f"{path}:3: "), info.value.message
+    assert shown in info.value.message
+
+
+@pytest.mark.parametrize(("hosts", "words"), [
+    ("  - host: n[1-100000000]\n", "stands for more than 4096 hosts"),
+    ("  - host: n[1-10000]m[1-10000]\n", "stands for more than 4096 hosts"),
+    ("".join(f"  - host: r{i}-[1-4000]\n" for i in range(50)), "more than 4096 hosts in all"),
+])
+def test_a_range_too_large_is_refused_without_expanding_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: str, words: str) -> None:
+    """NodeSet builds every name before it can count them (ten seconds and gigabytes for
+    n[1-100000000]): a range past the limit must be refused before NodeSet sees it; fifty
+    ranges each within it, before all their hosts are validated."""
+    from ClusterShell import NodeSet as nodeset
+
+    from clusterrun import inventory
+    from clusterrun.errors import InventoryError
+
+    load_module = importlib.import_module("clusterrun.inventory.load")
+    real, built, validated = nodeset.NodeSet, [], [0]
+
+    def counted(text: str) -> object:
+        built.append(text)
+        assert len(built) < 100, "a range past the limit was expanded"
+        assert "100000000" not in text and "[1-10000]" not in text, "expanded: " + text
+        return real(text)
+
+    real_host = load_module._host
+
+    def host(*args: object, **kwargs: object) -> object:
+        validated[0] += 1
+        return real_host(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nodeset, "NodeSet", counted)
+    monkeypatch.setattr(load_module, "_host", host)
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n" + hosts)
+    with pytest.raises(InventoryError, match=words):
+        inventory.load(path)
+    assert validated[0] == 0
