@@ -192,9 +192,7 @@ def test_measure_is_bounded_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     sessions: dict[str, Any] = {n: FakeSession(n, log, _rate(12), delay=0.3)
                                 for n in ("w1", "w2", "w3")}
     sessions["m"] = FakeSession("m", log)
-    start = time.monotonic()
-    bandwidth.measure(reports, sessions, "10.0.0.1")
-    assert time.monotonic() - start < 1.0
+    bandwidth.measure(reports, sessions, "10.0.0.1")  # bounded: w3 is not measured
     assert _check(reports[1])[1].startswith("12.00 Gbit/s")
     assert _check(reports[2])[1].startswith("12.00 Gbit/s")
     assert _check(reports[3]) == (True, "warning: not measured: the measurement's 0 s were spent "
@@ -227,9 +225,9 @@ def test_send_for_a_time_then_the_receiver_counts(sink: throughput.Sink) -> None
 
 
 def test_send_for_stops_at_max_bytes(sink: throughput.Sink) -> None:
-    result = throughput.send_for("127.0.0.1", sink.port, seconds=30, max_bytes=3_000_001)
+    # An hour: a send that went on past max_bytes would run into pytest's own timeout.
+    result = throughput.send_for("127.0.0.1", sink.port, seconds=3600, max_bytes=3_000_001)
     assert result["ok"] and result["bytes"] == result["sent"] == 3_000_001
-    assert result["seconds"] < 5
 
 
 def test_send_for_refused_port() -> None:
@@ -246,15 +244,12 @@ def test_send_for_a_receiver_that_stops_reading_is_bounded() -> None:
         server.listen()
         accepted: list[socket.socket] = []
         threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
-        start = time.monotonic()
-        result = throughput.send_for("127.0.0.1", server.getsockname()[1], seconds=30,
-                                     timeout=0.5)
-        took = time.monotonic() - start
+        result = throughput.send_for("127.0.0.1", server.getsockname()[1], seconds=3600,
+                                     timeout=0.5)  # an hour: only the stall may end it
         for conn in accepted:
             conn.close()
     assert not result["ok"] and result["stage"] == "send", result
     assert "no progress for 0.5 s" in result["error"]
-    assert took < 5
 
 
 def test_sink_in_a_busy_probe_state_is_reused() -> None:

@@ -68,16 +68,16 @@ def test_a_stuck_host_times_out_without_holding_the_others() -> None:
 
     def fn(spec: HostSpec) -> str:
         if spec.name == "h1":
-            release.wait(30)
+            release.wait()  # until the results are in: a run that waited for it never returns
         return "ok"
 
-    start = time.monotonic()
-    results = parallel.run(fn, hosts(3), deadline=0.5)
-    assert time.monotonic() - start < 5  # the stuck host's 30 s are never waited for
+    try:
+        results = parallel.run(fn, hosts(3), deadline=0.5)
+    finally:
+        release.set()
     assert [r.ok for r in results] == [True, False, True]
     assert results[1].failure is not None
     assert results[1].failure.outcome is Outcome.COMMAND_TIMEOUT
-    release.set()
 
 
 def test_fanout_bounds_concurrency() -> None:
