@@ -92,7 +92,8 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
 @ssh_options
 def ps(as_json: bool, local_only: bool, connect_timeout: float,
        accept_new_host_keys: bool) -> None:
-    """List runs, newest first: id, name, state, hosts, start time, duration.
+    """List runs, newest first: run id (it holds the script's name), state, start time,
+    duration, hosts (`--json` gives the name apart).
 
     States: running, succeeded, failed, stopped, lost (a node or the controller was lost). A
     restarted run shows its attempt, e.g. running (attempt 2/3), and the current attempt's
