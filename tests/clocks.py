@@ -41,7 +41,7 @@ def offset_clock(monkeypatch: pytest.MonkeyPatch, base: float) -> Callable[[], f
     return real
 
 
-@pytest.fixture(params=BASES, ids=lambda base: f"clock{base:.0f}")
+@pytest.fixture(params=BASES, ids=lambda base: f"clock{int(base)}")
 def clock_base(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
     base = float(request.param)
     offset_clock(monkeypatch, base)

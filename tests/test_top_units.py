@@ -231,7 +231,8 @@ def test_the_view_shows_a_stalled_run_and_a_lost_host() -> None:
 
 
 def test_top_follows_a_restarted_run_to_its_new_hosts(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      clock_base: float) -> None:
     from clusterrun.observe import watch as watching
     from clusterrun.runs import attempts, store
     from clusterrun.transport import SshOptions

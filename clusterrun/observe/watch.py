@@ -41,7 +41,7 @@ class Link:
         self.answered_at: Optional[float] = None  # monotonic
         self.opened_at = time.monotonic()
         self.down: Optional[str] = None  # why it is not connected, once it failed
-        self.tried_at = 0.0
+        self.tried_at: Optional[float] = None  # when a connection was last tried (None: never)
         self.busy = False  # connecting right now
         self.stderr = bytearray()  # the sampler's last words, for a lost host's reason
         self.answered = threading.Condition()
