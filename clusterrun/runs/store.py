@@ -98,8 +98,9 @@ def check_home(home: Path, *, write: bool) -> None:
         if st.st_uid != os.geteuid():
             raise _foreign(home, path, st.st_uid)
     if write and not _exists(home, home):
-        # Nothing is created before a run is: a failed preflight or a dry run leaves no trace.
-        # The nearest existing parent must let this user create the home later.
+        # Not created here: a failed preflight or a dry run records no run (they may still
+        # write cache/ and local-nodes/). The nearest existing parent must let this user
+        # create the home later.
         parent = home.parent
         while not _exists(parent, home) and parent != parent.parent:
             parent = parent.parent
