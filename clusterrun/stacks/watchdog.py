@@ -9,6 +9,9 @@ journal (``ps`` shows ``stalled``, summary.json keeps it).
 When no rank stands out, the hosts' links are tested again first (stacks/links.py): a host
 whose links fail is the root cause.
 One report per stall: the run must move again (``resumed``) before another one.
+What it saw is kept in the attempt's folder when the attempt ends (``watch.json``: per node,
+how many progress reports came and the longest quiet time one said), so a run that was never
+called stalled shows it was watched.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from clusterrun.plan.model import LaunchPlan
 from clusterrun.remote import protocol, stall, stallreport
 from clusterrun.remote.protocol import OP, Lifeline
 from clusterrun.runs.journal import Journal
-from clusterrun.runs.store import RunDir
+from clusterrun.runs.store import RunDir, write_json
 from clusterrun.stacks import links
 from clusterrun.stacks.collect import collect
 from clusterrun.stacks.model import Collected, as_sent
@@ -44,8 +47,10 @@ class Watchdog:
     def __init__(self, run: RunDir, nodes: list[str], timeout: float, ssh: SshOptions, *,
                  to_node: Callable[[Optional[str], dict[str, Any]], None],
                  say: Callable[[str], None], stop_run: bool = False,
-                 record: Callable[[Optional[dict[str, Any]]], None]) -> None:
+                 record: Callable[[Optional[dict[str, Any]]], None],
+                 kept: Optional[RunDir] = None) -> None:
         self.run = run
+        self.kept = kept  # the attempt's folder, where close() writes watch.json
         self.timeout = timeout
         self.ssh = ssh
         self.to_node = to_node  # None: the master
@@ -53,6 +58,8 @@ class Watchdog:
         self.say = say
         self.record = record  # the report when it fires, None when the run moves again
         self.quiet: dict[str, Optional[tuple[float, float]]] = dict.fromkeys(nodes)
+        self.seen: dict[str, dict[str, float]] = {n: {"reports": 0, "longest_quiet": 0.0}
+                                                  for n in nodes}
         self.fired = False
         self.busy: Optional[threading.Thread] = None
         # The report is made on its own thread (collecting stacks takes seconds): once the
@@ -64,10 +71,22 @@ class Watchdog:
         """The attempt ended: a report still being made is dropped, never printed after the
         attempt's end (nor recorded, nor sent to a node that has stopped)."""
         with self.speaking:
+            if self.closed:
+                return
             self.closed = True
+        if self.kept is None:
+            return
+        try:
+            write_json(self.kept.file("watch.json"), {"timeout": self.timeout,
+                                                      "nodes": self.seen})
+        except OSError:  # a full disk: the run's own record matters more than this one
+            return
 
     def update(self, node: str, quiet: float, arrived: float) -> None:
         self.quiet[node] = (quiet, arrived)
+        seen = self.seen.setdefault(node, {"reports": 0, "longest_quiet": 0.0})
+        seen["reports"] += 1
+        seen["longest_quiet"] = max(seen["longest_quiet"], quiet)
 
     def ended(self, node: str) -> None:
         """A node whose ranks have all ended makes no more progress."""
@@ -146,4 +165,5 @@ def for_session(plan: LaunchPlan, folder: RunDir, journal: Journal,
 
     return Watchdog(run, [n.name for n in plan.nodes], plan.stall_timeout, ssh,
                     to_node=lambda node, op: send(node or master, op),
-                    say=say, record=record, stop_run=plan.on_stall == protocol.STALL_STOP)
+                    say=say, record=record, stop_run=plan.on_stall == protocol.STALL_STOP,
+                    kept=folder)
