@@ -63,8 +63,9 @@ def load(path: Path) -> Located:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InventoryError(
-            f"{path}: no such inventory file. Pass the path of a YAML inventory "
-            "(see inventories/ for examples, or `clusterrun sandbox up 2` to make one)."
+            f"{path}: no such inventory file. Pass the path of a YAML inventory; the smallest "
+            "is one line naming the hosts as ssh reaches them, `hosts: [{host: gpu-a}, "
+            "{host: gpu-b}]` (every key: docs/inventory.md)."
         ) from None
     except IsADirectoryError:
         found = sorted(p.name for p in path.glob("*.y*ml"))[:3]
