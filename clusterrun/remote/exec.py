@@ -72,7 +72,7 @@ class Exec:
                 continue  # caught only to wake the loop the moment the command exits
             self.stop(Cause.SIGNAL, "stopped by %s" % signal.Signals(sig).name,
                       sig == procs.FORCE_SIGNAL)
-        if self.lifeline.quiet() > self.lease:
+        if self.lifeline.lapsed(self.lease):
             self.stop(Cause.LEASE_EXPIRED, "lifeline lost: no heartbeat from the controller "
                       "for %d s" % self.lifeline.quiet())
         if self.deadline is not None and time.monotonic() > self.deadline:

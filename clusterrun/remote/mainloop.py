@@ -11,6 +11,8 @@ import signal
 import sys
 import time
 
+from clusterrun.remote import timing
+
 POLL = 0.1
 
 
@@ -112,3 +114,7 @@ class Lifeline:
 
     def quiet(self):
         return time.monotonic() - self.last
+
+    def lapsed(self, lease):
+        """Silent for longer than ``lease`` (float rounding aside)."""
+        return timing.over(time.monotonic(), self.last, lease)

@@ -242,11 +242,10 @@ class Supervisor:
             self.stop(Cause.SIGNAL, "stopped by %s (%s)" % (
                 signal.Signals(sig).name, "clusterrun stop --force" if force
                 else "clusterrun stop, or the scheduler: scancel, a time limit"), force=force)
-        if self.lifeline is not None and not self.detached:
-            quiet = self.lifeline.quiet()
-            if quiet > self.lease:
-                self.stop(Cause.LEASE_EXPIRED, "lifeline lost: no heartbeat from the "
-                          "controller for %d s" % quiet)
+        if (self.lifeline is not None and not self.detached
+                and self.lifeline.lapsed(self.lease)):
+            self.stop(Cause.LEASE_EXPIRED, "lifeline lost: no heartbeat from the "
+                      "controller for %d s" % self.lifeline.quiet())
         self._check_ranks()
         if self.tree.reap():
             self._torchrun_exited()
