@@ -169,6 +169,20 @@ def test_a_silent_busy_job_is_not_stalled(cluster: Cluster, home: Path, tmp_path
                  timeout=240)
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "stall" not in cp.stderr
+    # It was watched all along, and each node's busy rank was seen making progress.
+    seen = _watched(home, 6)
+    assert sorted(seen) == HOSTS[:2]
+    for node, looked in seen.items():
+        assert looked["reports"] >= 5 and looked["longest_quiet"] < 6, (node, looked)
+
+
+def _watched(home: Path, timeout: float) -> dict[str, dict[str, float]]:
+    """What the latest run's stall watchdog saw (watch.json): per node, its progress reports
+    and the longest quiet time one said."""
+    rows = json.loads(run_cli("ps", "--json", "--local").stdout)
+    watch = json.loads((home / "runs" / rows[0]["id"] / "watch.json").read_text())
+    assert watch["timeout"] == timeout, watch
+    return dict(watch["nodes"])
 
 
 def test_a_slow_checkpoint_write_is_not_a_stall(cluster: Cluster, home: Path, tmp_path: Path,
@@ -183,6 +197,12 @@ def test_a_slow_checkpoint_write_is_not_a_stall(cluster: Cluster, home: Path, tm
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "stall" not in cp.stderr
     assert "rank 1 done" in cp.stdout + cp.stderr
+    # The watchdog looked: the writer's node never went quiet for a stall timeout, while the
+    # node whose rank waited in all_reduce was seen quiet (the run as a whole was not).
+    seen = _watched(home, 8)
+    writer, waiter = seen[HOSTS[0]], seen[HOSTS[1]]
+    assert writer["reports"] >= 5 and writer["longest_quiet"] < 8, seen
+    assert waiter["reports"] >= 5 and waiter["longest_quiet"] > 4, seen
 
 
 def test_the_detached_hub_reports_a_stall_with_no_controller(cluster: Cluster, home: Path,
