@@ -219,6 +219,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(CLUSTER_LEFT_OUT)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A cluster test that skips fails instead: the cluster tier fails, never skips, so a CI
+    machine that lacks something says so (a skip would pass unseen)."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("cluster") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} skipped ({reason}), but the cluster tier fails, never "
+                           "skips: give the test what it needs, or make it fail with the cause.")
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster") / "sandbox"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,17 @@ def test_a_cluster_test_file_named_alone_runs_whole() -> None:
     assert "plain `pytest`" not in named.stdout
     one = "tests/test_environments_hosts.py::test_two_launches_at_once_build_the_environment_once"
     assert collected(one) == {one}
+
+
+def test_a_cluster_test_that_skips_fails(tmp_path: Path) -> None:
+    (tmp_path / "test_skipping.py").write_text(
+        "import pytest\n\n\n@pytest.mark.cluster\ndef test_cluster() -> None:\n"
+        "    pytest.skip('nothing here')\n\n\ndef test_fast() -> None:\n"
+        "    pytest.skip('a fast test may')\n")
+    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-p", "tests.conftest", "-rfs", str(tmp_path / "test_skipping.py")],
+                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert cp.returncode == 1, cp.stdout[-2000:]
+    assert "1 failed, 1 skipped" in cp.stdout
+    assert "test_cluster skipped (Skipped: nothing here), but the cluster tier fails, never " \
+        "skips" in cp.stdout
