@@ -134,6 +134,28 @@ def test_an_old_driver_without_throttle_reasons_still_gives_the_rest(
         sampler.close()
 
 
+def test_a_slow_nvidia_smi_is_asked_the_whole_query_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query with no answer in time (a loaded host) is asked whole next time; only a driver
+    that refuses a field makes the sampler drop the newer ones (GPU_BASIC) for good."""
+    from clusterrun.remote import gpus, sampler
+
+    answers = [(None, gpus.NO_ANSWER % gpus.QUERY_SECONDS),
+               ("0, 97, 40000, 81559, 71, 612.3, 0x0000000000000044, 0\n", None)]
+    asked: list[int] = []
+
+    def smi(argv: list[str], timeout: float = gpus.QUERY_SECONDS) -> tuple[Any, Any]:
+        asked.append(argv[0].count(","))
+        return answers.pop(0)
+
+    monkeypatch.setattr(gpus, "nvidia_smi", smi)
+    poll = sampler.GpuPoll()  # type: ignore[no-untyped-call]
+    poll.query()
+    assert poll.latest is None and poll.error == "nvidia-smi gave no answer within 8 s"
+    poll.query()
+    assert asked == [len(sampler.GPU_QUERY) - 1] * 2  # the whole query, both times
+    assert poll.latest[0]["throttle"] == ["sw_power_cap", "hw_thermal"] and poll.error is None
+
+
 def test_lines_per_minute_counts_what_a_log_gained(rundir: Path) -> None:
     began = time.monotonic()
     sampler = Sampler({"rundir": str(rundir), "ranks": [0, 0]}, {"PATH": "/usr/bin:/bin"})

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any  # noqa: F401 - used in type comments (Python 3.6: no annotations)
 
 QUERY_SECONDS = 8
+NO_ANSWER = "nvidia-smi gave no answer within %d s"
 
 # Each query's fields, in the order its CSV columns come back.
 GPU_FIELDS = ("index", "uuid", "name", "driver_version", "memory.used", "memory.total",
@@ -34,13 +35,18 @@ QUERIES = {
 FORMAT = "--format=csv,noheader,nounits"
 
 
+def no_answer(why):
+    """Whether ``nvidia_smi`` failed for want of an answer in time (not the driver's error)."""
+    return bool(why) and why.startswith(NO_ANSWER.partition("%")[0])
+
+
 def nvidia_smi(argv, timeout=QUERY_SECONDS):
     """(stdout, None) or (None, why it failed)."""
     try:
         proc = subprocess.run(["nvidia-smi", *argv], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return None, "nvidia-smi gave no answer within %d s" % timeout
+        return None, NO_ANSWER % timeout
     except OSError as exc:
         return None, exc.strerror or str(exc)
     out = proc.stdout.decode("utf-8", "replace")
@@ -197,7 +203,7 @@ def facts():
     if found["smi"] is None:
         return found
     answers = _answers()
-    late = (None, "nvidia-smi gave no answer within %d s" % QUERY_SECONDS)
+    late = (None, NO_ANSWER % QUERY_SECONDS)
     for key in QUERIES:
         answers.setdefault(key, late)
         if answers[key][1] is not None:

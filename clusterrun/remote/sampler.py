@@ -150,7 +150,9 @@ class GpuPoll:
     def query(self):
         try:
             out, why = gpus.nvidia_smi(["--query-gpu=" + ",".join(self.fields), gpus.FORMAT])
-            if out is None and len(self.fields) > len(GPU_BASIC):
+            # A driver that refuses a field: ask without the newer ones from then on. One that
+            # was only slow (a loaded host) is asked the whole query again next time.
+            if out is None and not gpus.no_answer(why) and len(self.fields) > len(GPU_BASIC):
                 self.fields = list(GPU_BASIC)
                 out, why = gpus.nvidia_smi(["--query-gpu=" + ",".join(self.fields),
                                             gpus.FORMAT])
