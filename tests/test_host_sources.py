@@ -155,3 +155,16 @@ def test_options_on_check_launch_exec() -> None:
         cp = run_cli(command, "--help", timeout=60)
         assert "-w, --hosts NODESET" in cp.stdout and "-x, --exclude NODESET" in cp.stdout
     assert "--exclude-files PATTERN" in run_cli("launch", "--help", timeout=60).stdout
+
+
+def test_a_directory_is_called_a_directory(tmp_path: Path) -> None:
+    """`hostfile:`, `env_file:` or `identity_file:` naming a directory: said so, not "no such
+    file"."""
+    (tmp_path / "hosts.d").mkdir()
+    for key, words in [("hostfile", "hostfile 'hosts.d' ("), ("env_file", "env_file 'hosts.d' (")]:
+        where = "" if key == "hostfile" else "hosts:\n  - host: h1\n    "
+        path = write(tmp_path, "inv.yaml", f"{where}{key}: hosts.d\n")
+        with pytest.raises(InventoryError) as info:
+            inventory.load(path)
+        assert words in info.value.message and ") is a directory" in info.value.message
+        assert "no such file" not in info.value.message

@@ -119,7 +119,22 @@ CASES: dict[str, Bad] = {
         "defaults:\n  port: {P}\nhosts:\n  - host: {H}\n  - host: root@127.0.0.3\n", 5,
         ("root@127.0.0.3", "`user:`")),
     "empty-file": Bad("", 1, ("empty", "`hosts:`")),
-    "top-level-list": Bad("- host: {H}\n", 1, ("mapping",)),
+    "top-level-list": Bad("- host: {H}\n", 1, ("is a list", "under `hosts:`")),
+    "top-level-master": Bad(
+        "master: true\nhosts:\n  - host: {H}\n    port: {P}\n", 1,
+        ("`master:` is a host's key", "`master: true` under the host")),
+    "top-level-setting": Bad(
+        "user: root\nhosts:\n  - host: {H}\n    port: {P}\n", 1,
+        ("`user:` is a host setting", "`defaults:`")),
+    "identity-file-missing": Bad(
+        "defaults:\n  port: {P}\n  identity_file: /nonexistent/clusterrun-test/id_ed25519\n"
+        "hosts:\n  - host: {H}\n", 3, ("identity_file", "no such file", "ssh-keygen")),
+    "identity-file-directory": Bad(
+        "hosts:\n  - host: {H}\n    port: {P}\n    identity_file: /tmp\n", 4,
+        ("identity_file '/tmp' is a directory", "the private key")),
+    "known-hosts-directory": Bad(
+        "hosts:\n  - host: {H}\n    port: {P}\n    known_hosts: /tmp\n", 4,
+        ("known_hosts '/tmp' is a directory",)),
     **{f"hostile-host-{label}": Bad(
         "defaults:\n  port: {P}\nhosts:\n  - host: {H}\n  - host: " + _q(value) + "\n", 5,
         ("host", "is not allowed", "letters, digits")) for label, value in HOSTILE.items()},
@@ -179,7 +194,7 @@ def test_missing_file(tmp_path: Path, listener: socket.socket) -> None:
     assert cp.returncode == 2
     assert "Traceback" not in cp.stderr
     assert f"{path}: no such inventory file" in cp.stderr
-    assert "clusterrun sandbox up" in cp.stderr  # the fix: how to get one
+    assert "hosts: [{host: gpu-a}" in cp.stderr  # the fix: the smallest inventory
     assert not connection_attempted(listener)
 
 
@@ -204,7 +219,11 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_defaults_merge_and_host_overrides(tmp_path: Path) -> None:
+def test_defaults_merge_and_host_overrides(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # the key must exist: it is read at load time
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "id_ed25519").write_text("key\n")
     inv = inventory.load(write(tmp_path, """\
 defaults:
   user: ubuntu
@@ -352,3 +371,59 @@ def test_local_hosts_keep_their_files_under_clusterrun_home(
     inv = inventory.load(write(tmp_path, "hosts:\n  - host: gpu-a\n  - host: localhost\n"
                                "    workdir: /scratch/cr\n"))
     assert [h.workdir for h in inv.hosts] == ["~/clusterrun", "/scratch/cr"]
+
+
+@pytest.mark.parametrize("script", [
+    "train.py",  # by its name
+    "train",  # by what it holds
+])
+def test_a_script_given_as_the_inventory_is_said_to_be_swapped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str) -> None:
+    from tests.conftest import run_main
+
+    path = tmp_path / script
+    path.write_text("#!/usr/bin/env python3\nimport torch\n\nprint(torch.__version__)\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  - host: localhost\n")
+    code, out, err = run_main(capsys, "launch", "--dry-run", str(path), str(inv))
+    assert (code, out) == (2, ""), err
+    assert f"{path}: INVENTORY looks like a Python script" in err
+    assert "`clusterrun launch INVENTORY SCRIPT`" in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_key_is_refused_at_load_and_a_present_one_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/exit-status.md: a missing identity_file is exit 2 with nothing contacted; a missing
+    known_hosts is not an error (--accept-new-host-keys creates it)."""
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "defaults:\n  identity_file: keys/id\n  known_hosts: kh\n"
+                 "hosts:\n  - host: 10.0.0.11\n")
+    with pytest.raises(InventoryError) as info:
+        inventory.load(path)
+    assert info.value.message == (
+        f"{path}:2: identity_file 'keys/id' ({tmp_path / 'keys' / 'id'}): no such file. Fix the "
+        "path, or create the key (ssh-keygen -t ed25519) and install its .pub on the hosts.")
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("key\n")
+    assert inventory.load(path).hosts[0].identity_file == "keys/id"
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("mypkg @ file:///wheels/mypkg-1.0-py3-none-any.whl",
+     ("`mypkg @ file:///wheels/mypkg-1.0-py3-none-any.whl` is a direct reference",
+      "not read in a lock yet", "`find_links:`", "`environment: <uv project dir>`")),
+    ("torch @ https://example.org/torch-2.13.0-cp311-none-any.whl",
+     ("is a direct reference", "`find_links:`")),
+    ('numpy==2.3.4 ; sys_platform == "linux"',
+     ("environment markers", "`uv export`", "`environment: <uv project dir>`")),
+])
+def test_a_lock_line_pip_freeze_or_uv_export_writes_points_at_what_works(
+        tmp_path: Path, line: str, words: tuple[str, ...]) -> None:
+    (tmp_path / "req.lock").write_text(f"six==1.16.0\n{line}\n")
+    path = write(tmp_path, "hosts:\n  - host: 10.0.0.11\n    environment: req.lock\n")
+    with pytest.raises(InventoryError) as info:
+        inventory.load(path)
+    assert info.value.message.startswith(f"{(tmp_path / 'req.lock').resolve()}:2: ")
+    for word in words:
+        assert word in info.value.message, (word, info.value.message)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, ranges, slurm, values, yaml_lines
+from clusterrun.inventory import hostfile, ranges, slurm, toplevel, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
@@ -21,32 +21,13 @@ from clusterrun.inventory.hosts import (
     Inventory,
     local_workdir,
 )
+from clusterrun.inventory.toplevel import HOST_ONLY as _HOST_ONLY
+from clusterrun.inventory.toplevel import HOST_SETTINGS as _HOST_SETTINGS
 from clusterrun.inventory.yaml_lines import Located
 
 if TYPE_CHECKING:
     from clusterrun.inventory.pylock import PythonEnv
 
-_HOST_SETTINGS = (
-    "user",
-    "port",
-    "identity_file",
-    "known_hosts",
-    "python",
-    "setup",
-    "workdir",
-    "nproc_per_node",
-    "interface",
-    "env",
-    "forward_env",
-    "env_file",
-    "container",
-    "container_engine",
-    "container_user",
-    "proxy_jump",
-    "environment",
-)
-_HOST_ONLY = ("host", "name", "master", "gpus", "spare")
-_TOP_KEYS = ("defaults", "master_addr", "master_port", "hosts", "hostfile", "transport")
 
 # The same characters OpenSSH's ssh_valid_hostname() refuses, and more: anything a shell or ssh
 # would read as syntax or an option. Host names and aliases are letters, digits, '.', '_', '-'.
@@ -77,8 +58,10 @@ def _settings(chk: _Checker, found: dict[str, Located]) -> dict[str, Any]:
     parsers: dict[str, Callable[[Located], Any]] = {
         "user": lambda v: values.text(chk, v, "user", values.USER_RE, values.USER_RULE),
         "port": lambda v: values.port(chk, v, "port"),
-        "identity_file": lambda v: values.path(chk, v, "identity_file"),
-        "known_hosts": lambda v: values.path(chk, v, "known_hosts"),
+        "identity_file": lambda v: values.local_file(chk, v, "identity_file"),
+        # Missing is allowed: --accept-new-host-keys creates it, and without it every host is
+        # unknown, which the host-key error says.
+        "known_hosts": lambda v: values.local_file(chk, v, "known_hosts", may_be_missing=True),
         "python": lambda v: values.path(chk, v, "python"),
         "setup": lambda v: values.text(chk, v, "setup"),
         "workdir": lambda v: values.path(chk, v, "workdir"),
@@ -245,13 +228,14 @@ def load(path: Union[str, Path]) -> Inventory:
         inv = _finish(chk, chk, path, items, defaults=dict(DEFAULTS), master_addr=AUTO,
                       master_port=None)
         return _in_job(inv, job, "srun")
+    toplevel.not_a_script(path)
     if hostfile.looks_like(path):  # SSH settings: ~/.ssh/config and the command line
         chk = _Checker(path)
         return _finish(chk, chk, path, hostfile.read(chk, path), defaults=dict(DEFAULTS),
                        master_addr=AUTO, master_port=None)
     root = yaml_lines.load(path)
     chk = _Checker(path)
-    top = chk.keys(root, _TOP_KEYS, "inventory")
+    top = toplevel.keys(chk, root)
     chk.raise_if_any()
     defaults = dict(DEFAULTS)
     nproc_set = False
@@ -335,7 +319,15 @@ def _from_hostfile(chk: _Checker, top: dict[str, Located], defaults: dict[str, A
     chk.raise_if_any()
     assert name is not None
     hf = chk.path.parent / os.path.expanduser(name)
-    if not hf.is_file():
+    found = values.kind(hf)
+    if found == "directory":
+        chk.fail(loc.line, f"hostfile {name!r} ({hf}) is a directory; `hostfile:` names the "
+                 "file of `host slots=N` lines, relative to the inventory's directory.")
+        chk.raise_if_any()
+    if found not in ("file", "missing", "other"):
+        chk.fail(loc.line, f"hostfile {name!r} ({hf}): cannot look at it: {found}.")
+        chk.raise_if_any()
+    if found != "file":
         chk.fail(loc.line, f"hostfile {name!r}: no such file ({hf}). The path is relative to the "
                  "inventory's directory.")
         chk.raise_if_any()

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from clusterrun.inventory import uvlock
+from clusterrun.inventory import uvlock, values
 from clusterrun.inventory.checker import Checker
 from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
 from clusterrun.inventory.yaml_lines import Located
@@ -26,6 +26,8 @@ _PIN_RE = re.compile(rf"^(?P<name>{_NAME})\s*(?:\[[A-Za-z0-9._,\s-]*\])?\s*"
                      r"===?\s*(?P<version>[A-Za-z0-9.+!_-]+)$")
 _HASH_RE = re.compile(r"^--hash[=\s]\s*(?P<algo>sha256):(?P<digest>[0-9a-fA-F]{64})$")
 _URL_RE = re.compile(r"^(https?|file)://[^\s'\"\\]+$")
+_DIRECT_RE = re.compile(rf"^{_NAME}\s*(?:\[[^\]]*\])?\s*@\s*\S")
+UV_PROJECT = "`environment: <uv project dir>`"
 FIX = ("a lock pins every distribution with `==` (pip freeze, pip-compile or `uv pip compile` "
        "write one)")
 
@@ -69,14 +71,18 @@ def _lock_path(chk: Checker, loc: Located) -> Optional[Path]:
                  "inventory's directory.")
         return None
     path = chk.path.parent / os.path.expanduser(value)
+    found = values.kind(path)
+    if found not in ("file", "directory", "missing", "other"):
+        chk.fail(loc.line, f"environment: {value!r}: cannot look at it: {found}.")
+        return None
     project = uvlock.project_lock(path)
     if project is not None:
-        if not project.is_file():
+        if values.kind(project) != "file":
             chk.fail(loc.line, f"environment: {value!r}: a uv project needs its uv.lock beside "
                      f"pyproject.toml ({project} is missing); run `uv lock` there.")
             return None
         return project.resolve()
-    if not path.is_file():
+    if found != "file":
         chk.fail(loc.line, f"environment: {value!r}: no such file ({path}). The path is "
                  "relative to the inventory's directory.")
         return None
@@ -92,7 +98,7 @@ def _find_links(chk: Checker, loc: Located) -> Optional[tuple[str, ...]]:
                      "wheels, relative to the inventory.")
             return None
         folder = chk.path.parent / os.path.expanduser(item.value)
-        if not folder.is_dir():
+        if values.kind(folder) != "directory":
             chk.fail(item.line, f"environment.find_links: {item.value!r}: no such directory "
                      f"({folder}).")
             return None
@@ -165,11 +171,20 @@ def _pin(chk: Checker, where: str, number: int, line: str) -> Optional[Pin]:
         return None
     requirement, _, marker = line.partition(";")
     if marker.strip():
-        chk.fail(number, f"`{line}`: environment markers are not supported; lock for the hosts' "
-                 "one platform (every host builds every line).", where)
+        chk.fail(number, f"`{line}`: environment markers are not read in a requirements lock "
+                 "(`uv export` and `pip-compile --universal` write them). For a uv project, "
+                 f"give its directory instead ({UV_PROJECT}: its uv.lock is read for the hosts' "
+                 "platform); else lock for the hosts' one platform (every host builds every "
+                 "line).", where)
         return None
     head, *options = requirement.split(" --")
     match = _PIN_RE.match(head.strip())
+    if match is None and _DIRECT_RE.match(head.strip()):
+        chk.fail(number, f"`{head.strip()}` is a direct reference (NAME @ URL, as pip freeze "
+                 "writes for a package installed from a file or URL); those are not read in a "
+                 "lock yet. Put the wheel in a directory named in `find_links:` and pin it as "
+                 f"NAME==VERSION, or use a uv project ({UV_PROJECT}).", where)
+        return None
     if match is None:
         shown = head.strip()
         chk.fail(number, f"`{shown}` is not pinned: write NAME==VERSION; {FIX}.", where)

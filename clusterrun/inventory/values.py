@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from clusterrun.inventory.checker import Checker as _Checker
@@ -52,6 +54,11 @@ def show(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def _shown(value: Any) -> str:
+    """A scalar as YAML gave it; a list or mapping by its kind, not by its insides."""
+    return show(value) if isinstance(value, (list, dict)) else repr(value)
+
+
 def port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
     value = loc.value
     if isinstance(value, str) and value.strip().isdigit():
@@ -59,7 +66,8 @@ def port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
                  f"({what}: {value.strip()}).")
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        chk.fail(loc.line, f"{what}: {value!r} is not a valid port; use a number from 1 to 65535.")
+        chk.fail(loc.line, f"{what}: {_shown(value)} is not a valid port; use a number from 1 "
+                 "to 65535.")
         return None
     return value
 
@@ -69,7 +77,8 @@ def nproc(chk: _Checker, loc: Located) -> Union[int, str, None]:
     if value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        chk.fail(loc.line, f"nproc_per_node: {value!r} must be a positive integer or `auto`.")
+        chk.fail(loc.line, f"nproc_per_node: {_shown(value)} must be a positive integer or "
+                 "`auto`.")
         return None
     return value
 
@@ -108,6 +117,52 @@ def path(chk: _Checker, loc: Located, what: str) -> Optional[str]:
     return value
 
 
+def kind(found: Path) -> str:
+    """"file", "directory", "missing", "other" (a device, a socket), or why the path cannot be
+    looked at: pathlib's is_file() raises for a name too long or a directory closed to us."""
+    try:
+        mode = found.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return "directory" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
+def local_file(chk: _Checker, loc: Located, what: str, *, may_be_missing: bool = False
+               ) -> Optional[str]:
+    """A file on this machine that SSH reads (identity_file, known_hosts): checked here, before
+    any host is contacted, since a connection would only fail with it on every host. `~` is
+    expanded; a relative path is from the current directory, as ssh -i reads it."""
+    value = path(chk, loc, what)
+    if value is None:
+        return None
+    found = Path(os.path.expanduser(value))
+    where = f" ({os.path.abspath(found)})" if not found.is_absolute() else ""
+    found_kind = kind(found)
+    if found_kind in ("directory", "other"):
+        shown = "a directory" if found_kind == "directory" else "not a regular file"
+        chk.fail(loc.line, f"{what} {value!r}{where} is {shown}; {what} is a file"
+                 f"{_EXAMPLE.get(what, '')}.")
+        return None
+    if found_kind == "file" and not os.access(found, os.R_OK):
+        chk.fail(loc.line, f"{what} {value!r}{where}: this user cannot read it; make it "
+                 "readable for this user (chmod 600 keeps it private).")
+        return None
+    if found_kind not in ("file", "missing"):
+        chk.fail(loc.line, f"{what} {value!r}{where}: cannot look at it: {found_kind}.")
+        return None
+    if found_kind == "missing" and not may_be_missing:
+        chk.fail(loc.line, f"{what} {value!r}{where}: no such file. Fix the path, or create "
+                 "the key (ssh-keygen -t ed25519) and install its .pub on the hosts.")
+        return None
+    return value
+
+
+_EXAMPLE = {"identity_file": " (the private key, e.g. ~/.ssh/id_ed25519)",
+            "known_hosts": " (e.g. ~/.ssh/known_hosts)"}
+
+
 HOST_RULE = ("use a host name, an IP address or an ~/.ssh/config alias: letters, digits, '.', "
               "'_' and '-', not starting with '-' (no spaces, quotes or shell characters).")
 USER_RULE = ("a user name is letters, digits, '.', '_' and '-', not starting with '-'.")
@@ -132,7 +187,15 @@ def env_file(chk: _Checker, loc: Located) -> Optional[str]:
     if value is None:
         return None
     found = chk.path.parent / os.path.expanduser(value)
-    if not found.is_file():
+    found_kind = kind(found)
+    if found_kind == "directory":
+        chk.fail(loc.line, f"env_file {value!r} ({found}) is a directory; env_file is a "
+                 "dotenv file of NAME=value lines.")
+        return None
+    if found_kind not in ("file", "missing", "other"):
+        chk.fail(loc.line, f"env_file {value!r} ({found}): cannot look at it: {found_kind}.")
+        return None
+    if found_kind != "file":
         chk.fail(loc.line, f"env_file {value!r}: no such file ({found}). The path is relative to "
                  "the inventory's directory.")
         return None

@@ -91,7 +91,10 @@ def test_hostile_inventory_values_are_refused_before_any_ssh(
         tmp_path: Path, entry: dict, words: tuple[str, ...], timed,
         request: pytest.FixtureRequest) -> None:
     inv = write_inventory(tmp_path / "inv.yaml", [entry, {"host": "h2"}])
-    with timed(f"hostile inventory value ({request.node.callspec.id}): refused", 5) as t:
+    # The time is the CLI's own start (an interpreter, its imports) with the refusal in it: a
+    # loaded CI machine took 5.5 s against the 5 s this had. The bound only keeps a hang from
+    # passing; that nothing ran is what the assertions below check.
+    with timed(f"hostile inventory value ({request.node.callspec.id}): refused", 20) as t:
         cp = run_cli("check", "--connect-timeout", "1", str(inv), timeout=30)
         t.stop()
     assert cp.returncode == 2, cp.stdout + cp.stderr
