@@ -40,11 +40,14 @@ _PYTHON_RE = re.compile(r"^(#!.*python|import [A-Za-z_]|from [A-Za-z_.]+ import 
 def not_a_script(path: Path) -> None:
     """`clusterrun launch train.py inv.yaml`: the arguments swapped, said as such rather than
     as a hostfile or YAML problem in the script."""
+    head: list[str] = []
     try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            head = [handle.readline() for _ in range(50)]
+        # A regular file only: reading a pipe (`<(...)`) here would take what the loader needs.
+        if path.is_file():
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                head = handle.read(1 << 16).splitlines()[:50]
     except OSError:
-        head = []  # a missing or unreadable file: yaml_lines.load says which
+        pass  # a missing or unreadable file: yaml_lines.load says which
     if path.suffix == ".py" or any(_PYTHON_RE.match(line) for line in head):
         raise InventoryError(f"{path}: INVENTORY looks like a Python script: the order is "
                              f"`clusterrun launch INVENTORY SCRIPT` (e.g. `clusterrun launch "

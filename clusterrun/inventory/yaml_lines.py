@@ -25,6 +25,7 @@ class Located:
 # An inventory is a few levels deep (hosts, a host, its env); PyYAML composes and this module
 # converts a node by recursion, so a file of 1,000 `[` would end in a RecursionError.
 MAX_DEPTH = 32
+MAX_BYTES = 16 << 20
 ANCHORS_FIX = "write the value out; anchors and aliases are not supported"
 
 
@@ -60,7 +61,9 @@ class _Loader(yaml.SafeLoader):
 def load(path: Path) -> Located:
     """Parse ``path``; raise InventoryError for a missing file, bad YAML or a duplicate key."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:  # /dev/zero, or a log given by mistake: never read it all
+            data = handle.read(MAX_BYTES + 1)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InventoryError(
             f"{path}: no such inventory file. Pass the path of a YAML inventory; the smallest "
@@ -79,6 +82,9 @@ def load(path: Path) -> Located:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {exc}.") from None
+    if len(data) > MAX_BYTES:
+        raise InventoryError(f"{path}: more than {MAX_BYTES >> 20} MB; an inventory is a few "
+                             "lines per host. Is this the inventory?")
     try:
         node = yaml.compose(text, Loader=_Loader)
     except _Refused as exc:

@@ -289,3 +289,33 @@ def test_a_range_too_large_is_refused_without_expanding_it(
     with pytest.raises(InventoryError, match=words):
         inventory.load(path)
     assert validated[0] == 0
+
+
+def test_an_endless_file_as_inventory_is_refused_after_a_bounded_read(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/zero (or a multi-gigabyte log given by mistake) was read whole before parsing."""
+    from tests.conftest import run_main
+
+    code, out, err = run_main(capsys, "hosts", "/dev/zero")
+    assert (code, out) == (2, ""), err
+    assert err.startswith("clusterrun: error: /dev/zero: more than 16 MB"), err
+
+
+@pytest.mark.timeout(60)  # a regression blocks opening the drained pipe a second time
+def test_an_inventory_from_a_pipe_is_read_whole(tmp_path: Path) -> None:
+    """`clusterrun hosts <(generate)`: the check for a swapped script must not take the head of
+    a pipe the loader then reads."""
+    import os
+    import threading
+
+    from clusterrun import inventory
+
+    fifo = tmp_path / "inv.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text,
+                              args=("hosts:\n  - host: localhost\n    name: piped\n",))
+    writer.start()
+    try:
+        assert [h.name for h in inventory.load(fifo).hosts] == ["piped"]
+    finally:
+        writer.join(timeout=10)
