@@ -30,7 +30,8 @@ def script(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("word", "says"), [
-    ("--nnodes=2", "takes the node count from the inventory"),
+    ("--nnodes=2", f"takes the node count from the inventory (2 hosts in {LOCALHOST}, "
+                   "spares aside)"),
     ("--nnodes", "use -w/-x to pick hosts"),
     ("--node_rank=1", "gives each host its node rank"),
     ("--node-rank=1", "the master (`master: true`, else the first host) is 0"),
