@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -156,3 +157,30 @@ def test_every_key_with_every_odd_value_loads_or_is_refused(tmp_path: Path) -> N
                      f"hostfile: {value}\n", f"defaults: {value}\nhosts: {value}\n"):
             path.write_text(text)
             _loads_or_refuses(path)
+
+
+_PROJECT = '[[package]]\nname = "x"\nversion = "1"\nsource = { editable = "." }\n'
+BAD_UV_LOCKS = [
+    "version = 1\nx = " + "[" * 3000,  # tomllib recurses
+    "version = 1\npackage = 1\n",
+    "version = 1\nrequires-python = 5\n" + _PROJECT,
+    "version = 1\n" + _PROJECT.replace("{ editable = \".\" }", "5") + "dependencies = 1\n",
+    "version = 1\n" + _PROJECT + "dependencies = [{name = \"y\", marker = 3}]\n",
+    "version = 1\n" + _PROJECT + "dependencies = [{name = \"y\", marker = \"a >< 3\"}]\n"
+    '[[package]]\nname = "y"\nversion = "2"\nsource = { registry = "x" }\nwheels = [{url = "x"}]\n',
+    "version = 1\n" + _PROJECT + "dependencies = [{name = \"y\", extra = 3}]\n"
+    '[[package]]\nname = "y"\nversion = 2\nsource = { registry = "x" }\nwheels = 3\n',
+]
+
+
+def test_a_malformed_uv_lock_is_refused(tmp_path: Path) -> None:
+    """uv writes uv.lock, but one edited by hand or cut short may hold any TOML anywhere."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\n')
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  - host: localhost\n    environment: proj\n")
+    for text in BAD_UV_LOCKS:
+        (tmp_path / "proj" / "uv.lock").write_text(text)
+        with pytest.raises(InventoryError) as info:
+            inventory.load(path)
+        assert "uv.lock" in info.value.message, info.value.message

@@ -46,6 +46,8 @@ def _toml(text: str) -> dict[str, Any]:
         return data
     except ValueError as exc:
         raise LockProblem(f"not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib parses nested arrays by recursion: `x = [[[[...`
+        raise LockProblem("not valid TOML (values nested too deeply)") from None
 
 
 def _markers() -> Any:
@@ -168,7 +170,17 @@ def read(path: Path) -> PythonEnv:
     except (OSError, UnicodeDecodeError) as exc:
         raise LockProblem(f"cannot read it ({exc}); run `uv lock` in the project") from None
     data = _toml(text)
-    graph = _Graph(data, _lines(text))
+    try:
+        return _pins(path, data, _Graph(data, _lines(text)))
+    # uv writes uv.lock; one edited by hand or cut short may hold any TOML value anywhere (a
+    # number for a table, a marker that does not parse), met as one of these by the code below.
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        raise LockProblem(f"it is not a uv.lock as uv writes it ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); run `uv lock` in "
+                          "the project to write it again") from None
+
+
+def _pins(path: Path, data: dict[str, Any], graph: _Graph) -> PythonEnv:
     roots = _roots(graph, data)
     root_names = {canonical(str(r.get("name"))) for r in roots}
     pins: dict[str, Pin] = {}
