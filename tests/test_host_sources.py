@@ -168,3 +168,21 @@ def test_a_directory_is_called_a_directory(tmp_path: Path) -> None:
             inventory.load(path)
         assert words in info.value.message and ") is a directory" in info.value.message
         assert "no such file" not in info.value.message
+
+
+def test_a_selection_too_large_is_refused_without_expanding_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-w n[1-100000000]`: NodeSet would build every name (seconds, gigabytes) to find none."""
+    from ClusterShell import NodeSet as nodeset
+
+    inv = inventory.load(write(tmp_path, "inv.yaml", "hosts:\n  - n[1-3]\n"))
+    real = nodeset.NodeSet
+
+    def counted(text: str) -> object:
+        assert "100000000" not in text, "expanded: " + text
+        return real(text)
+
+    monkeypatch.setattr(nodeset, "NodeSet", counted)
+    for option in ("hosts", "exclude"):
+        with pytest.raises(UsageError, match="stands for more than 4096 hosts"):
+            select(inv, **{option: "n[1-100000000]"})
