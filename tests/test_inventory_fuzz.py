@@ -27,7 +27,7 @@ from clusterrun import inventory
 from clusterrun.errors import InventoryError
 
 SECONDS = 2.0
-FUZZ = settings(derandomize=True, database=None, max_examples=60, deadline=None,
+FUZZ = settings(derandomize=True, database=None, max_examples=100, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 HOST_KEYS = ["host", "name", "master", "gpus", "spare", "user", "port", "identity_file",
@@ -45,6 +45,7 @@ ODD = ["true", "no", "~", "auto", "slurm", "0", "-1", "65536", "1e400", ".nan",
        "localhost", "fe80::1%eth0", "u@h:22", "[::1]:22", "|\n  block", "[a, b]", "{a: 1}"]
 SCALARS = st.one_of(
     st.sampled_from(ODD),
+    st.sampled_from(ODD),  # twice: half the values are odd ones
     st.integers(-2**70, 2**70).map(str),
     st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)),
             max_size=12).map(lambda t: yaml.safe_dump(t).removesuffix("\n...\n").strip()),
@@ -79,7 +80,7 @@ YAML_BYTES = st.sampled_from([*":-[]{}&*!|>'\"#%@`,?\n\t \\", "\n  ", "- ", ": "
 def mutated(draw: Any, base: st.SearchStrategy[str]) -> str:
     """``base`` with a few cuts, insertions and replacements of YAML's syntax characters."""
     text = draw(base)
-    for _ in range(draw(st.integers(0, 4))):
+    for _ in range(draw(st.integers(0, 3))):
         at = draw(st.integers(0, len(text)))
         choice = draw(st.integers(0, 2))
         if choice == 0:
