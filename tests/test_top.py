@@ -125,7 +125,8 @@ def test_top_json_matches_what_the_hosts_run(cluster: Cluster, home: Path, tmp_p
     # The launch returned: this run has no controller, `top` reaches its hosts on its own.
     wait_lines(cluster, run_id, {"node9": [0, 1], "node10": [2, 3]})
     sample = top_once(run_id)
-    assert set(sample) == {"run", "hosts", "ranks"} and sample["run"] == run_id
+    assert set(sample) == {"ok", "run", "hosts", "ranks"} and sample["run"] == run_id
+    assert sample["ok"] is True  # every host answered
     assert [h["node"] for h in sample["hosts"]] == HOSTS
     for host in sample["hosts"]:
         assert set(host) == HOST_KEYS, host
