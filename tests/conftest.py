@@ -110,10 +110,12 @@ class Cluster:
             time.sleep(interval)
 
     def wait_no_processes(self, names: Sequence[str], timeout: float) -> dict[str, list[str]]:
-        """Wait until nothing but sshd lives in these hosts; return what is left after
-        ``timeout`` (empty when clean), with each process's command line."""
-        return self.wait_gone(names, lambda n: [_cmdline(pid) for pid in self.pids(n)],
-                              timeout)
+        """Wait until nothing but sshd (and the sandbox's slurmd, on a host of its Slurm)
+        lives in these hosts; return what is left after ``timeout`` (empty when clean), with
+        each process's command line. slurmd is left out so that a test is not decided by
+        whether a Slurm test ran before it on the same hosts (test order differs by worker)."""
+        return self.wait_gone(
+            names, lambda n: [_cmdline(pid) for pid in sandbox_slurm.pids(self.sb, n)], timeout)
 
     def wait_run_gone(self, names: Sequence[str], run_id: str,
                       timeout: float) -> dict[str, list[str]]:

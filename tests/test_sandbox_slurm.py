@@ -20,7 +20,9 @@ from clusterrun.sandbox import slurm as sandbox_slurm
 from clusterrun.sandbox.slurm import SlurmCluster
 from tests.conftest import SLURM_HOSTS, Cluster, wait_no_job_processes
 
-pytestmark = pytest.mark.cluster
+# Each test here builds a Slurm of its own; slurmstepd's cgroups are the machine's, so it runs
+# alone, not beside a worker whose session cluster runs Slurm too (CI's serial pass).
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 A, B, C, D = SLURM_HOSTS
 

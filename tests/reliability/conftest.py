@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.reliability)
             if "cluster" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.cluster)
+                # Timed against each scenario's limit: runs alone, not beside other workers.
+                item.add_marker(pytest.mark.serial)
 
 
 class Timer:
