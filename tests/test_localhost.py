@@ -95,7 +95,14 @@ def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> 
                 return seen
             if not line and proc.poll() is not None:
                 break
-    raise AssertionError(f"{pattern!r} not seen; got:\n{seen}")
+    ended = proc.poll()
+    if ended is None:  # still running after the timeout: end it, to read what it said
+        proc.kill()
+        proc.wait()
+    # What the command said on stderr: the cause, when the line never came.
+    said = proc.stderr.read() if proc.stderr is not None else ""
+    raise AssertionError(f"{pattern!r} not seen; got:\n{seen}\n"
+                         f"exit status {ended}, stderr:\n{said}")
 
 
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, ExitStatus.SIGINT),
