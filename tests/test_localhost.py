@@ -83,25 +83,31 @@ def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None
 
 
 def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:
+    """What ``proc`` printed up to the first line matching ``pattern``. It reads the pipe's
+    descriptor itself: a buffered ``readline`` after ``select`` can take in two lines at once
+    and hand out one, leaving the awaited line in its buffer while ``select`` waits on the
+    descriptor for output that never comes (a job that prints once, then sleeps)."""
     assert proc.stdout is not None
-    seen = ""
+    fd = proc.stdout.fileno()
+    seen = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            seen += line
-            if re.search(pattern, line):
-                return seen
-            if not line and proc.poll() is not None:
-                break
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # the end: the command exited
+            break
+        seen += chunk
+        if re.search(pattern, seen.decode(errors="replace"), re.M):
+            return seen.decode(errors="replace")
     ended = proc.poll()
     if ended is None:  # still running after the timeout: end it, to read what it said
         proc.kill()
         proc.wait()
     # What the command said on stderr: the cause, when the line never came.
     said = proc.stderr.read() if proc.stderr is not None else ""
-    raise AssertionError(f"{pattern!r} not seen; got:\n{seen}\n"
+    raise AssertionError(f"{pattern!r} not seen; got:\n{seen.decode(errors='replace')}\n"
                          f"exit status {ended}, stderr:\n{said}")
 
 
