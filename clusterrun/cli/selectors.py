@@ -5,13 +5,14 @@ of each, so the old forms keep working."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import click
 
 _RANKS = re.compile(r"(\d+)(?:-(\d+))?")
 # A typo such as --rank 0-100000000 must not build a list that size; no run has this many.
 MAX_RANKS = 1 << 20
+T = TypeVar("T")
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -37,13 +38,7 @@ def parse_ranks(text: str) -> list[int]:
 def ranks(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
           ) -> tuple[int, ...]:
     """Callback of a repeatable --rank: every rank named, each once, in order."""
-    chosen: dict[int, None] = {}
-    for text in values:
-        try:
-            chosen.update(dict.fromkeys(parse_ranks(text)))
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-    return tuple(sorted(chosen))
+    return tuple(sorted(_each(values, parse_ranks)))
 
 
 def nodes(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
@@ -51,13 +46,19 @@ def nodes(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
     """Callback of a repeatable --node: every node name its NodeSets stand for, each once."""
     from clusterrun.inventory.ranges import expand
 
-    chosen: dict[str, None] = {}
+    return tuple(_each(values, expand))
+
+
+def _each(values: tuple[str, ...], parse: Callable[[str], list[T]]) -> dict[T, None]:
+    """What every value of a repeatable option stands for, each once, in the order named; a
+    value ``parse`` refuses (ValueError) is the option's usage error."""
+    chosen: dict[T, None] = {}
     for text in values:
         try:
-            chosen.update(dict.fromkeys(expand(text)))
+            chosen.update(dict.fromkeys(parse(text)))
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
-    return tuple(chosen)
+    return chosen
 
 
 def rank_option(fn: Callable[..., Any]) -> Callable[..., Any]:
