@@ -1,6 +1,7 @@
 """A uv project (pyproject.toml + uv.lock) as `environment:`: uv.lock read on the controller into
-the hosts' one marker-free lock, walked from the project, its wheels' sha256s kept; what cannot be
-one lock for every host is refused with uv.lock's line (exit 2, before any SSH)."""
+the hosts' lock, walked from the project for every Linux host it allows, its wheels' sha256s and
+places kept, a package only some hosts need marked for them; what clusterrun cannot ship (a git
+or directory source) is refused with uv.lock's line (exit 2, before any SSH)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,10 @@ def test_a_uv_project_is_the_lock_of_its_linux_dependencies(tmp_path: Path, name
     numpy = next(p for p in env.pins if p.name == "numpy")
     assert numpy.hashes == tuple(sorted((SHA["numpy"], "e" * 64)))
     assert numpy.line == UV_LOCK.splitlines().index('name = "numpy"') + 1
-    assert f"torch==2.13.0+cpu --hash=sha256:{SHA['torch']}\n" in env.requirements()
+    torch = next(p for p in env.pins if p.name == "torch")
+    assert [(f.location, f.sha, f.index_url) for f in torch.files] == [
+        ("https://x/torch-linux.whl", SHA["torch"], "https://download.pytorch.org/whl/cpu")]
+    assert all(p.marker is None for p in env.pins)  # every Linux host needs each of them
 
 
 def test_the_same_pins_as_a_requirements_file_are_the_same_environment(tmp_path: Path) -> None:
@@ -128,17 +132,45 @@ def test_the_same_pins_as_a_requirements_file_are_the_same_environment(tmp_path:
     assert plain is not None and plain.digest == uv.digest
 
 
-@pytest.mark.parametrize(("change", "words"), [
+@pytest.mark.parametrize(("change", "marker"), [
     (('{ name = "numpy", marker = "sys_platform == \'linux\'" }',
       '{ name = "numpy", marker = "python_full_version < \'3.12\'" }'),
-     ("torch needs numpy only where `python_full_version < '3.12'`", "requires-python")),
+     "python_version == '3.11'"),
     (('{ name = "filelock" }', '{ name = "filelock", marker = "platform_machine == \'aarch64\'" }'),
-     ("torch needs filelock only where",)),
+     "platform_machine == 'aarch64'"),
+    (('{ name = "filelock" }',
+      '{ name = "filelock", marker = "platform_machine == \'aarch64\' and python_version >= '
+      '\'3.14\'" }'),
+     "(platform_machine == 'aarch64' and (python_version == '3.14' or "
+     "python_version == '3.15'))"),
+])
+def test_a_package_only_some_hosts_need_is_marked_for_them(
+        tmp_path: Path, change: tuple[str, str], marker: str) -> None:
+    lock = UV_LOCK.replace(*change)
+    assert lock != UV_LOCK
+    env = inventory.load(project(tmp_path, lock)).hosts[0].environment
+    assert env is not None
+    marked = {p.name: p.marker for p in env.pins if p.marker}
+    assert len(marked) == 1 and next(iter(marked.values())) == marker
+    from packaging.markers import Marker
+    for python in ("3.11", "3.12", "3.14"):
+        for machine in ("x86_64", "aarch64"):
+            host = {"python_version": python, "platform_machine": machine,
+                    "python_full_version": f"{python}.0", "sys_platform": "linux"}
+            assert Marker(marker).evaluate(host) == Marker(change[1].split('marker = "')[1]
+                                                           .rstrip('" }')).evaluate(host)
+
+
+@pytest.mark.parametrize(("change", "words"), [
     (('source = { registry = "https://pypi.org/simple" }\nwheels = [\n    { url = "https://x/rich',
       'source = { git = "https://github.com/x/rich" }\nwheels = [\n    { url = "https://x/rich'),
-     ("rich comes from a git source, not a wheel", "find_links")),
+     ("rich comes from git (https://github.com/x/rich)", "pip wheel --no-deps git+URL",
+      "[tool.uv.sources]")),
+    (('source = { registry = "https://pypi.org/simple" }\nwheels = [\n    { url = "https://x/rich',
+      'source = { directory = "../rich" }\nwheels = [\n    { url = "https://x/rich'),
+     ("rich comes from a directory source (../rich), not a wheel", "uv build --wheel")),
 ])
-def test_what_cannot_be_one_lock_for_every_host_is_refused_with_its_line(
+def test_what_clusterrun_cannot_ship_is_refused_with_its_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], change: tuple[str, str],
         words: tuple[str, ...]) -> None:
     lock = UV_LOCK.replace(*change)
@@ -151,7 +183,21 @@ def test_what_cannot_be_one_lock_for_every_host_is_refused_with_its_line(
     assert "Traceback" not in err
 
 
-def test_two_versions_of_one_package_for_different_pythons_are_refused(tmp_path: Path) -> None:
+def test_two_versions_of_one_package_for_different_pythons_are_each_marked(
+        tmp_path: Path) -> None:
+    lock = UV_LOCK.replace('{ name = "filelock" }',
+                           '{ name = "filelock", version = "3.20.0", marker = '
+                           '"python_full_version < \'3.13\'" },\n    { name = "filelock", '
+                           'version = "3.21.0", marker = "python_full_version >= \'3.13\'" }')
+    lock += ('\n[[package]]\nname = "filelock"\nversion = "3.21.0"\n'
+             'source = { registry = "https://pypi.org/simple" }\n')
+    env = inventory.load(project(tmp_path, lock)).hosts[0].environment
+    assert env is not None
+    assert [(p.version, p.marker) for p in env.pins if p.name == "filelock"] == [
+        ("3.20.0", "python_version == '3.11' or python_version == '3.12'"),
+        ("3.21.0", "python_version == '3.13' or python_version == '3.14' or "
+                   "python_version == '3.15'")]
+    # An edge that does not say which of two versions it means is refused.
     lock = UV_LOCK.replace('{ name = "filelock" }', '{ name = "filelock", version = "3.20.0" }')
     lock += ('\n[[package]]\nname = "filelock"\nversion = "3.21.0"\n'
              'source = { registry = "https://pypi.org/simple" }\n')

@@ -27,6 +27,8 @@ class Platform:
     python: str  # major.minor: 3.11
     machine: str  # uname -m: x86_64, aarch64
     glibc: tuple[int, int]
+    # major.minor.micro (3.11.7): a lock's marker may compare it (python_full_version).
+    full: str = ""
 
     @property
     def label(self) -> str:
@@ -38,6 +40,28 @@ class Platform:
     def key(self) -> str:
         major, minor = self.glibc
         return f"cp{self.python.replace('.', '')}-{self.machine}-glibc{major}.{minor}"
+
+    def markers(self) -> dict[str, str]:
+        """The PEP 508 marker values of a host of this platform, as pip and uv evaluate a lock's
+        markers there (a CPython on Linux: the platform's is the only kind `environment:`
+        builds for)."""
+        full = self.full or f"{self.python}.0"
+        return {"python_version": self.python, "python_full_version": full,
+                "implementation_version": full, "platform_machine": self.machine,
+                "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+                "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                "platform_release": "", "platform_version": "", "extra": ""}
+
+    def wheel_tags(self) -> list[tuple[str, str, str]]:
+        """Every (interpreter, abi, platform) tag of a wheel that installs here, best first,
+        as pip orders them: the lock's own wheels are chosen by it (envs/locked.py)."""
+        from packaging import tags
+
+        version = tuple(int(x) for x in self.python.split("."))
+        platforms = [*self.tags(), f"linux_{self.machine}"]
+        found = [*tags.cpython_tags(version, platforms=platforms),
+                 *tags.compatible_tags(version, f"cp{self.python.replace('.', '')}", platforms)]
+        return [(t.interpreter, t.abi, t.platform) for t in found]
 
     def tags(self) -> list[str]:
         """Every platform tag whose wheels run here, newest first: pip's --platform takes only
@@ -69,7 +93,8 @@ def from_status(name: str, status: dict[str, Any]) -> Platform:
         major, minor = (int(x) for x in libc.split()[1].split(".")[:2])
     except ValueError:
         raise PlatformError(f"{name}: cannot read its glibc version ({libc!r}).") from None
-    return Platform(python, str(status.get("machine")), (major, minor))
+    return Platform(python, str(status.get("machine")), (major, minor),
+                    str(status.get("python", "")))
 
 
 def python_refused(name: str, status: dict[str, Any], env: PythonEnv) -> Optional[str]:

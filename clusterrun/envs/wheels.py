@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from clusterrun.envs import locked
 from clusterrun.envs.platforms import Platform
 from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
@@ -75,7 +76,8 @@ class Cache:
 
     def _key(self, pin: Pin, platform: Platform, env: PythonEnv) -> Path:
         body = json.dumps([pin.requirement, sorted(pin.hashes), platform.key,
-                           list(env.find_links), env.index_url])
+                           list(env.find_links), env.index_url]
+                          + [[f.location, f.sha, f.stamp] for f in pin.files])
         return self.root / "resolved" / (hashlib.sha256(body.encode()).hexdigest()[:32] + ".json")
 
     def known(self, pin: Pin, platform: Platform, env: PythonEnv) -> Optional[Wheel]:
@@ -85,12 +87,14 @@ class Cache:
             return None
         return wheel if self.path(wheel).is_file() else None
 
-    def add(self, file: Path, pin: Pin, platform: Platform, env: PythonEnv) -> Wheel:
+    def add(self, file: Path, pin: Pin, platform: Platform, env: PythonEnv,
+            locked_sha: Optional[str] = None) -> Wheel:
         """A downloaded wheel into the cache (moved, under its sha256), remembered as the answer
-        for ``pin`` on ``platform``."""
+        for ``pin`` on ``platform``. ``locked_sha``: the one the lock records for this very
+        file."""
         name, version = parse_filename(file.name)
         sha = sha256_of(file)
-        if pin.hashes and sha not in pin.hashes:
+        if (locked_sha and sha != locked_sha) or (pin.hashes and sha not in pin.hashes):
             raise PreflightError(
                 f"{file.name}'s sha256 ({sha}) is not one the lock ({env.lock}, line "
                 f"{pin.line}) allows for {pin.requirement}, so no host was sent it. Either the "
@@ -109,26 +113,67 @@ class Cache:
         return wheel
 
 
+def for_platform(env: PythonEnv, platform: Platform) -> list[Pin]:
+    """The lock's pins for the hosts of ``platform`` (their markers hold there), uv's last."""
+    pins = env.pins_for(platform.markers())
+    seen: dict[str, Pin] = {}
+    for pin in pins:
+        if pin.name in seen:  # two lines whose markers both hold: the lock is not one list here
+            first = seen[pin.name]
+            raise PreflightError(
+                f"{env.lock}: lines {first.line} ({first.shown}) and {pin.line} ({pin.shown}) "
+                f"both apply to Python {platform.full or platform.python} on {platform.machine}; "
+                "make their markers exclusive, so that each host gets one version.")
+        seen[pin.name] = pin
+    return [*pins, UV]
+
+
 def resolve(cache: Cache, env: PythonEnv, platform: Platform, hosts: Sequence[str]) -> list[Wheel]:
-    """The lock's wheels for ``platform``, and uv's last: from the cache, else from pip."""
-    pins = [*env.pins, UV]
+    """The lock's wheels for ``platform``, and uv's last: from the cache, else from where the
+    lock says (envs/locked.py), else from pip."""
+    pins = for_platform(env, platform)
     found = {p.name: cache.known(p, platform, env) for p in pins}
+    tried: dict[str, str] = {}  # why a wheel the lock locates could not be taken from there
+    for pin in pins:
+        if found[pin.name] is None and pin.files:
+            found[pin.name] = _from_lock(cache, env, platform, pin, tried)
     missing = [p for p in pins if found[p.name] is None]
     if missing:
-        for pin, wheel in _download(cache, env, platform, missing, hosts).items():
-            found[pin] = wheel
+        found.update(_download(cache, env, platform, missing, hosts=hosts, tried=tried))
     return [w for w in found.values() if w is not None]
 
 
 def cached(cache: Cache, env: PythonEnv, platform: Platform) -> Optional[list[Wheel]]:
     """The lock's wheels for ``platform`` as ``resolve`` gives them, from the cache alone: None
     where pip would have to be asked."""
-    found = [cache.known(p, platform, env) for p in [*env.pins, UV]]
+    try:
+        found = [cache.known(p, platform, env) for p in for_platform(env, platform)]
+    except PreflightError:  # said by the sync, which asks resolve
+        return None
     return None if any(w is None for w in found) else [w for w in found if w is not None]
 
 
-def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
-              hosts: Sequence[str]) -> dict[str, Wheel]:
+def _from_lock(cache: Cache, env: PythonEnv, platform: Platform, pin: Pin,
+               tried: dict[str, str]) -> Optional[Wheel]:
+    """``pin``'s wheel from where the lock says, into the cache; None (the reason in ``tried``)
+    where the lock lists none for the platform or it cannot be taken from there."""
+    wheel = locked.choose(pin, platform)
+    if wheel is None:
+        tried[pin.name] = (f"the lock lists wheels of it only for other platforms "
+                           f"({locked.listed(pin)})")
+        return None
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".take-", dir=cache.root) as folder:
+        try:
+            file = locked.take(wheel, env.find_links, Path(folder))
+        except locked.Unavailable as exc:
+            tried[pin.name] = f"where the lock says, {exc}"
+            return None
+        return cache.add(file, pin, platform, env, wheel.sha)
+
+
+def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin], *,
+              hosts: Sequence[str], tried: dict[str, str]) -> dict[str, Wheel]:
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache.root) as folder:
         reqs = Path(folder) / "requirements.txt"
@@ -149,12 +194,12 @@ def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
         absent = [p for p in pins if p.name not in files]
         if proc.returncode != 0 or absent:
             raise PreflightError(_no_wheel(env, platform, pins, absent, said=proc.stderr,
-                                                 hosts=hosts))
+                                           hosts=hosts, tried=tried))
         return {p.name: cache.add(files[p.name], p, platform, env) for p in pins}
 
 
 def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[Pin], *,
-              said: str, hosts: Sequence[str]) -> str:
+              said: str, hosts: Sequence[str], tried: dict[str, str]) -> str:
     hosts_text = ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
     python = _PYTHON_RE.search(said)
     if python:  # a wheel for the platform, whose Requires-Python excludes the hosts' Python
@@ -179,6 +224,8 @@ def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[
                      "platform)")
     else:
         head = f"pip could not gather the wheels for {platform.label} ({hosts_text})"
+    if pin is not None and pin.name in tried:
+        head += f"; {tried[pin.name]}, and pip found none either"
     tail = " | ".join(line.strip() for line in said.strip().splitlines()[-3:])
     return (f"{head}. Put a directory holding one in the inventory's `environment: "
             f"{{lock: ..., find_links: [DIR]}}` (or give an index_url: that has it)"

@@ -13,10 +13,11 @@ import os
 import re
 from pathlib import Path
 from typing import Optional
+from urllib.parse import unquote, urlsplit
 
 from clusterrun.inventory import uvlock, values
 from clusterrun.inventory.checker import Checker
-from clusterrun.inventory.pylock import Pin, PythonEnv, canonical
+from clusterrun.inventory.pylock import LockedWheel, Pin, PythonEnv, canonical
 from clusterrun.inventory.yaml_lines import Located
 
 KEYS = ("lock", "system_site_packages", "find_links", "index_url")
@@ -26,7 +27,7 @@ _PIN_RE = re.compile(rf"^(?P<name>{_NAME})\s*(?:\[[A-Za-z0-9._,\s-]*\])?\s*"
                      r"===?\s*(?P<version>[A-Za-z0-9.+!_-]+)$")
 _HASH_RE = re.compile(r"^--hash[=\s]\s*(?P<algo>sha256):(?P<digest>[0-9a-fA-F]{64})$")
 _URL_RE = re.compile(r"^(https?|file)://[^\s'\"\\]+$")
-_DIRECT_RE = re.compile(rf"^{_NAME}\s*(?:\[[^\]]*\])?\s*@\s*\S")
+_DIRECT_RE = re.compile(rf"^(?P<name>{_NAME})\s*(?:\[[^\]]*\])?\s*@\s*(?P<url>\S+)$")
 UV_PROJECT = "`environment: <uv project dir>`"
 FIX = ("a lock pins every distribution with `==` (pip freeze, pip-compile or `uv pip compile` "
        "write one)")
@@ -142,52 +143,39 @@ def _read(chk: Checker, loc: Located, path: Path) -> Optional[PythonEnv]:
     except (OSError, UnicodeDecodeError) as exc:
         chk.fail(loc.line, f"environment: cannot read the lock {path}: {exc}.")
         return None
-    pins: dict[str, Pin] = {}
+    pins: list[Pin] = []
     bad = False
     for number, line in _logical_lines(text):
-        pin = _pin(chk, where, number, line)
+        pin = _pin(chk, path, number, line)
         if pin is None:
             bad = True
             continue
-        if pin.name in pins:
-            chk.fail(number, f"{pin.name} is pinned twice (also on line {pins[pin.name].line}); "
-                     "keep one.", where)
+        twice = next((p for p in pins if p.name == pin.name
+                      and (p.marker is None or pin.marker is None)), None)
+        if twice is not None:  # two lines with markers may be for different hosts
+            chk.fail(number, f"{pin.name} is pinned twice (also on line {twice.line}); keep one, "
+                     "or give each line a marker saying which hosts it is for.", where)
             bad = True
             continue
-        pins[pin.name] = pin
+        pins.append(pin)
     if not pins and not bad:
         chk.fail(loc.line, f"environment: the lock {path} pins nothing; {FIX}.")
     if bad or not pins:
         return None
-    return PythonEnv(str(path), tuple(sorted(pins.values(), key=lambda p: p.name)))
+    return PythonEnv(str(path), tuple(sorted(pins, key=lambda p: (p.name, p.line))))
 
 
-def _pin(chk: Checker, where: str, number: int, line: str) -> Optional[Pin]:
+def _pin(chk: Checker, path: Path, number: int, line: str) -> Optional[Pin]:
+    where = str(path)
     words = line.split()
     if words[0].startswith("-"):
         chk.fail(number, f"`{words[0]}` options are not read in a lock; name wheel sources in the "
                  "inventory (environment: {lock: ..., find_links: [DIR], index_url: URL}).",
                  where)
         return None
-    requirement, _, marker = line.partition(";")
-    if marker.strip():
-        chk.fail(number, f"`{line}`: environment markers are not read in a requirements lock "
-                 "(`uv export` and `pip-compile --universal` write them). For a uv project, "
-                 f"give its directory instead ({UV_PROJECT}: its uv.lock is read for the hosts' "
-                 "platform); else lock for the hosts' one platform (every host builds every "
-                 "line).", where)
-        return None
-    head, *options = requirement.split(" --")
-    match = _PIN_RE.match(head.strip())
-    if match is None and _DIRECT_RE.match(head.strip()):
-        chk.fail(number, f"`{head.strip()}` is a direct reference (NAME @ URL, as pip freeze "
-                 "writes for a package installed from a file or URL); those are not read in a "
-                 "lock yet. Put the wheel in a directory named in `find_links:` and pin it as "
-                 f"NAME==VERSION, or use a uv project ({UV_PROJECT}).", where)
-        return None
-    if match is None:
-        shown = head.strip()
-        chk.fail(number, f"`{shown}` is not pinned: write NAME==VERSION; {FIX}.", where)
+    body, *options = line.split(" --")
+    requirement, marker = _split_marker(body)
+    if marker and not _marker_ok(chk, where, number, line, marker):
         return None
     hashes = []
     for option in options:
@@ -197,4 +185,74 @@ def _pin(chk: Checker, where: str, number: int, line: str) -> Optional[Pin]:
                      where)
             return None
         hashes.append(found.group("digest").lower())
-    return Pin(canonical(match.group("name")), match.group("version"), number, tuple(hashes))
+    head = requirement.strip()
+    match = _PIN_RE.match(head)
+    direct = _DIRECT_RE.match(head) if match is None else None
+    if direct is not None:
+        return _direct(chk, path, number, direct, (tuple(hashes), marker or None))
+    if match is None:
+        chk.fail(number, f"`{head}` is not pinned: write NAME==VERSION; {FIX}.", where)
+        return None
+    return Pin(canonical(match.group("name")), match.group("version"), number, tuple(hashes),
+               marker or None)
+
+
+def _split_marker(body: str) -> tuple[str, str]:
+    """(requirement, marker). A URL may hold `;`: its marker is the one after a space."""
+    if "@" in body:
+        found = re.split(r"\s;", body, maxsplit=1)
+        return found[0], (found[1] if len(found) > 1 else "").strip()
+    requirement, _, marker = body.partition(";")
+    return requirement, marker.strip()
+
+
+def _marker_ok(chk: Checker, where: str, number: int, line: str, marker: str) -> bool:
+    from packaging.markers import InvalidMarker, Marker
+
+    try:
+        Marker(marker)
+    except InvalidMarker as exc:
+        chk.fail(number, f"`{line}`: its environment marker does not parse "
+                 f"({str(exc).splitlines()[0]}).", where)
+        return False
+    return True
+
+
+def _direct(chk: Checker, path: Path, number: int, found: re.Match[str],
+            rest: tuple[tuple[str, ...], Optional[str]]) -> Optional[Pin]:
+    """`name @ URL` (pip freeze, for a package installed from a file or URL): a wheel taken
+    from there on this machine, its hash checked where the line gives one. ``rest``: the
+    line's hashes and marker."""
+    hashes, marker = rest
+    where, name, url = str(path), canonical(found.group("name")), found.group("url")
+    address, _, fragment = url.partition("#")
+    hashes += tuple(m.group(1).lower() for m in
+                    [re.fullmatch(r"sha256=([0-9a-fA-F]{64})", fragment)] if m)
+    scheme = urlsplit(address).scheme
+    filename = unquote(urlsplit(address).path.rsplit("/", 1)[-1])
+    if scheme not in ("file", "http", "https") or not filename.endswith(".whl"):
+        chk.fail(number, f"`{found.group(0)}` is not a wheel (a {scheme or 'local'} source): "
+                 "clusterrun ships wheels and builds nothing on the hosts. Build its wheel here "
+                 f"(`pip wheel --no-deps '{url}' -w wheels/`) and write the line as `{name} @ "
+                 "file:///ABSOLUTE/PATH/TO/THE.whl`, or pin it as NAME==VERSION with that "
+                 "directory in `find_links:`.", where)
+        return None
+    parts = filename[:-4].split("-")
+    if len(parts) not in (5, 6) or canonical(parts[0]) != name:
+        chk.fail(number, f"`{found.group(0)}`: {filename} is not a wheel of {name} (a wheel's "
+                 "file name starts with its distribution's name and version).", where)
+        return None
+    stamp, location = "", address
+    if scheme == "file":
+        local = Path(unquote(urlsplit(address).path))
+        local = local if local.is_absolute() else path.parent / local
+        try:
+            st = local.stat()
+        except OSError as exc:
+            chk.fail(number, f"`{found.group(0)}`: {local}: {exc.strerror or exc}. A file:// "
+                     "wheel is read on this machine: put it back, or write the line again "
+                     "(pip freeze) where the wheel is.", where)
+            return None
+        location, stamp = str(local), "" if hashes else f"{st.st_size}:{st.st_mtime_ns}"
+    return Pin(name, parts[1], number, hashes, marker,
+               (LockedWheel(filename, location, stamp=stamp),))

@@ -1,0 +1,105 @@
+"""The wheels a lock says where to find (uv.lock's `path` and `url` wheels, a requirements line's
+`name @ URL`): the one that installs on a host's platform chosen by its tags, best first as pip
+and uv rank them, and taken from there on this machine.
+
+What the lock names is exact, so nothing is resolved: pip is asked only for a pin the lock gives
+no wheel of for the platform, or whose wheel cannot be taken from where the lock says
+(envs/wheels.py). A wheel of the same file name in the inventory's `find_links:` is taken first,
+so that a mirror on this machine spares a download; the lock's sha256 is checked either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from clusterrun.envs import credentials
+from clusterrun.envs.platforms import Platform
+from clusterrun.inventory.pylock import LockedWheel, Pin
+
+FETCH_SECONDS = 120.0  # without a byte: a link that moves nothing
+BLOCK = 1 << 20
+
+
+class Unavailable(Exception):
+    """The wheel is not where the lock says, or could not be fetched from there; the message
+    says why, for the paragraph that names every source tried."""
+
+
+def choose(pin: Pin, platform: Platform) -> Optional[LockedWheel]:
+    """The lock's wheel of ``pin`` that installs on ``platform``, the best tag first; None when
+    none does."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    ranks = {tag: rank for rank, tag in reversed(list(enumerate(platform.wheel_tags())))}
+    best: Optional[tuple[int, LockedWheel]] = None
+    for wheel in pin.files:
+        try:
+            tags = parse_wheel_filename(wheel.filename)[3]
+        except InvalidWheelFilename:
+            continue
+        found = [ranks[key] for t in tags if (key := (t.interpreter, t.abi, t.platform)) in ranks]
+        if found and (best is None or min(found) < best[0]):
+            best = (min(found), wheel)
+    return best[1] if best else None
+
+
+def listed(pin: Pin) -> str:
+    """The platforms the lock has wheels of ``pin`` for, in a few words, for messages."""
+    names = [w.filename for w in pin.files]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def take(wheel: LockedWheel, links: Sequence[str], folder: Path) -> Path:
+    """``wheel`` copied or downloaded into ``folder`` under its file name, or Unavailable."""
+    target = folder / wheel.filename
+    for link in links:
+        candidate = Path(link) / wheel.filename
+        if candidate.is_file():
+            shutil.copyfile(candidate, target)
+            return target
+    if wheel.is_url:
+        _download(wheel, target)
+        return target
+    try:
+        shutil.copyfile(wheel.location, target)
+    except FileNotFoundError:
+        raise Unavailable(f"{wheel.location} is not there") from None
+    except OSError as exc:
+        raise Unavailable(f"cannot read {wheel.location} ({exc.strerror or exc})") from None
+    return target
+
+
+def _download(wheel: LockedWheel, target: Path) -> None:
+    url = wheel.location
+    shown = credentials.strip(url)
+    found = credentials.lookup(url, wheel.index_url, wheel.index_name)
+    ask = urllib.request.Request(shown, headers=credentials.header(found))  # noqa: S310
+    try:
+        with contextlib.closing(urllib.request.urlopen(ask, timeout=FETCH_SECONDS)) as answer, \
+                target.open("wb") as out:  # noqa: S310 - http(s) only: LockedWheel.is_url
+            for block in iter(lambda: answer.read(BLOCK), b""):
+                out.write(block)
+    except urllib.error.HTTPError as exc:
+        raise Unavailable(f"{shown} answered HTTP {exc.code} {exc.reason}"
+                          + _auth_hint(wheel, exc.code, found)) from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise Unavailable(f"fetching {shown} failed ({reason})") from None
+
+
+def _auth_hint(wheel: LockedWheel, code: int, found: Optional[tuple[str, str]]) -> str:
+    if code not in (401, 403):
+        return ""
+    host = credentials.realm(wheel.location)[1]
+    given = "the credentials given were refused" if found else "no credentials were found"
+    ways = (f"{credentials.env_name(wheel.index_name)}_USERNAME and _PASSWORD (as for uv), or "
+            if wheel.index_name else "")
+    return (f": {given}. Give them on this machine as {ways}a `machine {host}` entry in "
+            "~/.netrc; only this machine fetches wheels, and the credentials are not written "
+            "anywhere")
