@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterrun.envs import platforms, serve, wheels
+from clusterrun.envs import hostsite, platforms, serve, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.verify import differences, env_hash
 from clusterrun.envs.wheels import Wheel
@@ -95,7 +95,8 @@ class HostEnv:
                 "path": self.path, "platform": self.platform.label if self.platform else None,
                 "hash": env_hash(self.status.get("env")), "drift": self.drift,
                 "problem": self.problem, "received_bytes": self.received,
-                "fetched_bytes": self.fetched, "build_seconds": self.seconds}
+                "fetched_bytes": self.fetched, "build_seconds": self.seconds,
+                **hostsite.origins(self)}
 
 
 @dataclass
@@ -202,16 +203,17 @@ class Sync:
         takes that interpreter's channel, and no base interpreter has to be ended first. Where
         that interpreter is not there (never built, removed), its base interpreter answers."""
         workdir = self.workdirs.get(host.spec)
+        asked = {OP: Env.STATUS, **hostsite.asked(host)}
         if workdir is not None:
             try:
-                reply = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS,
+                reply = self._call(host, asked, STATUS_SECONDS,
                                    python=f"{workdir}/envs/{host.env.digest}/bin/python")
                 host.in_env = True
                 return reply
             except programs.ProgramError as exc:
                 if exc.outcome is not Outcome.PROBE_FAILED:  # a host that hangs: said once
                     raise
-        reply = self._call(host, {OP: Env.STATUS}, STATUS_SECONDS)
+        reply = self._call(host, asked, STATUS_SECONDS)
         self.workdirs.remember(host.spec, str(reply.get("workdir") or ""))
         return reply
 
@@ -246,10 +248,11 @@ class Sync:
                 continue
             for host in members:
                 host.wheels = found
+                host.problem = hostsite.refusal(host)  # a host's own package pinned otherwise
                 drift = differences(host.expected(), host.status["python"], host.status.get("env"))
                 host.drift = [] if drift == ["not built"] else drift
-                host.state = READY if not drift else (MISSING if drift == ["not built"]
-                                                      else DRIFT)
+                host.state = FAILED if host.problem else READY if not drift else (
+                    MISSING if drift == ["not built"] else DRIFT)
 
     def run(self, *, build: bool, keep: bool = False) -> EnvReport:
         """Status and wheels; with ``build``, every host not ready made so. The base

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, TextIO
 
+from clusterrun.envs import hostsite
 from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
 
 
@@ -13,19 +14,25 @@ def _mib(n: int) -> str:
 
 
 def line(host: HostEnv) -> str:
-    """One host in a line: its environment's path and what was found or done."""
+    """One host in a line: its environment's path and what was found or done (and, with
+    `system_site_packages`, which packages come from the lock and which from the host)."""
     head = f"{host.spec.name}: {host.path}"
     if host.state == "ready":
-        return f"{head}  ready (the lock's, nothing moved)"
+        return f"{head}  ready (the lock's, nothing moved){_sources(host)}"
     if host.state == "built":
         moved = host.received + host.fetched
         took = f" in {host.seconds:g} s" if host.seconds is not None else ""
-        return f"{head}  built{took} ({_mib(moved)} of wheels moved here)"
+        return f"{head}  built{took} ({_mib(moved)} of wheels moved here){_sources(host)}"
     if host.state == "missing":
         return f"{head}  not built yet"
     if host.state == "drift" and not host.built_here:  # built and still not: its paragraph
         return f"{head}  differs from the lock: " + "; ".join(host.drift)
     return "; ".join(describe_problem(host))
+
+
+def _sources(host: HostEnv) -> str:
+    said = hostsite.summary(host)
+    return f"; {said}" if said else ""
 
 
 def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -> None:

@@ -67,9 +67,7 @@ def host_checks(spec: HostSpec, facts: HostFacts, *, torch_needed: bool = True) 
         checks.append(Check("torch", True, "not installed (not needed: --no-torchrun starts "
                             "the script without torchrun)"))
     else:
-        checks.append(Check("torch", False, f"torch is not installed for {facts.python_path} "
-                            f"on {name}: install it there (pip install torch) or point `python:`/"
-                            "`setup:` at the environment that has it."))
+        checks.append(Check("torch", False, no_torch(spec, facts)))
     workdir = facts.workdir
     if "workdir" in facts.unsent:
         checks.append(warn("workdir", f"whether the workdir on {name} can be written is "
@@ -98,6 +96,24 @@ def host_checks(spec: HostSpec, facts: HostFacts, *, torch_needed: bool = True) 
         checks.append(Check("dns", True, f"{dns.hostname} -> {', '.join(dns.addresses)}"))
     quiet = unreported(name, facts)
     return checks if quiet is None else [*checks, quiet]
+
+
+def no_torch(spec: HostSpec, facts: HostFacts) -> str:
+    """What fixes a host without torch: with `environment:`, the lock or the host's own
+    `python:` it is built on (installing into the environment would be drift)."""
+    missing = f"torch is not installed for {facts.python_path} on {spec.name}"
+    env = spec.environment
+    if env is None:
+        return (f"{missing}: install it there (pip install torch) or point `python:`/`setup:` "
+                "at the environment that has it.")
+    if env.system_site_packages:
+        return (f"{missing}, the environment of the lock {env.lock}, nor for the host's own "
+                "`python:` that it keeps (`system_site_packages: true`): add torch to the "
+                "lock, or point `python:` at an interpreter that has torch (a venv or conda "
+                "environment holding it), then run `clusterrun env INVENTORY`.")
+    return (f"{missing}, the environment of the lock {env.lock}: add torch to the lock, or, "
+            "where the host's own `python:` has torch, set `system_site_packages: true` in "
+            "`environment:` to keep that one; then run `clusterrun env INVENTORY`.")
 
 
 # Facts no check of their own speaks for when they are missing: what each one tells.

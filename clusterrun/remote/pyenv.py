@@ -4,13 +4,16 @@ only, Python 3.6+; runs with the host's base interpreter, the inventory's `pytho
 One request per call, by ``op``:
 - ``status``: the host's platform (Python, CPU, glibc), its absolute workdir, the lock's
   environment as built there (every installed distribution and the interpreter), which of
-  ``want`` (sha256s) its store lacks, and ``interface``'s IPv4 address where one is named.
+  ``want`` (sha256s) its store lacks, and ``interface``'s IPv4 address where one is named;
+  with ``system_site_packages``, every distribution ``host_python`` (the inventory's
+  `python:`) sees, as ``host_packages``.
   A host holding the lock's environment answers only this.
 - ``receive``: ``files`` [{sha, name, size}] follow the request on stdin, one after another.
 - ``fetch``: ``files`` from the master's wheelserve.py at ``url`` (``token`` in a header).
 - ``build``: ``<workdir>/envs/<lock>``, with uv, offline, from the store alone: into a
   temporary folder renamed into place when complete, under a lock file (two launches at once
-  build it once).
+  build it once); with ``system_site_packages``, a virtual environment's own site-packages
+  kept visible (sitedirs.py).
 - ``prune``: every environment but ``keep`` and the most recently used other one.
 
 Layout under the workdir: ``wheels/<sha256>/<file name>`` (content-addressed: a wheel is stored
@@ -34,7 +37,7 @@ import sys
 import time
 import zipfile
 
-from clusterrun.remote import common, envstate, protocol
+from clusterrun.remote import common, envstate, protocol, sitedirs
 
 BLOCK = 1 << 20
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -87,7 +90,17 @@ def status(req):
                  interface_address=ipv4_of(req["interface"]) if req.get("interface") else None,
                  missing=[w["sha"] for w in req.get("want", [])
                           if not has(workdir, w["sha"], w["name"])])
+    if req.get("system_site_packages"):
+        found["host_packages"] = host_packages(req)
     return found
+
+
+def host_packages(req):
+    """What the host's own `python:` sees: this interpreter may be the environment's."""
+    try:
+        return sitedirs.packages(req.get("host_python") or sys.executable)
+    except sitedirs.AskFailed as exc:
+        raise Refused(str(exc)) from None
 
 
 def _store_from(workdir, item, read):
@@ -227,6 +240,11 @@ def _build_into(tmp, workdir, req):
     # --no-deps: the lock names every distribution; a host never resolves anything itself.
     _uv([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
          "--offline", "--no-index", "--no-deps", "--find-links", links, "-r", lock], workdir)
+    if req.get("system_site_packages"):  # a venv's own packages, not only its base's
+        try:
+            sitedirs.keep_host(tmp, sys.executable)
+        except sitedirs.AskFailed as exc:
+            raise Refused(str(exc)) from None
 
 
 def _clear(envs, prefix):
