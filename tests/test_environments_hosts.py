@@ -1,10 +1,11 @@
 """`environment:` on the namespace cluster, its other forms and failures: a uv project built on
 the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
-torch, a host whose disk fills during the build of `env` or `launch` (exit 6, host and path
-named, nothing half-built left in envs/), two launches at once building it once, and a build
-killed on a host, or whose controller is killed, leaving nothing half-built used and nothing
-running. The light lock (numpy and a wheel built here) is built by the real uv, shipped by
-clusterrun, on hosts with no route to an index."""
+torch and a host venv's own torch (DDP on 3 hosts x 2 in it), a lock pinning one of the host's
+packages at another version refused, a host whose disk fills during the build of `env` or
+`launch` (exit 6, host and path named, nothing half-built left in envs/), two launches at once
+building it once, and a build killed on a host, or whose controller is killed, leaving nothing
+half-built used and nothing running. The light lock (numpy and a wheel built here) is built by
+the real uv, shipped by clusterrun, on hosts with no route to an index."""
 
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ import sysconfig
 import tempfile
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from clusterrun.inventory import load
-from tests.conftest import Cluster, run_cli, start_cli
+from tests.conftest import Cluster, copy_payload, run_cli, start_cli
 from tests.envtools import host_path, tiny_wheel
 
 pytestmark = pytest.mark.cluster
@@ -122,41 +125,52 @@ class BasePython:
     site: str  # its own site-packages directory, which holds torch
 
 
-@pytest.fixture(scope="module")
-def base_python_with_torch() -> Iterator[BasePython]:
-    """A base interpreter (not a virtual environment) whose own site-packages holds torch, as a
-    vendor's or a cluster module's Python does, made from whatever Python runs the tests (pyenv's,
-    the distribution's, a conda base): its binary copied under a prefix of its own, the standard
-    library and libpython linked, and the site directory that interpreter reports (Debian's
-    lib/python3/dist-packages, elsewhere lib/pythonX.Y/site-packages) holding this interpreter's
-    packages. Under /var/tmp, which the hosts share; the hosts' root reaches a base under /root."""
+def copied_base(place: Path) -> tuple[str, str]:
+    """A base interpreter (not a virtual environment) under ``place``, made from whatever Python
+    runs the tests (pyenv's, the distribution's, a conda base): its binary copied under a prefix
+    of its own, the standard library and libpython linked, no packages. Its python, and the site
+    directory it reports (Debian's lib/python3/dist-packages, elsewhere
+    lib/pythonX.Y/site-packages), not made."""
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     binary = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix}))
+    (place / "bin").mkdir(parents=True)
+    shutil.copy2(binary, place / "bin" / version)
+    (place / "lib" / version).mkdir(parents=True)
+    # A build with a shared libpython may find it beside its prefix ($ORIGIN/../lib).
+    for shared in Path(sys.base_prefix, "lib").glob("libpython*"):
+        (place / "lib" / shared.name).symlink_to(shared)
+    for entry in stdlib.iterdir():
+        if entry.name not in ("site-packages", "dist-packages"):
+            (place / "lib" / version / entry.name).symlink_to(entry)
+    python = str(place / "bin" / version)
+    asked = subprocess.run([python, "-c", "import site, sys; print(sys.prefix); "
+                            "print(site.getsitepackages()[0])"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert asked.returncode == 0, f"{python} does not start: {asked.stderr[-500:]}"
+    prefix, site = asked.stdout.split()
+    assert prefix == str(place), f"{python} takes its prefix from {prefix}, not {place}"
+    return python, site
+
+
+def torch_from(python: str, site: str) -> None:
+    found = subprocess.run([python, "-c", "import torch; print(torch.__file__)"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert found.stdout.startswith(f"{site}/torch/"), \
+        f"{python} does not import torch from {site}: {found.stderr[-500:]}"
+
+
+@pytest.fixture(scope="module")
+def base_python_with_torch() -> Iterator[BasePython]:
+    """A base interpreter (copied_base) whose own site-packages holds torch, as a vendor's or a
+    cluster module's Python does: its site directory is this interpreter's packages. Under
+    /var/tmp, which the hosts share; the hosts' root reaches a base under /root."""
     place = Path(tempfile.mkdtemp(prefix="clusterrun-basepy-", dir="/var/tmp"))
     try:
-        (place / "bin").mkdir()
-        shutil.copy2(binary, place / "bin" / version)
-        (place / "lib" / version).mkdir(parents=True)
-        # A build with a shared libpython may find it beside its prefix ($ORIGIN/../lib).
-        for shared in Path(sys.base_prefix, "lib").glob("libpython*"):
-            (place / "lib" / shared.name).symlink_to(shared)
-        for entry in stdlib.iterdir():
-            if entry.name not in ("site-packages", "dist-packages"):
-                (place / "lib" / version / entry.name).symlink_to(entry)
-        python = str(place / "bin" / version)
-        asked = subprocess.run([python, "-c", "import site, sys; print(sys.prefix); "
-                                "print(site.getsitepackages()[0])"],
-                               capture_output=True, text=True, timeout=60, check=False)
-        assert asked.returncode == 0, f"{python} does not start: {asked.stderr[-500:]}"
-        prefix, site = asked.stdout.split()
-        assert prefix == str(place), f"{python} takes its prefix from {prefix}, not {place}"
+        python, site = copied_base(place)
         Path(site).parent.mkdir(parents=True, exist_ok=True)
         Path(site).symlink_to(sysconfig.get_paths()["purelib"])
-        found = subprocess.run([python, "-c", "import torch; print(torch.__file__)"],
-                               capture_output=True, text=True, timeout=120, check=False)
-        assert found.stdout.startswith(f"{site}/torch/"), \
-            f"{python} does not import torch from {site}: {found.stderr[-500:]}"
+        torch_from(python, site)
         yield BasePython(python, site)
     finally:
         shutil.rmtree(place, ignore_errors=True)
@@ -165,8 +179,9 @@ def base_python_with_torch() -> Iterator[BasePython]:
 @pytest.mark.usefixtures("home", "clean")
 def test_system_site_packages_keeps_the_hosts_own_torch(
         cluster: Cluster, tmp_path: Path, workdir: str, base_python_with_torch: BasePython) -> None:
+    # The lock pins nothing the base has (numpy at another version would be refused: below).
     tiny_wheel(tmp_path / "wheels")
-    (tmp_path / "requirements.lock").write_text(f"numpy=={NUMPY}\nclusterrun-tinypkg==0.1\n")
+    (tmp_path / "requirements.lock").write_text("clusterrun-tinypkg==0.1\n")
     inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
         "python": base_python_with_torch.python, "workdir": workdir,
         "environment": {"lock": "requirements.lock", "find_links": ["wheels"],
@@ -179,13 +194,156 @@ def test_system_site_packages_keeps_the_hosts_own_torch(
     for name in HOSTS:
         env = hosts[name]["path"]
         found = in_env(cluster, name, f"{env}/bin/python",
-                       "import json, numpy, torch, tinypkg; print(json.dumps({"
-                       "'torch': torch.__file__, 'numpy': numpy.__file__}))")
+                       "import json, torch, tinypkg; print(json.dumps({"
+                       "'torch': torch.__file__, 'tiny': tinypkg.__file__}))")
         assert found["torch"].startswith(f"{base_python_with_torch.site}/torch/")
-        assert found["numpy"].startswith(f"{env}/lib/")  # the lock's comes first
+        assert found["tiny"].startswith(f"{env}/lib/")
+        assert f"torch=={metadata.version('torch')}" in hosts[name]["host_packages"]
     code, again, err = env_json("--check", str(inv))
     assert code == 0, err
     assert {h["state"] for h in again["hosts"]} == {"ready"}
+
+
+HOSTS3 = ["node4", "node5", "node6"]
+
+
+@dataclass(frozen=True)
+class HostVenv:
+    python: str  # a virtual environment's interpreter, as a GPU image's /opt/venv/bin/python
+    site: str  # its own site-packages
+    torch: str  # the folder its torch lies in (its own .pth adds it)
+
+
+@pytest.fixture(scope="module")
+def venv_with_torch() -> Iterator[HostVenv]:
+    """A host `python:` that is a virtual environment holding torch, whose base interpreter has
+    none (copied_base): torch is in the venv's own site-packages through its own .pth naming this
+    interpreter's packages, as a vendor's layout or an editable install does, with no copy of
+    torch. Under /var/tmp, which the hosts share."""
+    place = Path(tempfile.mkdtemp(prefix="clusterrun-hostvenv-", dir="/var/tmp"))
+    try:
+        base, _site = copied_base(place / "base")
+        subprocess.run([base, "-m", "venv", "--without-pip", str(place / "venv")], check=True,
+                       timeout=120)
+        python = str(place / "venv" / "bin" / "python")
+        site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert site.startswith(f"{place}/venv/"), site
+        held = sysconfig.get_paths()["purelib"]
+        Path(site, "held.pth").write_text(f"{held}\n")
+        torch_from(python, held)
+        gone = subprocess.run([base, "-c", "import torch"], capture_output=True, timeout=120,
+                              check=False)
+        assert gone.returncode != 0, f"{base}, the venv's base, has torch: it would prove nothing"
+        yield HostVenv(python, site, held)
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+@pytest.fixture
+def workdir3(cluster: Cluster) -> Iterator[str]:
+    path = f"/tmp/clusterrun-env-{uuid.uuid4().hex[:8]}"
+    yield path
+    cluster.kill_all(HOSTS3)
+    for name in HOSTS3:
+        shutil.rmtree(host_path(cluster, name, path), ignore_errors=True)
+
+
+@pytest.mark.usefixtures("home", "clean")
+def test_a_host_venvs_own_torch_is_kept_and_ddp_trains_on_3x2(
+        cluster: Cluster, tmp_path: Path, workdir3: str, venv_with_torch: HostVenv) -> None:
+    """A GPU image's layout: `python:` a venv holding torch, the lock one private wheel,
+    `system_site_packages: true`. The environment imports torch from the host's venv and the
+    lock's package from itself, says which came from where, and DDP trains in it."""
+    torch = f"torch=={metadata.version('torch')}"
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "site.lock").write_text("clusterrun-tinypkg==0.1\n")
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS3, defaults={
+        "python": venv_with_torch.python, "workdir": workdir3,
+        "environment": {"lock": "site.lock", "find_links": ["wheels"],
+                        "system_site_packages": True}})
+    code, built, err = env_json(str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in built["hosts"]} == {"built"}
+    for host in built["hosts"]:
+        assert host["drift"] == [] and host["lock_packages"] == ["clusterrun-tinypkg==0.1"]
+        assert torch in host["host_packages"]
+        env = host["path"]
+        found = in_env(cluster, host["name"], f"{env}/bin/python",
+                       "import json, sys, torch, tinypkg; print(json.dumps({"
+                       "'torch': torch.__file__, 'tiny': tinypkg.__file__, 'path': sys.path}))")
+        assert found["torch"].startswith(f"{venv_with_torch.torch}/torch/")
+        assert found["tiny"].startswith(f"{env}/lib/")
+        path = found["path"]  # the lock's site-packages first, then the host venv's
+        own = next(p for p in path if p.startswith(f"{env}/lib/"))
+        assert path.index(own) < path.index(venv_with_torch.site) < path.index(
+            venv_with_torch.torch)
+    code, again, err = env_json("--check", str(inv))
+    assert code == 0, err
+    assert {h["state"] for h in again["hosts"]} == {"ready"}
+    assert all(torch in h["host_packages"] for h in again["hosts"])
+    plain = run_cli("env", "--check", str(inv), timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    for name in HOSTS3:
+        line = next(x for x in plain.stdout.splitlines() if x.startswith(f"{name}: "))
+        assert line.endswith(f"ready (the lock's, nothing moved); 1 package(s) from the lock, "
+                             f"{len(again['hosts'][0]['host_packages'])} from the host's "
+                             f"{venv_with_torch.python} (torch {torch[7:]} among them)"), line
+
+    # DDP in it, 3 hosts x 2: preflight finds torch (the host's), the ranks train.
+    payload = copy_payload(tmp_path, "env_ddp.py")
+    test_dir = f"/tmp/clusterrun-test/{uuid.uuid4().hex[:8]}"
+    cp = run_cli("launch", "--nproc-per-node", "2", "--env", f"TEST_DIR={test_dir}",
+                 str(inv), str(payload), timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    records = [json.loads(cluster.read(name, f"{test_dir}/{file}")) for name in HOSTS3
+               for file in cluster.run_on(name, "ls", test_dir).split()]
+    assert len(records) == 6
+    env = built["hosts"][0]["path"]
+    for rec in records:
+        assert rec["prefix"] == env and rec["tinypkg"] == "tiny" and rec["same_weights"]
+        assert rec["torch"].startswith(f"{venv_with_torch.torch}/torch/")
+    assert cluster.wait_no_processes(HOSTS3, 15) == {}
+
+
+def wheel_of(folder: Path, name: str, version: str) -> Path:
+    """An empty wheel of ``name`` ``version`` (a distribution with no module)."""
+    folder.mkdir(exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{info}/METADATA",
+                       f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                       "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.mark.usefixtures("home", "clean")
+def test_a_lock_pinning_a_host_package_at_another_version_is_refused(
+        cluster: Cluster, tmp_path: Path, workdir: str, venv_with_torch: HostVenv) -> None:
+    """The lock pins mpmath (one of torch's requirements, which the host's venv has) at another
+    version: `env` refuses each host (exit 3), naming it, the package and both versions, and
+    builds nothing."""
+    tiny_wheel(tmp_path / "wheels")
+    wheel_of(tmp_path / "wheels", "mpmath", "0.0.1")
+    (tmp_path / "site.lock").write_text("clusterrun-tinypkg==0.1\nmpmath==0.0.1\n")
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
+        "python": venv_with_torch.python, "workdir": workdir,
+        "environment": {"lock": "site.lock", "find_links": ["wheels"],
+                        "system_site_packages": True}})
+    cp = run_cli("env", str(inv), timeout=300)
+    assert cp.returncode == 3, cp.stderr
+    host = metadata.version("mpmath")
+    for name in HOSTS:
+        assert f"{name}: the lock ({tmp_path}/site.lock) pins packages that the host's own " \
+               f"`python:` ({venv_with_torch.python}) has at other versions" in cp.stderr
+        assert not host_path(cluster, name, f"{workdir}/envs").is_dir() or not [
+            e for e in host_path(cluster, name, f"{workdir}/envs").iterdir()
+            if not e.name.startswith(".")]
+    assert f"mpmath==0.0.1 in the lock, mpmath {host} on the host" in cp.stderr
+    assert "Traceback" not in cp.stderr
 
 
 # Run in the lock's environment: where each rank's interpreter and packages came from.
