@@ -72,12 +72,13 @@ def request_(tmp_path: Path) -> dict[str, Any]:
 
 
 def start(req: dict[str, Any], tmp_path: Path, gate: Path | None = None,
-          payload: bytes = b"") -> subprocess.Popen[bytes]:
-    """pyenv.py run as a host runs it; its uv installs nothing until ``gate`` exists."""
+          payload: bytes = b"", python: str = sys.executable) -> subprocess.Popen[bytes]:
+    """pyenv.py run as a host runs it (with ``python``, under -S); its uv installs nothing until
+    ``gate`` exists."""
     env = dict(os.environ, FAKE_UV_LOG=str(tmp_path / "uv.log"), FAKE_PY="3.11.2",
                FAKE_UV_GATE=str(gate or ""), PYTHONPATH=str(REPO))
     code = "import sys; from clusterrun.remote import pyenv; pyenv.main(sys.stdin.buffer)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([python, "-S", "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(req).encode() + b"\n" + payload)
@@ -187,3 +188,30 @@ def test_prune_keeps_the_current_and_the_previous(request_: dict[str, Any],
     assert reply["removed"] == ["a" * 16]
     assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == [
         "b" * 16, "c" * 16]
+
+
+def test_a_venv_pythons_own_site_packages_are_kept_and_an_environment_without_them_rebuilt(
+        request_: dict[str, Any], tmp_path: Path) -> None:
+    """`python:` a virtual environment, `system_site_packages`: the build adds that venv's own
+    site-packages (remote/sitedirs.py); an environment that does not (built by an older
+    clusterrun, or before `python:` was a venv) is said not built by the status and built
+    again, where one that does is kept."""
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    subprocess.run([base, "-m", "venv", "--without-pip", str(tmp_path / "hv")], check=True,
+                   timeout=120)
+    python = str(tmp_path / "hv" / "bin" / "python")
+    own = str(tmp_path / "hv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+              / "site-packages")
+    req = dict(request_, system_site_packages=True)
+    status = {"op": "status", "workdir": req["workdir"], "lock": LOCK,
+              "system_site_packages": True, "host_python": python}
+    assert answer(start(req, tmp_path, python=python))["built"] is True
+    pth = Path(req["workdir"]) / "envs" / LOCK / "lib" / "python3.11" / "site-packages" / \
+        "_clusterrun_host.pth"
+    assert pth.read_text() == f"import site; site.addsitedir({own!r})\n"
+    assert answer(start(status, tmp_path))["env"]["dists"] == ["alpha==1.0", "beta==2.0"]
+    assert answer(start(req, tmp_path, python=python))["built"] is False and builds(tmp_path) == 1
+    pth.unlink()
+    assert answer(start(status, tmp_path))["env"] is None
+    assert answer(start(req, tmp_path, python=python))["built"] is True and builds(tmp_path) == 2
+    assert pth.exists()

@@ -90,17 +90,12 @@ def status(req):
                  interface_address=ipv4_of(req["interface"]) if req.get("interface") else None,
                  missing=[w["sha"] for w in req.get("want", [])
                           if not has(workdir, w["sha"], w["name"])])
-    if req.get("system_site_packages"):
-        found["host_packages"] = host_packages(req)
+    if req.get("system_site_packages"):  # asked of `python:`: this may be the env's interpreter
+        host = sitedirs.ask(sitedirs.resolve(req.get("host_python") or sys.executable))
+        found["host_packages"] = sitedirs.distributions(host["path"])
+        if found["env"] and not sitedirs.kept(found["env"]["path"], sitedirs.own_site_dirs(host)):
+            found["env"] = None  # built without the host's own packages: to be built again
     return found
-
-
-def host_packages(req):
-    """What the host's own `python:` sees: this interpreter may be the environment's."""
-    try:
-        return sitedirs.packages(req.get("host_python") or sys.executable)
-    except sitedirs.AskFailed as exc:
-        raise Refused(str(exc)) from None
 
 
 def _store_from(workdir, item, read):
@@ -241,10 +236,7 @@ def _build_into(tmp, workdir, req):
     _uv([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
          "--offline", "--no-index", "--no-deps", "--find-links", links, "-r", lock], workdir)
     if req.get("system_site_packages"):  # a venv's own packages, not only its base's
-        try:
-            sitedirs.keep_host(tmp, sys.executable)
-        except sitedirs.AskFailed as exc:
-            raise Refused(str(exc)) from None
+        sitedirs.keep_host(tmp, sitedirs.own_site_dirs(sitedirs.ask(sys.executable)))
 
 
 def _clear(envs, prefix):
@@ -268,7 +260,9 @@ def build(req):
         with open(os.path.join(envs, ".%s.lock" % req["lock"]), "a") as held:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another launch's build: wait for it
             found = envstate.describe(final)
-            if found and found["dists"] == expected and found["python"] == req["python"]:
+            if found and found["dists"] == expected and found["python"] == req["python"] \
+                    and (not req.get("system_site_packages") or sitedirs.kept(
+                        final, sitedirs.own_site_dirs(sitedirs.ask(sys.executable)))):
                 os.utime(final)
                 return {"built": False, "env": found}
             # Holding the lock, any temporary folder of this lock is a killed build's.
@@ -327,8 +321,8 @@ def main(stdin):
             answer = prune(req)
         else:
             answer = {"error": "unknown operation %r" % op}
-    except Refused as exc:
-        answer = {"error": str(exc), "disk_full": exc.disk_full}
+    except (Refused, sitedirs.AskFailed) as exc:
+        answer = {"error": str(exc), "disk_full": getattr(exc, "disk_full", None)}
     except subprocess.TimeoutExpired:
         answer = {"error": "the build took over %d s" % BUILD_SECONDS}
     answer[protocol.OP] = op

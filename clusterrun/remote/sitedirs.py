@@ -83,23 +83,41 @@ def own_site_dirs(found):
     return _unique(d for d in found["site"] if os.path.realpath(d).startswith(inside))
 
 
-def keep_host(env, python):
-    """The host environment's own site directories added to the built environment ``env``,
-    after its own: a .pth in env's site-packages. Returns the directories added."""
-    dirs = own_site_dirs(ask(python))
-    if not dirs:
-        return []
-    sites = [os.path.join(env, "lib", entry, "site-packages")
-             for entry in sorted(os.listdir(os.path.join(env, "lib")))
-             if entry.startswith("python")]
-    sites = [s for s in sites if os.path.isdir(s)]
-    if not sites:
+def _pth(env):
+    """Where the built environment ``env`` keeps its .pth of the host's directories."""
+    lib = os.path.join(env, "lib")
+    with_site = [os.path.join(lib, entry, "site-packages") for entry in sorted(os.listdir(lib))
+                 if entry.startswith("python")] if os.path.isdir(lib) else []
+    with_site = [s for s in with_site if os.path.isdir(s)]
+    if not with_site:
         raise AskFailed("the environment built in %s has no site-packages" % env)
+    return os.path.join(with_site[0], PTH)
+
+
+def _body(dirs):
     # Python source, not a shell: repr() is the literal that names each path exactly.
-    body = "".join("import site; site.addsitedir(%r)\n" % d for d in dirs)
-    with open(os.path.join(sites[0], PTH), "w") as out:
-        out.write(body)
-    return dirs
+    return "".join("import site; site.addsitedir(%r)\n" % d for d in dirs)
+
+
+def keep_host(env, dirs):
+    """The host environment's own site directories ``dirs`` (own_site_dirs) added to the built
+    environment ``env``, after its own: a .pth in env's site-packages."""
+    if dirs:
+        with open(_pth(env), "w") as out:
+            out.write(_body(dirs))
+
+
+def kept(env, dirs):
+    """Whether the built environment ``env`` adds exactly ``dirs``: not where it was built
+    before its host's `python:` was a virtual environment, or by a clusterrun that did not add
+    them, or when that virtual environment's directories moved."""
+    try:
+        with open(_pth(env)) as handle:
+            return handle.read() == _body(dirs)
+    except AskFailed:
+        return False
+    except OSError:
+        return not dirs
 
 
 def distributions(path):
@@ -117,8 +135,3 @@ def distributions(path):
                     name, _, version = item[:-len(suffix)].partition("-")
                     found.setdefault(envstate.canonical(name), version.split("-")[0])
     return found
-
-
-def packages(python):
-    """{canonical name: version} of every distribution the host's interpreter sees."""
-    return distributions(ask(resolve(python))["path"])
