@@ -55,8 +55,9 @@ def cache_with_uv(tmp_path: Path, env: PythonEnv, platform: Platform = X86) -> w
 
 
 class Index:
-    """A package index on loopback that wants Basic credentials: the requests it got, with
-    the Authorization header each carried."""
+    """A package index on loopback that wants Basic credentials: ``files`` by URL path (a
+    project's simple page ends with /), and the requests it got, with the Authorization header
+    each carried."""
 
     def __init__(self, files: dict[str, bytes], user: str = "alice",
                  password: str = "s3cret-word") -> None:
@@ -66,7 +67,13 @@ class Index:
         index = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:  # uv asks before a ranged read of a wheel's metadata
+                self.answer(send_body=False)
+
             def do_GET(self) -> None:
+                self.answer(send_body=True)
+
+            def answer(self, *, send_body: bool) -> None:
                 auth = self.headers.get("Authorization", "")
                 index.seen.append((self.path, auth))
                 body = index.files.get(self.path)
@@ -79,9 +86,12 @@ class Index:
                     self.end_headers()
                 else:
                     self.send_response(200)
+                    if self.path.endswith("/"):  # a project's page of a simple index
+                        self.send_header("Content-Type", "text/html")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.wfile.write(body)
+                    if send_body:
+                        self.wfile.write(body)
 
             def log_message(self, *_args: Any) -> None:
                 pass
@@ -89,6 +99,17 @@ class Index:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add_project(self, *wheels_: Path) -> None:
+        """A simple (PEP 503) page listing ``wheels_`` with their sha256, and the files."""
+        links = []
+        for path in wheels_:
+            self.files[f"/files/{path.name}"] = path.read_bytes()
+            links.append(f'<a href="../../files/{path.name}#sha256={wheels.sha256_of(path)}">'
+                         f"{path.name}</a>")
+        name = wheels.parse_filename(wheels_[0].name)[0]
+        self.files[f"/simple/{name}/"] = ("<html><body>" + "".join(links)
+                                          + "</body></html>").encode()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -272,10 +293,11 @@ def uv_lock(project: Path, *args: str) -> None:
     assert UV, "uv is not installed beside this Python (pip install -e '.[test]' installs it)"
     empty = project.parent / "empty-index"
     empty.mkdir(exist_ok=True)
-    done = subprocess.run([UV, "lock", "--no-config", "--default-index", empty.as_uri(),
+    done = subprocess.run([UV, "lock", "--default-index", empty.as_uri(),
                            "--cache-dir", str(project.parent / "uv-cache"), *args], cwd=project,
                           capture_output=True, text=True, timeout=300, check=False,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("UV_")})
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("UV_")},
+                               "XDG_CONFIG_HOME": str(project.parent)})  # no user uv.toml
     assert done.returncode == 0, done.stderr
 
 
@@ -285,8 +307,8 @@ def test_a_real_uv_lock_says_where_each_wheel_is(tmp_path: Path, tiny: Path, ind
     wheel, as `uv lock` records them: every wheel's place found on this machine, nothing
     restated in the inventory, each gathered from there with its sha256."""
     for folder, name in (("flat", "flatpkg"), ("links", "linkpkg"), ("proj/vendor", "vendored")):
-        _renamed(tiny, tmp_path / folder / f"{name}-0.1-py3-none-any.whl", name)
-    served = _renamed(tiny, tmp_path / "served" / "servedpkg-0.1-py3-none-any.whl", "servedpkg")
+        wheel_of(tmp_path / folder, name, name)
+    served = wheel_of(tmp_path / "served", "servedpkg", "servedpkg")
     index.files[f"/files/{served.name}"] = served.read_bytes()
     project = tmp_path / "proj"
     (project / "pyproject.toml").write_text(
@@ -311,13 +333,26 @@ def test_a_real_uv_lock_says_where_each_wheel_is(tmp_path: Path, tiny: Path, ind
     assert sorted(w.name for w in got) == ["flatpkg", "linkpkg", "servedpkg", "uv", "vendored"]
 
 
-def _renamed(source: Path, target: Path, name: str) -> Path:
-    """tests.envtools' tiny wheel as the distribution ``name`` (its metadata says so)."""
+def wheel_of(folder: Path, dist: str, module: str, version: str = "0.1") -> Path:
+    """A one-module wheel of distribution ``dist`` (``module``.WORD is the module's name)."""
+    import base64
+    import hashlib
     import zipfile
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
-        for item in old.namelist():
-            data = old.read(item).replace(b"clusterrun-tinypkg", name.encode())
-            new.writestr(item.replace("clusterrun_tinypkg", name), data)
-    return target
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{dist.replace('-', '_')}-{version}"
+    path = folder / f"{stem}-py3-none-any.whl"
+    files = {f"{module}.py": f"WORD = {module!r}\n".encode(),
+             f"{stem}.dist-info/METADATA":
+                 f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+             f"{stem}.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{name},sha256="
+              f"{base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+              f"{len(data)}" for name, data in files.items()]
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{stem}.dist-info/RECORD",
+                         "\n".join([*record, f"{stem}.dist-info/RECORD,,"]) + "\n")
+    return path

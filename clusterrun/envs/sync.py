@@ -253,6 +253,20 @@ class Sync:
                 host.drift = [] if drift == ["not built"] else drift
                 host.state = FAILED if host.problem else READY if not drift else (
                     MISSING if drift == ["not built"] else DRIFT)
+        self._say_skipped(groups)
+
+    def _say_skipped(self, groups: dict[tuple[str, Platform], list[HostEnv]]) -> None:
+        """Once: a requirements lock's line whose marker holds on none of the hosts (as pip
+        skips it there). uv.lock's markers are clusterrun's own reading of the lock: not said."""
+        envs = {h.env.lock: h.env for hosts in groups.values() for h in hosts}
+        for lock, env in envs.items():
+            if lock.endswith("uv.lock"):
+                continue
+            seen = [platform.markers() for (used, platform) in groups if used == lock]
+            for pin in env.pins:
+                if pin.marker and not any(pin.applies(values) for values in seen):
+                    self.say(f"{lock}, line {pin.line}: {pin.shown} is for none of the hosts; "
+                             "skipped")
 
     def run(self, *, build: bool, keep: bool = False) -> EnvReport:
         """Status and wheels; with ``build``, every host not ready made so. The base
@@ -380,7 +394,9 @@ class Sync:
             started = time.monotonic()
             self.progress(host, "building", 0.65)
             reply = self._call(host, {
-                OP: Env.BUILD, "requirements": host.env.requirements(),
+                # The wheels gathered for its platform, each checked against the lock here:
+                # its markers are evaluated, its direct references are files in the store.
+                OP: Env.BUILD, "requirements": "".join(f"{w.dist}\n" for w in lock),
                 "files": [w.item for w in lock], "uv": uv.item,
                 "expected": host.expected(), "python": host.status["python"],
                 "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)
