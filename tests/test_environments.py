@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clusterrun import inventory
-from clusterrun.envs import platforms, sync
+from clusterrun.envs import platforms, sync, verify
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.wheels import UV, Wheel
 from clusterrun.errors import InventoryError, PreflightError
@@ -52,7 +52,8 @@ def test_a_lock_of_pins_is_read_with_its_hashes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("line", "words"), [
     ("numpy>=2", ("`numpy>=2` is not pinned", "NAME==VERSION")),
     ("numpy", ("`numpy` is not pinned",)),
-    ("-e ./mypkg", ("`-e` options", "find_links")),
+    ("-e ./mypkg", ("an editable install", "pip wheel --no-deps ./mypkg")),
+    ("--index-url https://x", ("`--index-url` options", "find_links")),
     ('numpy==2.3.4; python_version <<< "3.12"', ("its environment marker does not parse",)),
     ("mypkg @ file:///srv/src/mypkg", ("is not a wheel", "pip wheel --no-deps")),
     ("mypkg @ git+https://example.invalid/mypkg", ("is not a wheel (a git+https source)",)),
@@ -180,7 +181,7 @@ def test_drift_is_named_package_by_package() -> None:
                                                           "dists": ["numpy==2.3.4"]}) == [
         "built for Python 3.11.2, the host's is 3.11.7"]
     assert sync.differences(["numpy==2.3.4"], "3.11.2", None) == ["not built"]
-    assert sync.env_hash(found) != sync.env_hash({**found, "python": "3.11.3"})
+    assert verify.env_hash(found) != verify.env_hash({**found, "python": "3.11.3"})
 
 
 def test_a_host_that_cannot_be_reached_is_named_with_exit_4(

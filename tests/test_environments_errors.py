@@ -6,8 +6,6 @@ uv project does not allow; and where the master serves the wheels (its data inte
 from __future__ import annotations
 
 import dataclasses
-import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,34 +18,12 @@ from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv
 from clusterrun.remote import pyenv
 from tests.conftest import run_main
+from tests.wheelsources import only_the_inventorys_sources, wheel
+
+__all__ = ["only_the_inventorys_sources"]  # autouse: pip sees none of this machine's sources
 
 X86 = Platform("3.11", "x86_64", (2, 36))
 NOWHERE = "file:///nonexistent"  # an index that is not there: pip asks nothing of the network
-
-
-@pytest.fixture(autouse=True)
-def only_the_inventorys_sources(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pip sees the inventory's find_links and index_url alone, not this machine's
-    configuration (its index and find-links directories)."""
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    for name in list(os.environ):
-        if name.startswith("PIP_") and name != "PIP_CONFIG_FILE":
-            monkeypatch.delenv(name)
-
-
-def wheel(folder: Path, filename: str, requires_python: str = "") -> Path:
-    """A wheel of ``filename``'s name, version and tags (metadata only)."""
-    name, version = filename.split("-")[:2]
-    folder.mkdir(exist_ok=True)
-    path = folder / filename
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    if requires_python:
-        meta += f"Requires-Python: {requires_python}\n"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(f"{name}-{version}.dist-info/METADATA", meta)
-        archive.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\n")
-        archive.writestr(f"{name}-{version}.dist-info/RECORD", "")
-    return path
 
 
 def gather(tmp_path: Path, pin: Pin, platform: Platform = X86, *,

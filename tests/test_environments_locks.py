@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import Cluster, copy_payload, run_cli
 from tests.envtools import host_path, tiny_wheel
-from tests.test_environments_sources import UV, Index, wheel_of
+from tests.wheelsources import UV, Index, wheel_of
 
 pytestmark = pytest.mark.cluster
 

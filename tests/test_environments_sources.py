@@ -5,13 +5,9 @@ and environment markers evaluated for each host's platform. pip sees no source b
 
 from __future__ import annotations
 
-import base64
-import http.server
 import os
 import shutil
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +20,7 @@ from clusterrun.envs.platforms import Platform
 from clusterrun.errors import InventoryError, PreflightError
 from clusterrun.inventory.pylock import LockedWheel, Pin, PythonEnv
 from tests.envtools import tiny_wheel
-from tests.test_environments_errors import only_the_inventorys_sources, wheel
+from tests.wheelsources import UV, Index, only_the_inventorys_sources, wheel, wheel_of
 
 __all__ = ["only_the_inventorys_sources"]  # autouse: pip sees none of this machine's sources
 
@@ -52,68 +48,6 @@ def cache_with_uv(tmp_path: Path, env: PythonEnv, platform: Platform = X86) -> w
                f"{platform.machine}.whl")
     cache.add(uv, wheels.UV, platform, env)
     return cache
-
-
-class Index:
-    """A package index on loopback that wants Basic credentials: ``files`` by URL path (a
-    project's simple page ends with /), and the requests it got, with the Authorization header
-    each carried."""
-
-    def __init__(self, files: dict[str, bytes], user: str = "alice",
-                 password: str = "s3cret-word") -> None:
-        self.files = files
-        self.token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        self.seen: list[tuple[str, str]] = []
-        index = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_HEAD(self) -> None:  # uv asks before a ranged read of a wheel's metadata
-                self.answer(send_body=False)
-
-            def do_GET(self) -> None:
-                self.answer(send_body=True)
-
-            def answer(self, *, send_body: bool) -> None:
-                auth = self.headers.get("Authorization", "")
-                index.seen.append((self.path, auth))
-                body = index.files.get(self.path)
-                if auth != f"Basic {index.token}":
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", 'Basic realm="wheels"')
-                    self.end_headers()
-                elif body is None:
-                    self.send_response(404)
-                    self.end_headers()
-                else:
-                    self.send_response(200)
-                    if self.path.endswith("/"):  # a project's page of a simple index
-                        self.send_header("Content-Type", "text/html")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    if send_body:
-                        self.wfile.write(body)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add_project(self, *wheels_: Path) -> None:
-        """A simple (PEP 503) page listing ``wheels_`` with their sha256, and the files."""
-        links = []
-        for path in wheels_:
-            self.files[f"/files/{path.name}"] = path.read_bytes()
-            links.append(f'<a href="../../files/{path.name}#sha256={wheels.sha256_of(path)}">'
-                         f"{path.name}</a>")
-        name = wheels.parse_filename(wheels_[0].name)[0]
-        self.files[f"/simple/{name}/"] = ("<html><body>" + "".join(links)
-                                          + "</body></html>").encode()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -284,7 +218,7 @@ def test_a_line_for_none_of_the_hosts_is_skipped_and_said_once(
                     "is for none of the hosts; skipped"]
 
 
-UV = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
+
 
 
 def uv_lock(project: Path, *args: str) -> None:
@@ -331,28 +265,3 @@ def test_a_real_uv_lock_says_where_each_wheel_is(tmp_path: Path, tiny: Path, ind
         "servedpkg": f"{index.url}/files/{served.name}"}
     got = wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a"])
     assert sorted(w.name for w in got) == ["flatpkg", "linkpkg", "servedpkg", "uv", "vendored"]
-
-
-def wheel_of(folder: Path, dist: str, module: str, version: str = "0.1") -> Path:
-    """A one-module wheel of distribution ``dist`` (``module``.WORD is the module's name)."""
-    import base64
-    import hashlib
-    import zipfile
-
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{dist.replace('-', '_')}-{version}"
-    path = folder / f"{stem}-py3-none-any.whl"
-    files = {f"{module}.py": f"WORD = {module!r}\n".encode(),
-             f"{stem}.dist-info/METADATA":
-                 f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
-             f"{stem}.dist-info/WHEEL":
-                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{name},sha256="
-              f"{base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-              f"{len(data)}" for name, data in files.items()]
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-        archive.writestr(f"{stem}.dist-info/RECORD",
-                         "\n".join([*record, f"{stem}.dist-info/RECORD,,"]) + "\n")
-    return path

@@ -6,7 +6,7 @@ import json
 from typing import Any, Optional, TextIO
 
 from clusterrun.envs import hostsite
-from clusterrun.envs.sync import EnvReport, HostEnv, describe_problem
+from clusterrun.envs.hostenv import EnvReport, HostEnv, describe_problem
 
 
 def _mib(n: int) -> str:

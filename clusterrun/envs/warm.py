@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from clusterrun.envs import platforms, wheels
+from clusterrun.envs.hostenv import READY, EnvReport, HostEnv
 from clusterrun.envs.platforms import Platform, PlatformError
-from clusterrun.envs.sync import READY, EnvReport, HostEnv, Sync
+from clusterrun.envs.sync import Sync
 from clusterrun.envs.verify import differences
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.pylock import PythonEnv
