@@ -185,3 +185,76 @@ def test_a_malformed_uv_lock_is_refused(tmp_path: Path) -> None:
         with pytest.raises(InventoryError) as info:
             inventory.load(path)
         assert "uv.lock" in info.value.message, info.value.message
+
+
+LOCK_PIECES = ["numpy", "==", "2.3.4", " @ ", "file://", "file:", "https://", "http://[::1",
+               "%zz", "/x-1.0-py3-none-any.whl", "x-1.0.tar.gz", "#sha256=", "a" * 64, " ; ",
+               ";", "python_version", " < ", '"3.12"', "'3.12'", " and ", "(", ")", "\\\n",
+               " --hash=sha256:", " --", "-e ", "#", "\0", "\x85", "git+https://h/r", "[x]",
+               "~", "..", " "]
+
+
+# A requirement's parts, each from a few odd choices: most lines built from them look like pins
+# or direct references, so that the code past the first check is what gets fuzzed.
+LINE = st.tuples(st.sampled_from(["x", "numpy", "x[a]", "-e", "", "x.y_z"]),
+                 st.sampled_from([" @ ", "==", "@", " @", "==="]),
+                 st.sampled_from(["https://", "http://[::1", "file://", "file:", "git+https://",
+                                  "file://%zz", "ftp://", "1.0", ""]),
+                 st.sampled_from(["h", "u:p@h", "[::1]:8", "", "/tmp", ".."]),
+                 st.sampled_from(["/x-1.0-py3-none-any.whl", "/x-1.0.tar.gz", "/y-1-a-b-c.whl",
+                                  "/x%2F1.0-py3-none-any.whl", "/x-1.0-py3-none-any.whl%00",
+                                  "", "/"]),
+                 st.sampled_from(["", "#sha256=" + "a" * 64, "#md5=1", ";python_version<'3'",
+                                  " ; python_version < '3'", " ; (((", " --hash=sha256:" + "b" * 64,
+                                  " --hash=md5:1", " ; sys_platform == 'linux' --hash=sha256:"
+                                  + "c" * 64])).map("".join)
+
+
+@FUZZ
+@given(st.lists(LINE, min_size=1, max_size=3)
+       | st.lists(st.lists(st.sampled_from(LOCK_PIECES), max_size=12).map("".join), min_size=1,
+                  max_size=5))
+def test_a_requirements_lock_of_any_lines_loads_or_is_refused(tmp_path: Path,
+                                                              lines: list[str]) -> None:
+    """Direct references, markers and options in any order: read, or refused with the
+    lock's line; never another exception."""
+    (tmp_path / "req.lock").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "inv.yaml"
+    path.write_text("defaults:\n  environment: req.lock\nhosts:\n  - localhost\n")
+    _loads_or_refuses(path)
+
+
+ODD_LINES = ["x @ http://[::1/x-1.0-py3-none-any.whl", "x @ file://%zz/x-1.0-py3-none-any.whl",
+             "x @ file:x-1.0-py3-none-any.whl", "x==1 ; (((",
+             'x @ https://h/x-1.0-py3-none-any.whl;python_version<"3"',
+             "x @ file:///tmp/x-1.0-py3-none-any.whl%00", "x @ https://u:p@h/x-1.0-py3-none-any.whl",
+             "x @ https://h/x%2F1.0-py3-none-any.whl", "x @ https://[::1]:99999/x-1-py3-none-any.whl",
+             "x @ https://h/x-1.0-py3-none-any.whl#sha256=zz", "x @ \\\\share\\x.whl",
+             "x @ file://" + "/a" * 3000 + "/x-1.0-py3-none-any.whl"]
+
+
+def test_odd_direct_references_and_markers_load_or_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("defaults:\n  environment: req.lock\nhosts:\n  - localhost\n")
+    for line in ODD_LINES:
+        (tmp_path / "req.lock").write_text(line + "\n")
+        _loads_or_refuses(path)
+
+
+BAD_WHEELS = ['[{path = 3}]', '[{url = "http://[::1/x-1-py3-none-any.whl"}]', '[{url = 5}]',
+              '[{path = "\\u0000"}]', '[{filename = "x.whl"}]', '[{hash = 7, url = "x"}]', "[3]"]
+
+
+def test_a_uv_lock_with_odd_wheel_places_is_read_or_refused(tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "pyproject.toml").write_text(
+        '[project]\nname = "x"\nversion = "1"\n[[tool.uv.index]]\nname = 3\nurl = []\n')
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  - host: localhost\n    environment: proj\n")
+    for registry in ('"../w"', '"https://[::1"', "5", '"file:///%zz"'):
+        for listed in BAD_WHEELS:
+            (tmp_path / "proj" / "uv.lock").write_text(
+                "version = 1\n" + _PROJECT + 'dependencies = [{name = "y"}]\n'
+                f'[[package]]\nname = "y"\nversion = "2"\nsource = {{ registry = {registry} }}\n'
+                f"wheels = {listed}\n")
+            _loads_or_refuses(path)

@@ -168,6 +168,14 @@ def _read(chk: Checker, loc: Located, path: Path) -> Optional[PythonEnv]:
 def _pin(chk: Checker, path: Path, number: int, line: str) -> Optional[Pin]:
     where = str(path)
     words = line.split()
+    if words[0] in ("-e", "--editable"):
+        source = words[1] if len(words) > 1 else "its source"
+        chk.fail(number, f"`{line}`: an editable install (pip freeze writes one for `pip install "
+                 "-e`, often your own project): clusterrun builds nothing on the hosts. Leave "
+                 "the line out where it is the code you launch (launch copies your script's "
+                 f"directory to the hosts), or build its wheel (`pip wheel --no-deps {source} -w "
+                 "wheels/`) and write `NAME @ file:///ABSOLUTE/PATH/TO/THE.whl` instead.", where)
+        return None
     if words[0].startswith("-"):
         chk.fail(number, f"`{words[0]}` options are not read in a lock; name wheel sources in the "
                  "inventory (environment: {lock: ..., find_links: [DIR], index_url: URL}).",
@@ -228,8 +236,16 @@ def _direct(chk: Checker, path: Path, number: int, found: re.Match[str],
     address, _, fragment = url.partition("#")
     hashes += tuple(m.group(1).lower() for m in
                     [re.fullmatch(r"sha256=([0-9a-fA-F]{64})", fragment)] if m)
-    scheme = urlsplit(address).scheme
-    filename = unquote(urlsplit(address).path.rsplit("/", 1)[-1])
+    try:
+        parts = urlsplit(address)
+    except ValueError as exc:  # `http://[::1/...`: a host part that does not parse
+        chk.fail(number, f"`{found.group(0)}`: not a URL ({exc}).", where)
+        return None
+    scheme, filename = parts.scheme, unquote(parts.path.rsplit("/", 1)[-1])
+    if ";" in address and ".whl;" in address:
+        chk.fail(number, f"`{found.group(0)}`: a marker after a URL needs a space before its "
+                 "`;` (`NAME @ URL ; MARKER`), or it is read as part of the URL.", where)
+        return None
     if scheme not in ("file", "http", "https") or not filename.endswith(".whl"):
         chk.fail(number, f"`{found.group(0)}` is not a wheel (a {scheme or 'local'} source): "
                  "clusterrun ships wheels and builds nothing on the hosts. Build its wheel here "
@@ -237,14 +253,14 @@ def _direct(chk: Checker, path: Path, number: int, found: re.Match[str],
                  "file:///ABSOLUTE/PATH/TO/THE.whl`, or pin it as NAME==VERSION with that "
                  "directory in `find_links:`.", where)
         return None
-    parts = filename[:-4].split("-")
-    if len(parts) not in (5, 6) or canonical(parts[0]) != name:
+    fields = filename[:-4].split("-")
+    if len(fields) not in (5, 6) or canonical(fields[0]) != name:
         chk.fail(number, f"`{found.group(0)}`: {filename} is not a wheel of {name} (a wheel's "
                  "file name starts with its distribution's name and version).", where)
         return None
     stamp, location = "", address
     if scheme == "file":
-        local = Path(unquote(urlsplit(address).path))
+        local = Path(unquote(parts.path))
         local = local if local.is_absolute() else path.parent / local
         try:
             st = local.stat()
@@ -254,5 +270,5 @@ def _direct(chk: Checker, path: Path, number: int, found: re.Match[str],
                      "(pip freeze) where the wheel is.", where)
             return None
         location, stamp = str(local), "" if hashes else f"{st.st_size}:{st.st_mtime_ns}"
-    return Pin(name, parts[1], number, hashes, marker,
+    return Pin(name, fields[1], number, hashes, marker,
                (LockedWheel(filename, location, stamp=stamp),))
