@@ -118,7 +118,7 @@ def test_a_private_index_gets_uvs_credentials_and_no_one_else_does(
         wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a", "b"])
     message = found.value.message
     for word in ("HTTP 401", "no credentials were found", "UV_INDEX_CORP_WHEELS_USERNAME",
-                 "machine 127.0.0.1", "uv.lock, line 7", "pip found none either"):
+                 "machine 127.0.0.1", "uv.lock, line 7", "found no wheel of it either"):
         assert word in message, message
 
     monkeypatch.setenv("UV_INDEX_CORP_WHEELS_USERNAME", "alice")

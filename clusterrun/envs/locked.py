@@ -27,8 +27,12 @@ BLOCK = 1 << 20
 
 
 class Unavailable(Exception):
-    """The wheel is not where the lock says, or could not be fetched from there; the message
-    says why, for the paragraph that names every source tried."""
+    """The wheel is not where the lock says, or could not be fetched from there: why (the
+    message), and what fixes it where there is more to say than `find_links:` (``fix``)."""
+
+    def __init__(self, reason: str, fix: str = "") -> None:
+        super().__init__(reason)
+        self.fix = fix
 
 
 def choose(pin: Pin, platform: Platform) -> Optional[LockedWheel]:
@@ -69,9 +73,11 @@ def take(wheel: LockedWheel, links: Sequence[str], folder: Path) -> Path:
     try:
         shutil.copyfile(wheel.location, target)
     except FileNotFoundError:
-        raise Unavailable(f"{wheel.location} is not there") from None
+        raise Unavailable(f"the lock's wheel {wheel.location} is not there",
+                          "Put it back, or lock again where it is.") from None
     except OSError as exc:
-        raise Unavailable(f"cannot read {wheel.location} ({exc.strerror or exc})") from None
+        raise Unavailable(f"the lock's wheel {wheel.location} cannot be read "
+                          f"({exc.strerror or exc})") from None
     return target
 
 
@@ -86,20 +92,23 @@ def _download(wheel: LockedWheel, target: Path) -> None:
             for block in iter(lambda: answer.read(BLOCK), b""):
                 out.write(block)
     except urllib.error.HTTPError as exc:
-        raise Unavailable(f"{shown} answered HTTP {exc.code} {exc.reason}"
-                          + _auth_hint(wheel, exc.code, found)) from None
+        if exc.code in (401, 403):
+            given = "the credentials given were refused" if found else \
+                "no credentials were found for it"
+            raise Unavailable(f"the lock's {shown} answered HTTP {exc.code} {exc.reason}, and "
+                              f"{given}", _credentials_fix(wheel)) from None
+        raise Unavailable(f"the lock's {shown} answered HTTP {exc.code} {exc.reason}") from None
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise Unavailable(f"fetching {shown} failed ({reason})") from None
+        raise Unavailable(f"fetching the lock's {shown} failed ({reason})") from None
 
 
-def _auth_hint(wheel: LockedWheel, code: int, found: Optional[tuple[str, str]]) -> str:
-    if code not in (401, 403):
-        return ""
+def _credentials_fix(wheel: LockedWheel) -> str:
     host = credentials.realm(wheel.location)[1]
-    given = "the credentials given were refused" if found else "no credentials were found"
-    ways = (f"{credentials.env_name(wheel.index_name)}_USERNAME and _PASSWORD (as for uv), or "
-            if wheel.index_name else "")
-    return (f": {given}. Give them on this machine as {ways}a `machine {host}` entry in "
-            "~/.netrc; only this machine fetches wheels, and the credentials are not written "
-            "anywhere")
+    if wheel.index_name:
+        prefix = credentials.env_name(wheel.index_name)
+        ways = f"{prefix}_USERNAME and {prefix}_PASSWORD (as uv takes them), or as "
+    else:
+        ways = ""
+    return (f"Give them on this machine as {ways}a `machine {host}` entry in ~/.netrc: only "
+            "this machine fetches wheels, and the credentials are written nowhere.")

@@ -133,7 +133,8 @@ def resolve(cache: Cache, env: PythonEnv, platform: Platform, hosts: Sequence[st
     lock says (envs/locked.py), else from pip."""
     pins = for_platform(env, platform)
     found = {p.name: cache.known(p, platform, env) for p in pins}
-    tried: dict[str, str] = {}  # why a wheel the lock locates could not be taken from there
+    # Why a wheel the lock locates could not be taken from there, and what fixes that.
+    tried: dict[str, tuple[str, str]] = {}
     for pin in pins:
         if found[pin.name] is None and pin.files:
             found[pin.name] = _from_lock(cache, env, platform, pin, tried)
@@ -154,26 +155,26 @@ def cached(cache: Cache, env: PythonEnv, platform: Platform) -> Optional[list[Wh
 
 
 def _from_lock(cache: Cache, env: PythonEnv, platform: Platform, pin: Pin,
-               tried: dict[str, str]) -> Optional[Wheel]:
+               tried: dict[str, tuple[str, str]]) -> Optional[Wheel]:
     """``pin``'s wheel from where the lock says, into the cache; None (the reason in ``tried``)
     where the lock lists none for the platform or it cannot be taken from there."""
     wheel = locked.choose(pin, platform)
     if wheel is None:
-        tried[pin.name] = (f"the lock lists wheels of it only for other platforms "
-                           f"({locked.listed(pin)})")
+        tried[pin.name] = (f"the lock has wheels of it only for other platforms "
+                           f"({locked.listed(pin)})", "")
         return None
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".take-", dir=cache.root) as folder:
         try:
             file = locked.take(wheel, env.find_links, Path(folder))
         except locked.Unavailable as exc:
-            tried[pin.name] = f"where the lock says, {exc}"
+            tried[pin.name] = (str(exc), exc.fix)
             return None
         return cache.add(file, pin, platform, env, wheel.sha)
 
 
 def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin], *,
-              hosts: Sequence[str], tried: dict[str, str]) -> dict[str, Wheel]:
+              hosts: Sequence[str], tried: dict[str, tuple[str, str]]) -> dict[str, Wheel]:
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache.root) as folder:
         reqs = Path(folder) / "requirements.txt"
@@ -199,7 +200,7 @@ def _download(cache: Cache, env: PythonEnv, platform: Platform, pins: list[Pin],
 
 
 def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[Pin], *,
-              said: str, hosts: Sequence[str], tried: dict[str, str]) -> str:
+              said: str, hosts: Sequence[str], tried: dict[str, tuple[str, str]]) -> str:
     hosts_text = ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
     python = _PYTHON_RE.search(said)
     if python:  # a wheel for the platform, whose Requires-Python excludes the hosts' Python
@@ -215,6 +216,12 @@ def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[
     if pin is not None and pin.name == UV.name:
         return _no_uv(env, platform, hosts_text)
     where = _where(env, pin)
+    if pin is not None and pin.name in tried:  # the lock's own place first: its reason
+        reason, fix = tried[pin.name]
+        return (f"{pin.requirement}{where}, for {hosts_text} ({platform.label}): {reason}. "
+                + (f"{fix} " if fix else "") + "(pip, asked next, found no wheel of it "
+                "either; a directory holding one in the inventory's `environment: {lock: ..., "
+                "find_links: [DIR]}` serves too.)")
     if which:
         head = (f"no wheel of {which}{where} for Python {platform.python} on {platform.label}, "
                 f"the platform of {hosts_text}")
@@ -224,8 +231,6 @@ def _no_wheel(env: PythonEnv, platform: Platform, pins: list[Pin], absent: list[
                      "platform)")
     else:
         head = f"pip could not gather the wheels for {platform.label} ({hosts_text})"
-    if pin is not None and pin.name in tried:
-        head += f"; {tried[pin.name]}, and pip found none either"
     tail = " | ".join(line.strip() for line in said.strip().splitlines()[-3:])
     return (f"{head}. Put a directory holding one in the inventory's `environment: "
             f"{{lock: ..., find_links: [DIR]}}` (or give an index_url: that has it)"
