@@ -1,5 +1,5 @@
-"""`environment:` on the namespace cluster, its other forms and failures: a uv project built on
-the hosts with the sha256s uv locked, `system_site_packages` keeping a base interpreter's own
+"""`environment:` on the namespace cluster, its other forms and failures (a uv project's own
+sources: test_environments_locks.py): `system_site_packages` keeping a base interpreter's own
 torch and a host venv's own torch (DDP on 3 hosts x 2 in it), a lock pinning one of the host's
 packages at another version refused, a host whose disk fills during the build of `env` or
 `launch` (exit 6, host and path named, nothing half-built left in envs/), two launches at once
@@ -72,51 +72,6 @@ def workdir(cluster: Cluster) -> Iterator[str]:
 
 def in_env(cluster: Cluster, host: str, python: str, code: str) -> dict[str, Any]:
     return dict(json.loads(cluster.run_on(host, python, "-c", code)))
-
-
-def test_a_uv_project_is_built_with_the_wheels_uv_locked(
-        cluster: Cluster, home: Path, tmp_path: Path, workdir: str, clean: None) -> None:
-    tiny = tiny_wheel(tmp_path / "wheels")
-    numpy = numpy_wheel(tmp_path / "dl")
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "pyproject.toml").write_text(
-        '[project]\nname = "trainer"\nversion = "0.1.0"\n'
-        f'dependencies = ["numpy=={NUMPY}", "clusterrun-tinypkg"]\n')
-    (project / "uv.lock").write_text(
-        'version = 1\nrevision = 3\nrequires-python = ">=3.11"\n\n'
-        '[[package]]\nname = "clusterrun-tinypkg"\nversion = "0.1"\n'
-        'source = { registry = "../wheels" }\n'
-        f'wheels = [\n    {{ path = "{tiny.name}", hash = "sha256:{sha256(tiny)}" }},\n]\n\n'
-        f'[[package]]\nname = "numpy"\nversion = "{NUMPY}"\n'
-        'source = { registry = "https://pypi.org/simple" }\n'
-        f'wheels = [\n    {{ url = "https://x/{numpy.name}", hash = "sha256:{sha256(numpy)}" }},\n'
-        ']\n\n'
-        '[[package]]\nname = "trainer"\nversion = "0.1.0"\nsource = { virtual = "." }\n'
-        'dependencies = [\n    { name = "clusterrun-tinypkg" },\n'
-        "    { name = \"colorama\", marker = \"sys_platform == 'win32'\" },\n"
-        '    { name = "numpy" },\n]\n')
-    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS, defaults={
-        "python": "/usr/bin/python3", "workdir": workdir,
-        "environment": {"lock": "proj", "find_links": ["wheels"]}})
-    code, built, err = env_json(str(inv))
-    assert code == 0, err
-    assert {h["state"] for h in built["hosts"]} == {"built"}
-    assert len({h["hash"] for h in built["hosts"]}) == 1
-    env = built["hosts"][1]["path"]
-    found = in_env(cluster, "node5", f"{env}/bin/python",
-                   "import json, numpy, tinypkg; print(json.dumps({'numpy': numpy.__version__, "
-                   "'where': numpy.__file__, 'tiny': tinypkg.WORD}))")
-    assert found == {"numpy": NUMPY, "where": found["where"], "tiny": "tiny"}
-    assert found["where"].startswith(f"{env}/lib/")
-
-    # A wheel that is not the one uv locked (the lock's sha256 changed) is refused here.
-    lock = (project / "uv.lock").read_text().replace(sha256(numpy), "0" * 64)
-    (project / "uv.lock").write_text(lock)
-    shutil.rmtree(home / "wheels")
-    cp = run_cli("env", str(inv), timeout=300)
-    assert cp.returncode == 3, cp.stderr
-    assert "is not one the lock" in cp.stderr and "uv.lock" in cp.stderr
 
 
 @dataclass(frozen=True)

@@ -265,3 +265,10 @@ def test_a_real_uv_lock_says_where_each_wheel_is(tmp_path: Path, tiny: Path, ind
         "servedpkg": f"{index.url}/files/{served.name}"}
     got = wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a"])
     assert sorted(w.name for w in got) == ["flatpkg", "linkpkg", "servedpkg", "uv", "vendored"]
+
+    # A wheel that is not the one uv locked (its place now holds another) is refused here.
+    (project / "vendor" / "vendored-0.1-py3-none-any.whl").write_bytes(served.read_bytes())
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.raises(PreflightError, match=r"vendored-0.1-py3-none-any.whl's sha256 .* is "
+                       r"not one the lock .*uv\.lock, line \d+\) allows for vendored==0\.1"):
+        wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a"])
