@@ -138,6 +138,28 @@ def test_a_private_index_gets_uvs_credentials_and_no_one_else_does(
     assert index.seen[-1][1] == ""
 
 
+def test_a_redirect_to_another_host_does_not_carry_the_credentials(
+        tmp_path: Path, tiny: Path, index: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index that sends its downloads to object storage: the storage gets no password (and
+    would refuse a second authorization); a redirect within the index keeps it."""
+    storage = Index({f"/bucket/{tiny.name}": tiny.read_bytes()}, host="127.0.0.2",
+                    open_to_all=True)
+    try:
+        index.redirects[f"/files/{tiny.name}"] = f"/moved/{tiny.name}"
+        index.redirects[f"/moved/{tiny.name}"] = f"{storage.url}/bucket/{tiny.name}"
+        monkeypatch.setenv("UV_INDEX_CORP_USERNAME", "alice")
+        monkeypatch.setenv("UV_INDEX_CORP_PASSWORD", "s3cret-word")
+        env = PythonEnv(str(tmp_path / "uv.lock"), (url_pin(
+            index, tiny, index_url=f"{index.url}/simple", index_name="corp"),))
+        got = wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a"])
+        assert got[0].sha == wheels.sha256_of(tiny)
+        assert index.seen == [(f"/files/{tiny.name}", f"Basic {index.token}"),
+                              (f"/moved/{tiny.name}", f"Basic {index.token}")]
+        assert storage.seen == [(f"/bucket/{tiny.name}", "")]
+    finally:
+        storage.close()
+
+
 def test_netrc_gives_a_url_its_credentials(tmp_path: Path, tiny: Path, index: Index,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     netrc = tmp_path / "netrc"

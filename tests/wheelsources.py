@@ -74,8 +74,11 @@ class Index:
     each carried."""
 
     def __init__(self, files: dict[str, bytes], user: str = "alice",
-                 password: str = "s3cret-word") -> None:
+                 password: str = "s3cret-word", *, host: str = "127.0.0.1",
+                 open_to_all: bool = False) -> None:
         self.files = files
+        self.redirects: dict[str, str] = {}  # path -> where a 302 sends it
+        self.open_to_all = open_to_all  # object storage: a signed URL, no credentials
         self.token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self.seen: list[tuple[str, str]] = []
         index = self
@@ -91,9 +94,13 @@ class Index:
                 auth = self.headers.get("Authorization", "")
                 index.seen.append((self.path, auth))
                 body = index.files.get(self.path)
-                if auth != f"Basic {index.token}":
+                if auth != f"Basic {index.token}" and not index.open_to_all:
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", 'Basic realm="wheels"')
+                    self.end_headers()
+                elif self.path in index.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", index.redirects[self.path])
                     self.end_headers()
                 elif body is None:
                     self.send_response(404)
@@ -110,8 +117,8 @@ class Index:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def add_project(self, *wheels_: Path) -> None:

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from clusterrun.envs import credentials
 from clusterrun.envs.platforms import Platform
@@ -85,10 +85,13 @@ def _download(wheel: LockedWheel, target: Path) -> None:
     url = wheel.location
     shown = credentials.strip(url)
     found = credentials.lookup(url, wheel.index_url, wheel.index_name)
-    ask = urllib.request.Request(shown, headers=credentials.header(found))  # noqa: S310
+    ask = urllib.request.Request(shown)  # noqa: S310 - http(s) only: LockedWheel.is_url
+    for key, value in credentials.header(found).items():
+        ask.add_unredirected_header(key, value)  # a redirect elsewhere does not carry it
+    opener = urllib.request.build_opener(_SameRealmRedirect(shown, found))
     try:
-        with contextlib.closing(urllib.request.urlopen(ask, timeout=FETCH_SECONDS)) as answer, \
-                target.open("wb") as out:  # noqa: S310 - http(s) only: LockedWheel.is_url
+        with contextlib.closing(opener.open(ask, timeout=FETCH_SECONDS)) as answer, \
+                target.open("wb") as out:
             for block in iter(lambda: answer.read(BLOCK), b""):
                 out.write(block)
     except urllib.error.HTTPError as exc:
@@ -101,6 +104,26 @@ def _download(wheel: LockedWheel, target: Path) -> None:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise Unavailable(f"fetching the lock's {shown} failed ({reason})") from None
+
+
+class _SameRealmRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects followed as urllib does, the credentials kept only where the new URL is in the
+    realm they are for: an index that sends its downloads to object storage (a signed URL on
+    another host) must not hand that host the index's password, and the storage refuses a
+    request that carries two authorizations."""
+
+    def __init__(self, url: str, found: Optional[tuple[str, str]]) -> None:
+        self.realm = credentials.realm(url)
+        self.found = found
+
+    def redirect_request(  # noqa: PLR0917 - urllib's signature
+            self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+            headers: Any, newurl: str) -> Optional[urllib.request.Request]:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and self.found and credentials.realm(newurl) == self.realm:
+            for key, value in credentials.header(self.found).items():
+                new.add_unredirected_header(key, value)
+        return new
 
 
 def _credentials_fix(wheel: LockedWheel) -> str:
