@@ -294,3 +294,23 @@ def test_a_real_uv_lock_says_where_each_wheel_is(tmp_path: Path, tiny: Path, ind
     with pytest.raises(PreflightError, match=r"vendored-0.1-py3-none-any.whl's sha256 .* is "
                        r"not one the lock .*uv\.lock, line \d+\) allows for vendored==0\.1"):
         wheels.resolve(cache_with_uv(tmp_path, env), env, X86, ["a"])
+
+
+def test_a_wheel_url_with_a_query_and_escapes_is_named_by_its_path(tmp_path: Path) -> None:
+    """PyTorch's index escapes `+` (%2B); a signed download URL carries a query."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "t"\nversion = "1"\n')
+    url = ("https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-"
+           "manylinux_2_28_x86_64.whl?Signature=abc%2Fdef")
+    (project / "uv.lock").write_text(
+        'version = 1\nrequires-python = ">=3.11"\n\n[[package]]\nname = "t"\nversion = "1"\n'
+        'source = { virtual = "." }\ndependencies = [{ name = "torch" }]\n\n'
+        '[[package]]\nname = "torch"\nversion = "2.13.0+cpu"\n'
+        'source = { registry = "https://download.pytorch.org/whl/cpu" }\n'
+        f'wheels = [{{ url = "{url}", hash = "sha256:{"d" * 64}" }}]\n')
+    env = env_of(inv(tmp_path, "", "environment: proj"))
+    wheel_ = env.pins[0].files[0]
+    assert wheel_.filename == "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert (wheel_.location, wheel_.index_url) == (url, "https://download.pytorch.org/whl/cpu")
+    assert locked.choose(env.pins[0], X86) == wheel_

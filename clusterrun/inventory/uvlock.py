@@ -192,7 +192,9 @@ class _Sources:
                 location = self.place(str(source["path"]))
             else:
                 continue
-            filename = unquote(location.rsplit("/", 1)[-1])
+            # A URL's name is its path's last part (a signed URL's query is not part of it).
+            filename = (unquote(urlsplit(location).path.rsplit("/", 1)[-1])
+                        if re.match(r"^https?://", location) else os.path.basename(location))
             stamp = ""
             if sha is None and not location.startswith(("http://", "https://")):
                 with contextlib.suppress(OSError):
