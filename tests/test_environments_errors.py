@@ -107,7 +107,7 @@ requires-python = "{requires}"
 name = "tinypkg"
 version = "0.1"
 source = {{ registry = "https://pypi.org/simple" }}
-wheels = [{{ url = "http://127.0.0.1:9/tinypkg-0.1-py3-none-any.whl", hash = "sha256:{'ab' * 32}" }}]
+wheels = [{{ url = "http://127.0.0.1:9/tinypkg.whl", hash = "sha256:{'ab' * 32}" }}]
 
 [[package]]
 name = "trainer"
