@@ -260,6 +260,8 @@ def test_env_check_and_check_json_on_this_machine(home: Path, tmp_path: Path) ->
     code, found = env("--check")
     assert code == 0 and [h["state"] for h in found["hosts"]] == ["ready"]
     path = Path(found["hosts"][0]["path"])
+    plain = run_cli("check", str(inv), timeout=300)  # after its table: each host's environment
+    assert f"n0: {path}  ready (the lock's, nothing moved)" in plain.stdout, plain.stdout
     next(path.glob("lib/python3*/site-packages")).joinpath("handmade-1.0.dist-info").mkdir()
     code, found = env("--check")
     assert code == 3 and found["hosts"][0]["drift"] == ["handmade==1.0 not in the lock"]

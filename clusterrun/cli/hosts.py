@@ -81,6 +81,8 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
             checkview.render_table(report, Console())
         else:
             checkview.render_plain(report, sys.stdout)
+        if envs is not None and not as_json:  # each host's environment, as `env --check` says it
+            envview.render_plain(envs, sys.stdout)
         if not report.ok:
             return Result(unreachable=bool(report.unreachable), failed_check=True)
         if smoke_home is None:
