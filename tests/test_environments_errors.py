@@ -16,7 +16,7 @@ from clusterrun.envs import platforms, serve, sync, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv
-from clusterrun.remote import pyenv
+from clusterrun.remote.tools import pyenv
 from tests.conftest import run_main
 from tests.wheelsources import only_the_inventorys_sources, wheel
 
@@ -107,7 +107,7 @@ requires-python = "{requires}"
 name = "tinypkg"
 version = "0.1"
 source = {{ registry = "https://pypi.org/simple" }}
-wheels = [{{ url = "http://127.0.0.1:9/tinypkg-0.1-py3-none-any.whl", hash = "sha256:{'ab' * 32}" }}]
+wheels = [{{ url = "http://127.0.0.1:9/tinypkg.whl", hash = "sha256:{'ab' * 32}" }}]
 
 [[package]]
 name = "trainer"
