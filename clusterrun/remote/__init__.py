@@ -19,8 +19,9 @@ library only), and the rules both ends share. Each room is a folder:
   ``tail.py``, ``stackdump.py`` (with profiler), ``sampler.py``, ``linkcheck.py``,
   ``toolcache.py``, ``command.py``, ``pyenv.py``, ``wheelserve.py``.
 
-Rooms import downwards only: shared/ <- hostlib/ <- probe/, node/, tools/ (node/ and tools/ may
-use probe/'s link test; tools/ never node/). A program is asked for by its file name
+Rooms import downwards only: shared/ <- hostlib/ <- probe/ <- node/, tools/ (the supervisor and
+the tools use probe/'s link test, nvidia-smi reading and environment state; tools/ never
+imports node/). A program is asked for by its file name
 (``programs.call(..., "pyenv.py", ...)``), unique across the rooms, and is shipped with the
 modules its imports name (transport/bundle.py). tests/test_architecture.py holds this plan.
 """

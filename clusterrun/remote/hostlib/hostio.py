@@ -1,6 +1,6 @@
 """What every clusterrun program on a host shares (stdlib only, Python 3.6+).
 
-Shipped together with the program that imports it (see clusterrun/transport/shell.py): the
+Shipped together with the program that imports it (see clusterrun/transport/bundle.py): the
 loader registers it as ``clusterrun.remote.hostlib.hostio`` before the program runs.
 
 - files: private, atomic JSON; the log files a run streams; their checksums
