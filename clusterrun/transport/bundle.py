@@ -164,14 +164,14 @@ def program_source(name: str) -> bytes:
 def _kept(name: str) -> bytes:
     """The built program from $CLUSTERRUN_HOME/cache/programs when one was built there from the
     same sources, by the same code and for the same bytecode; else built now and kept."""
-    source = _remote_source(_program_path(name))
-    shared = _shared_modules(source)
-    if not shared:
-        return source
-    texts = [(module, _remote_source(module)) for module in shared]
+    path = _program_path(name)
+    # Keyed by every file of remote/, not only those the program imports: finding those parses
+    # them (a tenth of a second per start), which is what a kept program spares. A change to
+    # any host module builds every program anew once.
     digest = hashlib.sha256(importlib.util.MAGIC_NUMBER)
     digest.update(Path(__file__).read_bytes())  # how it is built
-    for part in (name.encode(), source, *(t for m, t in texts for t in (m.encode(), t))):
+    for part in (name.encode(), *(t for p in sorted(_remote_files())
+                                  for t in (p.encode(), _remote_source(p)))):
         digest.update(b"%d:" % len(part) + part)
     stem = name.removesuffix(".py")
     file = home() / "cache" / "programs" / f"{stem}-{digest.hexdigest()[:24]}.py"
@@ -179,7 +179,11 @@ def _kept(name: str) -> bytes:
         kept = file.read_bytes()
         if kept.startswith(_LOADER) and kept.endswith(_END):  # whole, as _build wrote it
             return kept
-    built = _build(name, source, texts)
+    source = _remote_source(path)
+    shared = _shared_modules(source)
+    if not shared:
+        return source
+    built = _build(name, source, [(module, _remote_source(module)) for module in shared])
     _keep(file, stem, built)
     return built
 
