@@ -57,7 +57,7 @@ class Watch(watchbase.Watcher):
         pyspy = (pystack.host_pyspy(req.get("python") or (req.get("argv") or [None])[0])
                  or shipped(node.rundir))
         self.progress = progress.Progress(node.rundir, node.roots, pyspy,
-                                       self.timeout or protocol.STALL_TIMEOUT)
+                                          self.timeout or protocol.STALL_TIMEOUT)
         self.reported = None  # when this node's quiet time was last reported
         self.quiet = {}  # hub: node -> (seconds quiet, when heard)
         self.fired = False

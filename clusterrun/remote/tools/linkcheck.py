@@ -24,7 +24,7 @@ def main(stdin):
         listener = meshtest.EphemeralListener(request["addr"])
     except (OSError, KeyError) as exc:
         hostio.reply({"error": "cannot listen on an ephemeral port of %s: %s"
-                      % (request.get("addr"), exc)})
+                       % (request.get("addr"), exc)})
         return
     hostio.reply({"port": listener.port})
     line = stdin.readline()

@@ -184,7 +184,7 @@ class GpuPoll:
                 "power_w": watts,
                 "throttle": None if bits is None else [n for b, n in THROTTLE if bits & b],
                 "ecc_errors": nvidia.number(cells.get("ecc.errors.uncorrected.volatile.total",
-                                                    ""))}
+                                                      ""))}
 
 
 def rank_roots(state):
