@@ -1,5 +1,5 @@
 """What reading a rank's Flight Recorder dump costs a host's supervisor: the CPU of
-`clusterrun.remote.flight.flight` (read, unpickle, summarise) on one full buffer of 2000
+`clusterrun.remote.shared.flight.flight` (read, unpickle, summarise) on one full buffer of 2000
 records (FLIGHT_RECORDS), without stack frames and with 20 frames a record. The buffers are
 built from the records a 3-rank gloo group's recorder wrote (tests/fakes/flight-recorder),
 renumbered; what torch itself spends writing the dump is not measured here. No root, no cluster.
@@ -26,7 +26,7 @@ from typing import Any
 from common import REPO, finish, provenance  # puts the repository on sys.path
 
 from clusterrun.plan.environment import FLIGHT_RECORDS
-from clusterrun.remote import flight
+from clusterrun.remote.shared import flight
 
 RECORDED = REPO / "tests" / "fakes" / "flight-recorder" / "flight-rank-0"
 

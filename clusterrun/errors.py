@@ -25,7 +25,8 @@ class ExitStatus(enum.IntEnum):
     UNREACHABLE = 4  # a host could not be reached, authenticated or trusted
     NODE_LOST = 5  # a node stopped answering or its supervisor died mid-run
     SYNC = 6  # copying the code to a host failed (rsync or the copy over SSH, disk full), or a
-    # host's disk filled up under the run directory mid-run (the run was stopped: remote/disk.py)
+    # host's disk filled up under the run directory mid-run (the run was stopped:
+    # remote/shared/diskfloor.py)
     STALLED = 7  # the stall watchdog found no rank making progress and --on-stall stop ended it
     TIMEOUT = 124  # `exec --timeout` ran out on some host (as timeout(1) reports it)
     SIGINT = 130  # 128 + SIGINT: Ctrl-C
@@ -36,7 +37,7 @@ class HostStatus(enum.IntEnum):
     """Statuses clusterrun's own wrappers exit with on a host, read back by the controller
     (docs/exit-status.md, "On the hosts")."""
 
-    DISK_FULL = ExitStatus.SYNC  # remote/disk.py: the run directory's disk filled up
+    DISK_FULL = ExitStatus.SYNC  # remote/shared/diskfloor.py: the run directory's disk filled up
     ENGINE_MISSING = 96  # a `container:` host has neither docker nor podman
     SETUP_FAILED = 97  # the inventory's `setup:` failed there
 

@@ -1,8 +1,8 @@
 """`clusterrun exec`: one shell command on every host at once, output prefixed per host.
 
-Each host's command runs under a small supervisor (clusterrun/remote/exec.py): its own session,
-stdin as the lifeline, heartbeats both ways. So `--timeout`, Ctrl-C, SIGTERM, a `kill -9` of
-this process or a dead connection end the command on every host and leave nothing behind, and
+Each host's command runs under a small supervisor (clusterrun/remote/tools/command.py): its own
+session, stdin as the lifeline, heartbeats both ways. So `--timeout`, Ctrl-C, SIGTERM, a `kill -9`
+of this process or a dead connection end the command on every host and leave nothing behind, and
 a host whose network dies mid-command is reported lost within the lease instead of waited for.
 """
 
@@ -26,7 +26,7 @@ from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
 from clusterrun.logs.view import LogView
-from clusterrun.remote import protocol, timing
+from clusterrun.remote.shared import protocol, timing
 from clusterrun.transport import Process, SshOptions, connect, parallel, shell
 from clusterrun.transport.programs import drain, send
 
@@ -121,7 +121,7 @@ def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, contro
     try:
         proc = transport.run(shell.remote_python(spec, site=False))
         _thread, stderr = drain(proc)
-        send(proc, "exec.py", {
+        send(proc, "command.py", {
             "command": cmd, "timeout": timeout, "lease": LEASE, "grace": GRACE,
             "heartbeat": HEARTBEAT})
         host = _Host(spec, proc, view)

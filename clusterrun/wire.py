@@ -1,10 +1,10 @@
 """The wire between clusterrun's programs on a host and this machine, parsed at one place.
 
-The protocol's frames, kinds and field names are defined once, in clusterrun/remote/protocol.py,
-which the programs on the hosts write with. ``frames`` splits a program's stdout into event
-frames and data frames; ``parse`` turns an event frame into one of the typed events below.
-Every event carries its ``elapsed``, the seconds since its supervisor started by that host's own
-clocks (see launch/outcome.py for how they are put on this machine's clock).
+The protocol's frames, kinds and field names are defined once, in
+clusterrun/remote/shared/protocol.py, which the programs on the hosts write with. ``frames`` splits
+a program's stdout into event frames and data frames; ``parse`` turns an event frame into one of the
+typed events below. Every event carries its ``elapsed``, the seconds since its supervisor started by
+that host's own clocks (see launch/outcome.py for how they are put on this machine's clock).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from clusterrun.errors import ExitStatus
-from clusterrun.remote import protocol, stallreport
+from clusterrun.remote.shared import protocol, stallreport
 from clusterrun.transport import Process
 
-_ODD = re.compile(r"odd one out: rank (\d+) on ")  # a stall report's line (remote/watchdog.py)
+# A stall report's line (remote/node/stallwatch.py).
+_ODD = re.compile(r"odd one out: rank (\d+) on ")
 
 
 class ProtocolError(Exception):
@@ -49,7 +50,8 @@ class RootCause:
     @property
     def stalled(self) -> bool:
         """A stall that `--on-stall stop` ended: the blamed node's own failure, with the stall
-        status and no rank (remote/watchdog.py records it so; a rank that exits 7 has a rank)."""
+        status and no rank (remote/node/stallwatch.py records it so; a rank that exits 7 has a
+        rank)."""
         return (self.rank is None and self.code == ExitStatus.STALLED
                 and self.detail.partition(": ")[2].startswith("stalled"))
 
@@ -84,7 +86,7 @@ class Started:
     hostname: str = ""
     subreaper: bool = False
     hub_port: Optional[int] = None  # detached master: where its workers' supervisors connect
-    cgroup: Optional[str] = None  # the job's cgroup there (remote/cgroup.py)
+    cgroup: Optional[str] = None  # the job's cgroup there (remote/hostlib/cgroup.py)
     cgroup_why: Optional[str] = None  # why it has none
 
 
@@ -114,8 +116,9 @@ class TorchrunExit:
 
 @dataclass(frozen=True)
 class NcclReport:
-    """What NCCL chose on a host, from its ranks' NCCL_DEBUG files (remote/nccl.py); sent again
-    whenever it changes. ``init_done``: global ranks whose world communicator is initialised."""
+    """What NCCL chose on a host, from its ranks' NCCL_DEBUG files (remote/node/nccllog.py); sent
+    again whenever it changes. ``init_done``: global ranks whose world communicator is
+    initialised."""
 
     elapsed: float
     interfaces: tuple[tuple[str, str], ...] = ()  # (interface, address)

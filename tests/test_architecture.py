@@ -1,6 +1,8 @@
 """The shape of the package, checked from its source: no import cycle between modules, nor
 between packages (clusterrun.X, each subpackage one node and each top-level module its own),
-small modules, and test modules that share helpers only through conftest."""
+small modules, test modules that share helpers only through conftest, and remote/'s floor plan:
+the controller enters only its shared/ room, the rooms import downwards, no name repeats the
+controller's, no room grows past its size."""
 
 from __future__ import annotations
 
@@ -188,3 +190,77 @@ def test_no_test_module_imports_another() -> None:
             offenders += [f"{path.name}: {n}" for n in names
                           if n.startswith(("tests.test_", "tests.reliability.test_"))]
     assert not offenders
+
+
+# remote/: what runs on the hosts, by role (its __init__.py is the map). The controller enters
+# only shared/; the rooms import downwards only, so none needs another that needs it back.
+REMOTE = PACKAGE / "remote"
+ROOM_IMPORTS = {
+    "shared": set(),
+    "hostlib": {"shared"},
+    "probe": {"shared", "hostlib"},
+    "node": {"shared", "hostlib", "probe"},
+    "tools": {"shared", "hostlib", "probe"},
+}
+MAX_ROOM_LINES = 2500
+
+
+def room(module: str) -> str | None:
+    """``clusterrun.remote.node.gang`` -> ``node``; None outside remote/'s rooms."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["clusterrun", "remote"] and len(parts) > 2 else None
+
+
+def test_the_controller_imports_only_the_shared_room() -> None:
+    """Everything else in remote/ runs on the hosts alone: the controller importing it would tie
+    the two sides together where the wire should be the only tie."""
+    found = [f"{module} -> {dep}" for module, deps in sorted(graph().items())
+             if not module.startswith("clusterrun.remote") for dep in sorted(deps)
+             if dep.startswith("clusterrun.remote") and room(dep) != "shared"]
+    assert not found, "the controller imports remote/ outside shared/:\n" + "\n".join(found)
+
+
+def test_rooms_import_downwards_only() -> None:
+    """shared/ imports nothing else from remote/; hostlib/ only shared/; the programs' rooms
+    only those below them (ROOM_IMPORTS): no cycle between rooms."""
+    assert set(ROOM_IMPORTS) == {p.name for p in REMOTE.iterdir() if p.is_dir()
+                                 and p.name != "__pycache__"}
+    found = []
+    for module, deps in sorted(graph().items()):
+        source = room(module)
+        if source is None:
+            continue
+        found += [f"{module} -> {dep}" for dep in sorted(deps)
+                  if dep.startswith("clusterrun.remote") and room(dep) != source
+                  and room(dep) not in ROOM_IMPORTS[source]]
+    assert not found, "a room imports one it may not (ROOM_IMPORTS):\n" + "\n".join(found)
+    rooms = {name: set(allowed) for name, allowed in ROOM_IMPORTS.items()}
+    assert not cycles(rooms)
+
+
+def test_the_root_of_remote_holds_only_its_map_and_the_rooms() -> None:
+    found = sorted(p.name for p in REMOTE.iterdir()
+                   if p.name not in ("__init__.py", "__pycache__") and not p.is_dir())
+    assert not found, f"files at the root of remote/ (put them in a room): {found}"
+    assert (REMOTE / "__init__.py").read_text().startswith('"""')
+
+
+def test_no_name_in_remote_repeats_one_of_the_controllers() -> None:
+    """A reader (and a traceback) tells the host's module from the controller's by its name
+    alone: no module or folder in remote/ is named as one outside it."""
+    def names(paths: list[Path]) -> set[str]:
+        return {p.stem if p.suffix == ".py" else p.name for p in paths
+                if p.name not in ("__init__.py", "__pycache__")}
+
+    controller = names([p for p in PACKAGE.rglob("*") if REMOTE not in p.parents
+                        and p != REMOTE and (p.suffix == ".py" or p.is_dir())])
+    remote = names([p for p in REMOTE.rglob("*") if p.suffix == ".py" or p.is_dir()])
+    both = sorted(remote & controller)
+    assert not both, f"named in remote/ and outside it: {both}"
+
+
+def test_no_room_is_over_its_size() -> None:
+    """A room that grows past this wants a new room along a seam, as remote/ itself did."""
+    sizes = {folder.name: sum(len(p.read_text().splitlines()) for p in folder.rglob("*.py"))
+             for folder in REMOTE.iterdir() if folder.is_dir() and folder.name != "__pycache__"}
+    assert not {name: lines for name, lines in sizes.items() if lines > MAX_ROOM_LINES}, sizes

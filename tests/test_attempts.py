@@ -19,7 +19,7 @@ from clusterrun.console import Printer
 from clusterrun.logs import follow
 from clusterrun.logs import show as logview
 from clusterrun.logs.view import Filter
-from clusterrun.remote import layout
+from clusterrun.remote.shared import layout
 from clusterrun.runs import attempts, remote, store
 from clusterrun.transport import SshOptions
 from tests.conftest import run_main

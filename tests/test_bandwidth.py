@@ -2,7 +2,7 @@
 warning below 10 Gbit/s; and with `--smoke`, the all-reduce's bus bandwidth.
 
 Fast tier: the busbw formula, the judging in clusterrun/preflight/bandwidth.py on fake probe
-sessions, and clusterrun/remote/throughput.py over loopback (real sockets, real probes).
+sessions, and clusterrun/remote/probe/throughput.py over loopback (real sockets, real probes).
 Cluster tier: one worker among node9-node12 held to 500 Mbit/s with `tc tbf`.
 """
 
@@ -28,7 +28,7 @@ from clusterrun.launch import smoke
 from clusterrun.preflight import bandwidth
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
-from clusterrun.remote import throughput
+from clusterrun.remote.probe import throughput
 from clusterrun.transport.local import LocalTransport
 from clusterrun.transport.programs import ProgramError
 from tests.conftest import LOCAL_SPEC, Cluster, host_spec, run_cli
@@ -203,7 +203,7 @@ def test_budget_is_about_a_second_per_worker() -> None:
     assert 60 <= bandwidth.budget(50) - bandwidth.budget(0) <= 120
 
 
-# --- clusterrun/remote/throughput.py over loopback
+# --- clusterrun/remote/probe/throughput.py over loopback
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from clusterrun.preflight.net_facts import Route
 from clusterrun.preflight.report import Check, HostReport
 from tests.conftest import REPO, fake_inventory, host_spec
 
-PROBE = REPO / "clusterrun" / "remote" / "probe.py"
+PROBE = REPO / "clusterrun" / "remote" / "probe" / "probe.py"
 
 
 def master_addr(inv: Inventory, facts: dict[str, Any]) -> Optional[str]:

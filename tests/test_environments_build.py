@@ -1,6 +1,6 @@
-"""A host's build of `environment:` (clusterrun/remote/pyenv.py) on this machine, with a stand-in
-uv (a shell script shipped in a wheel as uv is): two builds at once build once, a killed build
-leaves nothing that is used, a drifted environment is replaced whole."""
+"""A host's build of `environment:` (clusterrun/remote/tools/pyenv.py) on this machine, with a
+stand-in uv (a shell script shipped in a wheel as uv is): two builds at once build once, a killed
+build leaves nothing that is used, a drifted environment is replaced whole."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def start(req: dict[str, Any], tmp_path: Path, gate: Path | None = None,
     ``gate`` exists."""
     env = dict(os.environ, FAKE_UV_LOG=str(tmp_path / "uv.log"), FAKE_PY="3.11.2",
                FAKE_UV_GATE=str(gate or ""), PYTHONPATH=str(REPO))
-    code = "import sys; from clusterrun.remote import pyenv; pyenv.main(sys.stdin.buffer)"
+    code = "import sys; from clusterrun.remote.tools import pyenv; pyenv.main(sys.stdin.buffer)"
     proc = subprocess.Popen([python, "-S", "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdin is not None
@@ -193,7 +193,7 @@ def test_prune_keeps_the_current_and_the_previous(request_: dict[str, Any],
 def test_a_venv_pythons_own_site_packages_are_kept_and_an_environment_without_them_rebuilt(
         request_: dict[str, Any], tmp_path: Path) -> None:
     """`python:` a virtual environment, `system_site_packages`: the build adds that venv's own
-    site-packages (remote/sitedirs.py); an environment that does not (built by an older
+    site-packages (remote/probe/sitedirs.py); an environment that does not (built by an older
     clusterrun, or before `python:` was a venv) is said not built by the status and built
     again, where one that does is kept."""
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))

@@ -16,7 +16,7 @@ from clusterrun.envs import platforms, serve, sync, wheels
 from clusterrun.envs.platforms import Platform
 from clusterrun.errors import PreflightError
 from clusterrun.inventory.pylock import Pin, PythonEnv
-from clusterrun.remote import pyenv
+from clusterrun.remote.tools import pyenv
 from tests.conftest import run_main
 from tests.wheelsources import only_the_inventorys_sources, wheel
 

@@ -20,7 +20,7 @@ from clusterrun.envs.wheels import UV, Wheel
 from clusterrun.errors import PreflightError
 from clusterrun.preflight import decide
 from clusterrun.preflight.facts import HostFacts
-from clusterrun.remote import envstate, sitedirs
+from clusterrun.remote.probe import envstate, sitedirs
 from tests.conftest import REPO, host_spec
 
 SHA = "ab" * 32
@@ -93,7 +93,7 @@ def test_a_built_environment_sees_the_host_venvs_packages_after_its_own(
 
 def _pyenv(python: str, req: dict[str, Any], *flags: str) -> dict[str, Any]:
     """pyenv.py as a host runs it: with -S, as clusterrun runs it."""
-    code = "import sys; from clusterrun.remote import pyenv; pyenv.main(sys.stdin.buffer)"
+    code = "import sys; from clusterrun.remote.tools import pyenv; pyenv.main(sys.stdin.buffer)"
     proc = subprocess.run([python, *flags, "-c", code], input=json.dumps(req).encode() + b"\n",
                           capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
                           timeout=60, check=False)

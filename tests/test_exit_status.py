@@ -15,7 +15,7 @@ import pytest
 
 from clusterrun.cli import cli
 from clusterrun.errors import ExitStatus, HostStatus, Outcome, Result, exit_status
-from clusterrun.remote import disk
+from clusterrun.remote.shared import diskfloor
 from clusterrun.transport import shell
 from tests.conftest import run_main
 
@@ -177,7 +177,7 @@ def test_the_hosts_own_statuses_are_one_table() -> None:
     documented = {int(row[0]) for row in table("## On the hosts")}
     assert documented == {int(s) for s in HostStatus}
     # The shipped programs cannot import errors.py: their constants are held to the table.
-    assert disk.STATUS == HostStatus.DISK_FULL == ExitStatus.SYNC
+    assert diskfloor.STATUS == HostStatus.DISK_FULL == ExitStatus.SYNC
     assert (shell.SETUP_FAILED, shell.ENGINE_MISSING) == (HostStatus.SETUP_FAILED,
                                                           HostStatus.ENGINE_MISSING)
 

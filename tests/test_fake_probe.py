@@ -21,7 +21,8 @@ from clusterrun.preflight import facts as facts_module
 from clusterrun.preflight import gpus as gpus_check
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import CheckReport
-from clusterrun.remote import gpus, protocol
+from clusterrun.remote.probe import nvidia as gpus
+from clusterrun.remote.shared import protocol
 from clusterrun.transport import SshOptions, shell
 from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.fake_hosts import FakeHost

@@ -1,5 +1,5 @@
-"""torch's Flight Recorder read back (remote/flight.py): which rank fell behind its process group,
-from dumps torch itself wrote, and a dump asked for through a rank's pipe while the job runs.
+"""torch's Flight Recorder read back (remote/shared/flight.py): which rank fell behind its process
+group, from dumps torch itself wrote, and a dump asked for through a rank's pipe while the job runs.
 
 tests/fakes/flight-recorder/ holds real dumps: torch 2.13's Flight Recorder of a 3-rank Gloo job
 (``_dump_fr_trace``, collectives on, stack traces off), in which ranks 0 and 1 entered a fifth
@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from clusterrun.plan.environment import flight_recorder
-from clusterrun.remote import flight, pystack, stall, stallreport, watchdog
+from clusterrun.remote.hostlib import pystack
+from clusterrun.remote.node import progress, stallwatch
+from clusterrun.remote.shared import flight, stallreport, stallrule
 from clusterrun.stacks import view
 from clusterrun.stacks import watchdog as controller
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
@@ -150,7 +152,7 @@ class Torch:
         return [str(r) for r, d in sorted(self.dumps.items()) if d is not None]
 
 
-def spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float) -> stall.Progress:
+def spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float) -> progress.Progress:
     """A node of two ranks (0 and 1) that print nothing, move no byte and keep a core busy each:
     NCCL's waiters in a CUDA synchronisation, or two ranks computing. No py-spy: their stacks
     (often the script's own ``loss.item()`` line on a GPU) would not tell either."""
@@ -166,10 +168,10 @@ def spinning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float) ->
     monkeypatch.setattr(pystack, "cpu_ticks", cpu)
     monkeypatch.setattr(pystack, "io_bytes", lambda pid: 1000)
     monkeypatch.setattr(pystack, "in_io_wait", lambda pid: False)
-    return stall.Progress(str(tmp_path), lambda: list(pids.values()), None, timeout=timeout)
+    return progress.Progress(str(tmp_path), lambda: list(pids.values()), None, timeout=timeout)
 
 
-def quiet_over(found: stall.Progress, t0: float, span: range) -> list[float]:
+def quiet_over(found: progress.Progress, t0: float, span: range) -> list[float]:
     """Look once a second (each round of dumps let finish before the next look)."""
     out = []
     for second in span:
@@ -194,7 +196,7 @@ def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
     # agree: stuck since 4 s.
     assert quiet == seconds([0] * 9 + [5, 6, 7, 8, 9])
     assert torch.rounds == 3  # at 4, 8 and 12 s: every half timeout, not every look
-    assert stall.stalled({"gpu-a": quiet[12]}, 8.0)  # type: ignore[no-untyped-call]
+    assert stallrule.stalled({"gpu-a": quiet[12]}, 8.0)  # type: ignore[no-untyped-call]
     torch.dumps = {0: moved_on(recorded(0), 1), 1: moved_on(recorded(1), 1)}
     assert quiet_over(found, t0, range(14, 18)) == seconds([10, 11, 12, 0])  # round at 16 s
 
@@ -282,7 +284,7 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
     assert lines[3] == "stall: ranks 0-1 (gpu-a) wait in train_step (train.py:33)"
     assert stallreport.odd_node(record) == "gpu-b"  # type: ignore[no-untyped-call]
 
-    # The hub: each host's stacks with its ranks' dumps attached (stall.Dumper).
+    # The hub: each host's stacks with its ranks' dumps attached (progress.Dumper).
     sent = {}
     for node, numbers in (("gpu-a", (0, 1)), ("gpu-b", (2,))):
         folder = tmp_path / node
@@ -290,9 +292,9 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
         for n in numbers:
             shutil.copy(RECORDED / f"flight-rank-{n}", folder / f"flight-rank-{n}")
         found = [dict(controller.as_sent(r), node=None) for r in ranks if r.rank in numbers]
-        stall.attach_flight(found, str(folder))  # type: ignore[no-untyped-call]
-        sent[node] = stall.compact(found)  # type: ignore[no-untyped-call]
-    hub_lines, hub = watchdog.report(sent, 8)  # type: ignore[no-untyped-call]
+        progress.attach_flight(found, str(folder))  # type: ignore[no-untyped-call]
+        sent[node] = progress.compact(found)  # type: ignore[no-untyped-call]
+    hub_lines, hub = stallwatch.report(sent, 8)  # type: ignore[no-untyped-call]
     assert hub_lines[1:4] == lines[1:4] and hub["odd_node"] == "gpu-b"
 
 

@@ -20,7 +20,7 @@ from clusterrun.preflight import gpus as judge
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
-from clusterrun.remote import gpus as probe
+from clusterrun.remote.probe import nvidia as probe
 from clusterrun.transport.local import LocalTransport
 from tests.conftest import LOCAL_SPEC, host_spec, run_cli, write_inventory
 

@@ -28,7 +28,7 @@ from clusterrun.transport.local import LocalTransport
 from tests.conftest import REPO
 from tests.other_user import OtherUser, readable_copy
 
-PROBE = REPO / "clusterrun" / "remote" / "probe.py"
+PROBE = REPO / "clusterrun" / "remote" / "probe" / "probe.py"
 
 
 def as_user(other_user: OtherUser, *args: str, home: str,

@@ -1,5 +1,6 @@
-"""The supervisor's job cgroup (remote/cgroup.py), its free-space watch (remote/disk.py), and
-the launch note for hosts without a cgroup (launch/tracking.py): no root, no cluster."""
+"""The supervisor's job cgroup (remote/hostlib/cgroup.py), its free-space watch
+(remote/shared/diskfloor.py), and the launch note for hosts without a cgroup (launch/tracking.py):
+no root, no cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 from clusterrun.launch.outcome import NodeOutcome
 from clusterrun.launch.tracking import untracked_note
 from clusterrun.plan.model import NodePlan
-from clusterrun.remote import cgroup, disk
+from clusterrun.remote.hostlib import cgroup
+from clusterrun.remote.node import diskwatch
+from clusterrun.remote.shared import diskfloor
 from clusterrun.wire import Started
 from tests.conftest import host_spec
 
@@ -71,24 +74,24 @@ def test_the_cgroup_is_off_with_clusterrun_cgroup_0() -> None:
 
 
 def test_the_disk_watch_looks_once_a_second_and_tells_once(tmp_path: Path) -> None:
-    roomy = disk.Watch(str(tmp_path), floor=1)
+    roomy = diskwatch.Watch(str(tmp_path), floor=1)
     assert roomy.check(0.0) is None
-    full = disk.Watch(str(tmp_path), floor=1 << 62)  # more than any disk has free
+    full = diskwatch.Watch(str(tmp_path), floor=1 << 62)  # more than any disk has free
     first = full.check(10.0)
     assert first is not None and str(tmp_path) in first and "nearly full" in first
     assert "`workdir:`" in first
     assert full.check(20.0) is None  # said once
-    gone = disk.Watch(str(tmp_path / "missing"), floor=1 << 62)
+    gone = diskwatch.Watch(str(tmp_path / "missing"), floor=1 << 62)
     assert gone.check(0.0) is None  # cannot be told: no false alarm
-    later = disk.Watch(str(tmp_path), floor=1 << 62, every=5)
+    later = diskwatch.Watch(str(tmp_path), floor=1 << 62, every=5)
     later.next = 3.0
     assert later.check(1.0) is None  # not yet time to look
 
 
 def test_sizes_read_as_people_write_them() -> None:
-    assert disk.size_text(512) == "512 bytes"
-    assert disk.size_text(8 * 1024 * 1024) == "8.0 MiB"
-    assert disk.size_text(3 * 1024 ** 3) == "3.0 GiB"
+    assert diskfloor.size_text(512) == "512 bytes"
+    assert diskfloor.size_text(8 * 1024 * 1024) == "8.0 MiB"
+    assert diskfloor.size_text(3 * 1024 ** 3) == "3.0 GiB"
 
 
 def _node(name: str, started: Started | None) -> NodeOutcome:
@@ -118,10 +121,10 @@ def test_the_note_names_ssh_hosts_without_a_cgroup_once_and_folds_them() -> None
 
 
 def test_the_shipped_modules_run_alone() -> None:
-    """cgroup.py and disk.py are shipped to hosts: stdlib only, importable with no clusterrun
-    around them."""
-    for module in ("cgroup", "disk"):
-        source = Path(cgroup.__file__).with_name(f"{module}.py").read_text()
+    """cgroup.py and diskfloor.py are shipped to hosts: stdlib only, importable with no
+    clusterrun around them."""
+    for module in (cgroup, diskfloor):
+        source = Path(module.__file__).read_text()
         cp = subprocess.run([sys.executable, "-I", "-c", source], capture_output=True,
                             text=True, check=False)
         assert cp.returncode == 0, cp.stderr

@@ -22,8 +22,8 @@ from clusterrun.errors import ExitStatus, InventoryError
 from clusterrun.launch import pause
 from clusterrun.launch.session import Session
 from clusterrun.plan.model import LaunchPlan, NodePlan
-from clusterrun.remote import stacks as remote_stacks
-from clusterrun.remote.protocol import EVENT
+from clusterrun.remote.shared.protocol import EVENT
+from clusterrun.remote.tools import stackdump as remote_stacks
 from clusterrun.runs.records import PlanNode
 from clusterrun.stacks import collect
 from clusterrun.transport.local import require_linux
@@ -190,7 +190,7 @@ class Host:
 
     def call(self, _transport: Any, _spec: Any, program: str, request: dict[str, Any],
              **kw: Any) -> dict[str, Any]:
-        assert program == "stacks.py"
+        assert program == "stackdump.py"
         self.requests.append((dict(request), kw.get("payload")))
         have = bool(request.get("send"))
         return {"found": True, "ranks": [{"rank": 0}] if have else [], "need_pyspy": not have,

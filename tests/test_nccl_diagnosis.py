@@ -16,7 +16,7 @@ import pytest
 from clusterrun import wire
 from clusterrun.launch import nccl as view
 from clusterrun.plan import environment
-from clusterrun.remote import nccl
+from clusterrun.remote.node import nccllog
 from clusterrun.transport import bundle
 from tests.conftest import Cluster, copy_payload, run_cli
 
@@ -82,7 +82,7 @@ CASES = [
 def test_captured_logs_parse_to_the_exact_summary(fixture: str, host: str,
                                                   expected: dict[str, Any]) -> None:
     text = (GOLDEN / fixture).read_text()
-    assert nccl.digest_text(text, host) == expected
+    assert nccllog.digest_text(text, host) == expected
 
 
 def test_every_fixture_is_tested_and_has_its_source() -> None:
@@ -100,12 +100,12 @@ def test_the_world_communicator_is_the_one_of_world_size() -> None:
         "h:1:1 [0] NCCL INFO comm 0x2 rank 5 nranks 8 cudaDev 0 - Init START",
         "h:2:2 [1] NCCL INFO comm 0x3 rank 6 nranks 8 cudaDev 1 - Init COMPLETE",
     ]
-    got = nccl.digest_text("\n".join(lines), world_size=8)
+    got = nccllog.digest_text("\n".join(lines), world_size=8)
     assert (got["nranks"], got["init_started"], got["init_done"]) == (8, [5, 6], [6])
 
 
 def host_report(fixture: str, host: str) -> wire.NcclReport:
-    raw = nccl.digest_text((GOLDEN / fixture).read_text(), host)
+    raw = nccllog.digest_text((GOLDEN / fixture).read_text(), host)
     event = wire.parse({"ev": "nccl", "e": 1.5, **raw})
     assert isinstance(event, wire.NcclReport)
     return event
@@ -192,7 +192,7 @@ def test_a_run_without_nccl_says_nothing() -> None:
 
 
 def test_the_supervisor_reads_only_new_bytes_and_reports_changes(tmp_path: Path) -> None:
-    watcher = nccl.Watcher(str(tmp_path), world_size=2)
+    watcher = nccllog.Watcher(str(tmp_path), world_size=2)
     assert watcher.poll(0.0) is None  # no file: a gloo run
     path = tmp_path / "nccl-h.11.log"
     path.write_bytes(b"h:11:11 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
@@ -210,7 +210,7 @@ def test_the_supervisor_reads_only_new_bytes_and_reports_changes(tmp_path: Path)
 
 
 def test_the_supervisor_ships_the_parser() -> None:
-    assert b'"clusterrun.remote.nccl"' in bundle.program_source("run.py")
+    assert b'"clusterrun.remote.node.nccllog"' in bundle.program_source("run.py")
 
 
 def test_launch_sets_nccl_debug_unless_the_user_did() -> None:
@@ -221,7 +221,7 @@ def test_launch_sets_nccl_debug_unless_the_user_did() -> None:
     # A literal % in the path is escaped as NCCL expects; the files match the supervisor's glob.
     assert environment.nccl_debug({}, "/w/50%")["NCCL_DEBUG_FILE"] == "/w/50%%/nccl-%h.%p.log"
     name = environment.NCCL_LOG_NAME.replace("%h", "gpu-a").replace("%p", "4242")
-    assert Path("/x", name).match(nccl.FILE_GLOB)
+    assert Path("/x", name).match(nccllog.FILE_GLOB)
 
 
 def test_dry_run_shows_the_nccl_settings(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Issue 9, host side: `--local_rank` inserted by rank.sh (CLUSTERRUN_LOCAL_RANK_AT), and
-`--no-torchrun`, where the supervisor's own launcher (clusterrun/remote/launcher.py) starts
+`--no-torchrun`, where the supervisor's own launcher (clusterrun/remote/node/spawn.py) starts
 the ranks. Through the real rank.sh and the real supervisor on the local transport: no root,
 no sshd."""
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from clusterrun import wire
-from clusterrun.remote import run
+from clusterrun.remote.node import run
 from tests.conftest import Remote, state_of, wait_gone
 
 # Words a shell would mangle: each must reach the script exactly as it was given.
@@ -278,8 +278,8 @@ def test_the_launcher_kills_what_ignores_sigterm_after_its_grace(tmp_path: Path,
     ranks = [{"argv": sh(f"trap '' TERM; : > {ignoring}; sleep 100"), "env": {"RANK": "0"}},
              {"argv": sh(f"while [ ! -e {ignoring} ]; do sleep 0.01; done; exit 3"),
               "env": {"RANK": "1"}}]
-    code = ("import json, sys; from clusterrun.remote import launcher; "
-            "sys.exit(launcher.run(json.loads(sys.argv[1]), sys.argv[2], dict(__import__('os')"
+    code = ("import json, sys; from clusterrun.remote.node import spawn; "
+            "sys.exit(spawn.run(json.loads(sys.argv[1]), sys.argv[2], dict(__import__('os')"
             ".environ, CLUSTERRUN_RUNDIR=sys.argv[2]), grace=0.5))")
     begun = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(ranks), str(rundir)],

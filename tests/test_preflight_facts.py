@@ -149,7 +149,7 @@ def test_missing_names_software_identity_and_ptrace_are_unknown() -> None:
 
 
 def test_the_probes_answers_to_ports_connections_and_transfers() -> None:
-    # As probe.py, mesh.py and throughput.py answer: opened, or why not.
+    # As probe.py, meshtest.py and throughput.py answer: opened, or why not.
     assert Listening.from_json({"ok": True, "port": 29500}) == Listening(True, 29500)
     assert Listening.from_json({"ok": False, "port": 80, "errno": 13,
                                 "error": "Permission denied"}) == Listening(

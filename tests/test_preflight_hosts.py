@@ -20,8 +20,8 @@ from clusterrun.preflight import limits, mesh, names, parity, view
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.net_facts import lookups
 from clusterrun.preflight.report import Blocked, CheckReport, HostReport, Pairs
-from clusterrun.remote import mesh as remote_mesh
-from clusterrun.remote import sysinfo
+from clusterrun.remote.probe import meshtest as remote_mesh
+from clusterrun.remote.probe import sysinfo
 from clusterrun.transport import SshOptions
 from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.pool import Connections

@@ -19,7 +19,7 @@ import pytest
 
 from clusterrun.preflight import checks as preflight
 from clusterrun.preflight import mesh
-from clusterrun.remote import sysinfo
+from clusterrun.remote.probe import sysinfo
 from clusterrun.transport import SshOptions, parallel, shell
 from clusterrun.transport.fake import FakeNetwork, Interface
 from clusterrun.transport.pool import Connections

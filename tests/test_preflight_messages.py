@@ -22,7 +22,8 @@ from clusterrun.transport import shell
 from clusterrun.transport.programs import ProgramError
 from tests.conftest import run_cli
 
-PROBE = Path(__file__).resolve().parent.parent / "clusterrun" / "remote" / "probe.py"
+PROBE = (Path(__file__).resolve().parent.parent / "clusterrun" / "remote" / "probe"
+         / "probe.py")
 
 
 def report(user: str = "alice") -> HostReport:
@@ -55,18 +56,18 @@ def _check_workdir(path: str) -> dict[str, object]:
 
 def test_the_probe_creates_and_writes_the_workdir(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterrun.remote import disk
+    from clusterrun.remote.shared import diskfloor
 
     # Free space moves while other processes write: the test sees the one reading the probe
     # took, where it took it, and never measures again to compare.
     read: list[tuple[str, object]] = []
-    real = disk.free_bytes
+    real = diskfloor.free_bytes
 
     def free_bytes(path: str) -> object:
         read.append((path, real(path)))  # type: ignore[no-untyped-call]
         return read[-1][1]
 
-    monkeypatch.setattr(disk, "free_bytes", free_bytes)
+    monkeypatch.setattr(diskfloor, "free_bytes", free_bytes)
     target = tmp_path / "a" / "b"
     found = _check_workdir(str(target))
     assert found == {"path": str(target), "ok": True, "error": None, "free": found["free"],

@@ -63,7 +63,7 @@ def started(tmp_path: Path) -> Journal:
 
 
 def answers(shares: dict[str, list[float]], samples: int = 500) -> list[Any]:
-    """each_node's results: per node, its ranks' profiles as remote/stacks.py answers."""
+    """each_node's results: per node, its ranks' profiles as remote/tools/stackdump.py answers."""
     out = []
     rank = 0
     for node, values in shares.items():
@@ -137,8 +137,8 @@ def test_fsdps_idle_waits_for_its_collectives_count_as_waiting() -> None:
     """FSDP2 waits for its all-gathers and reduce-scatters on a work handle (C++): the
     innermost Python frame is FSDP's own code in torch/distributed, no collective by name. Idle
     there, the rank waits for its peers; running there, it computes (copies the shards)."""
-    from clusterrun.remote import profile as remote
-    from clusterrun.remote import pystack
+    from clusterrun.remote.shared import stackrule
+    from clusterrun.remote.tools import profiler as remote
 
     fsdp = "torch/distributed/fsdp/_fully_shard"
     unshard = (f"<module> (train.py:48);Net.forward (train.py:30);"
@@ -146,8 +146,8 @@ def test_fsdps_idle_waits_for_its_collectives_count_as_waiting() -> None:
                f"foreach_all_gather_copy_out ({fsdp}/_fsdp_collectives.py:287)")
     frames = [{"function": f.split(" (")[0], "file": f.split(" (")[1].rsplit(":", 1)[0]}
               for f in unshard.split(";")]
-    assert pystack.peer_wait(frames, active=False) == "foreach_all_gather_copy_out"
-    assert pystack.peer_wait(frames, active=True) is None
+    assert stackrule.peer_wait(frames, active=False) == "foreach_all_gather_copy_out"
+    assert stackrule.peer_wait(frames, active=True) is None
     forward = "<module> (train.py:48);Net.forward (train.py:31)"
     # 240 samples in FSDP's wait, 40 of them running (copying out): 200 waited.
     assert remote.count(raw((unshard, 240), (forward, 60)),
@@ -155,7 +155,7 @@ def test_fsdps_idle_waits_for_its_collectives_count_as_waiting() -> None:
 
 
 def test_a_wait_share_counts_ddps_idle_backward_and_collectives() -> None:
-    from clusterrun.remote import profile as remote
+    from clusterrun.remote.tools import profiler as remote
 
     backward = ("<module> (train.py:56);Tensor.backward (torch/_tensor.py:623);"
                 "_engine_run_backward (torch/autograd/graph.py:979)")

@@ -18,8 +18,8 @@ import clusterrun
 from clusterrun.transport import bundle, shell
 
 REMOTE = Path(clusterrun.__file__).parent / "remote"
-FILES = sorted(p.name for p in REMOTE.glob("*.py"))
-PROGRAMS = ["run.py", "exec.py", "tail.py", "status.py", "stop.py", "probe.py", "files.py"]
+FILES = sorted(str(p.relative_to(REMOTE)) for p in REMOTE.rglob("*.py"))
+PROGRAMS = ["run.py", "command.py", "tail.py", "status.py", "stop.py", "probe.py", "files.py"]
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -38,7 +38,8 @@ def test_remote_files_import_only_the_standard_library(name: str) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module != "clusterrun.remote":
+        elif isinstance(node, ast.ImportFrom) and not (node.module or "").startswith(
+                "clusterrun.remote."):
             modules = [node.module or ""]
         else:
             continue
@@ -63,13 +64,18 @@ def test_every_program_as_shipped_parses_with_the_python_3_6_grammar(name: str) 
 
 def test_a_program_arrives_with_the_shared_modules_it_imports() -> None:
     source = bundle.program_source("run.py")
-    assert b'"clusterrun.remote.common"' in source and b'"clusterrun.remote.gang"' in source
-    assert source.index(b'"clusterrun.remote.common"') < source.index(b"<clusterrun run.py>")
+    assert b'"clusterrun.remote.hostlib.hostio"' in source
+    assert b'"clusterrun.remote.node.gang"' in source
+    assert source.index(b'"clusterrun.remote.hostlib.hostio"') < source.index(
+        b"<clusterrun run.py>")
+    # Each room a package before any of its modules.
+    assert source.index(b'_clusterrun_module("clusterrun.remote.node", None)') < source.index(
+        b'"clusterrun.remote.node.gang"')
     probe = bundle.program_source("probe.py")
-    for module in ("gpus", "mesh", "sysinfo", "throughput"):
-        assert b'"clusterrun.remote.%s"' % module.encode() in probe
-    # The copy's program words a path it cannot write as facts (remote/pathcheck.py).
-    assert b'"clusterrun.remote.pathcheck"' in bundle.program_source("files.py")
+    for module in ("nvidia", "meshtest", "sysinfo", "throughput"):
+        assert b'"clusterrun.remote.probe.%s"' % module.encode() in probe
+    # The copy's program words a path it cannot write as facts (remote/probe/pathcheck.py).
+    assert b'"clusterrun.remote.probe.pathcheck"' in bundle.program_source("files.py")
 
 
 def test_the_shipped_program_runs_from_a_directory_without_clusterrun(tmp_path: Path) -> None:
@@ -91,7 +97,7 @@ def test_an_interpreter_of_another_bytecode_format_compiles_the_shipped_source(
     magic = repr(importlib.util.MAGIC_NUMBER).encode()
     other = repr(bytes([importlib.util.MAGIC_NUMBER[0] ^ 1]) + importlib.util.MAGIC_NUMBER[1:])
     program = shell.program_input("status.py", request)
-    modules = bundle._shared_modules(bundle._remote_source("status.py"))
+    modules = bundle._shared_modules(bundle._remote_source("tools/status.py"))
     assert program.count(magic) == len(modules) + 1 and len(other) == len(magic)
     proc = subprocess.run([sys.executable, "-I", "-u", "-c", shell.BOOTSTRAP],
                           input=program.replace(magic, other.encode()), capture_output=True,
@@ -100,16 +106,28 @@ def test_an_interpreter_of_another_bytecode_format_compiles_the_shipped_source(
     assert json.loads(proc.stdout[2:]) == {"ev": "status", "state": None}
 
 
-def test_shared_modules_are_found_on_one_line_and_in_parentheses() -> None:
-    """ruff's isort writes a long `from clusterrun.remote import` in parentheses over several
-    lines: those modules are shipped too."""
-    from clusterrun.transport import bundle
+def test_what_a_program_imports_is_read_from_its_code_not_its_layout() -> None:
+    """Every form of import the interpreter follows is shipped: a room's modules on one line or
+    in parentheses over several (as ruff's isort writes a long one), a module's names, a plain
+    import, and one inside a function; other packages and a comment are not."""
+    import ast
 
-    one = bundle._SHARED.findall(b"from clusterrun.remote import common, layout\n")
-    wrapped = bundle._SHARED.findall(b"from clusterrun.remote import (\n    common,\n"
-                                    b"    layout,\n)\nx = 1\n")
-    assert [a or b for a, b in one] == [b"common, layout"]
-    assert [b"".join((a or b).split()) for a, b in wrapped] == [b"common,layout,"]
+    source = (b"import os\n"
+              b"from clusterrun.remote.shared import layout, protocol\n"
+              b"from clusterrun.remote.hostlib import (\n    hostio,\n    procs,\n)\n"
+              b"from clusterrun.remote.hostlib.hostio import Cause\n"
+              b"import clusterrun.remote.probe.nvidia\n"
+              b"# from clusterrun.remote.tools import stop\n"
+              b"def later():\n    from clusterrun.remote.node import gang\n")
+    assert bundle._imported(ast.parse(source)) == [
+        "shared/layout.py", "shared/protocol.py", "hostlib/hostio.py", "hostlib/procs.py",
+        "hostlib/hostio.py", "probe/nvidia.py", "node/gang.py"]
+
+
+def test_programs_are_named_by_their_file_name_once_across_the_rooms() -> None:
+    names = bundle.program_names()
+    assert len(names) == len(set(names))
+    assert {"run.py", "probe.py", "files.py", "status.py", "pyenv.py"} <= set(names)
 
 
 def test_a_built_program_is_kept_and_rebuilt_when_its_sources_change(
@@ -131,7 +149,7 @@ def test_a_built_program_is_kept_and_rebuilt_when_its_sources_change(
 
     original = bundle._remote_source
     monkeypatch.setattr(bundle, "_remote_source", lambda name: original(name) + (
-        b"# changed\n" if name == "procs.py" else b""))
+        b"# changed\n" if name == "hostlib/procs.py" else b""))
     monkeypatch.setattr(bundle, "_built", {})
     changed = bundle.program_source("run.py")
     assert changed != first

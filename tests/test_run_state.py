@@ -88,7 +88,7 @@ STALL_DETAIL = ("node2: stalled, odd one out: rank 3 on node2 (pid 77) in sleep 
 
 
 def test_a_stopped_stall_is_the_stalled_outcome_not_a_rank_that_exits_7() -> None:
-    """`--on-stall stop` fails the blamed node with 7 and no rank (remote/watchdog.py): the
+    """`--on-stall stop` fails the blamed node with 7 and no rank (remote/node/stallwatch.py): the
     run comes to Outcome.STALLED; a rank that exits 7 is the job's own failure."""
     stall = RootCause("node2", None, 7, STALL_DETAIL)
     rank7 = RootCause("node2", 3, 7, "node2 rank 3 exited with code 7")
@@ -139,7 +139,7 @@ def test_a_stall_stopped_on_a_host_whose_links_fail_leaves_that_host_out() -> No
     """No rank stood out and node2's links failed the re-test: the stop fails node2 with the
     links' detail ("node2: stalled, its links fail: ..."), and a restart with a spare left
     leaves node2 out, not the master."""
-    from clusterrun.remote import linkrule, stallreport
+    from clusterrun.remote.shared import linkrule, stallreport
 
     hosts = ["node0", "node1", "node2"]
     cut = [(o, "node2", "timed out after 5 s") for o in hosts[:2]] + [
@@ -161,13 +161,14 @@ def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: P
     """No rank's stack could be read: the master ends the run (some host must), but the stall
     is recorded with no host and says what could not be seen, and a restart with a spare left
     keeps the master."""
-    from clusterrun.remote import stallreport
+    from clusterrun.remote.shared import stallreport
 
     lines, record = stallreport.build(  # type: ignore[no-untyped-call]
         [{"rank": 0, "node": "node0", "pid": 5, "error": "no py-spy on this host"},
          {"rank": 1, "node": "node2", "pid": 6, "error": "no py-spy on this host"}], 15)
     assert record["blind"] and stallreport.odd_node(record) is None  # type: ignore[no-untyped-call]
-    # As the stopping node words its failure (remote/watchdog.py Watch.stop): "<node>: <detail>".
+    # As the stopping node words its failure (remote/node/stallwatch.py Watch.stop): "<node>:
+    # <detail>".
     stall = RootCause("node0", None, 7, f"node0: {stallreport.stop_detail(lines)}")  # type: ignore[no-untyped-call]
     assert stall.stalled and stall.blamed_node is None and stall.blamed_rank is None
     assert result(RunState.FAILED, stall).cause is Outcome.STALLED

@@ -14,7 +14,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.preflight import stacks as stack_checks
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import Check
-from clusterrun.remote import stall, stallreport
+from clusterrun.remote.shared import stallreport, stallrule
 from clusterrun.stacks import view
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.stacks.watchdog import report
@@ -64,11 +64,11 @@ def test_a_stopped_rank_is_marked() -> None:
 
 
 def test_the_stall_rule() -> None:
-    assert stall.stalled({"a": 11.0, "b": 10.0}, 10)
-    assert not stall.stalled({"a": 11.0, "b": 9.9}, 10)  # one node still moves
-    assert not stall.stalled({"a": 11.0, "b": None}, 10)  # not heard from yet
-    assert not stall.stalled({"a": 99.0}, 0)  # the watchdog is off
-    assert not stall.stalled({}, 10)
+    assert stallrule.stalled({"a": 11.0, "b": 10.0}, 10)
+    assert not stallrule.stalled({"a": 11.0, "b": 9.9}, 10)  # one node still moves
+    assert not stallrule.stalled({"a": 11.0, "b": None}, 10)  # not heard from yet
+    assert not stallrule.stalled({"a": 99.0}, 0)  # the watchdog is off
+    assert not stallrule.stalled({}, 10)
 
 
 def test_check_warns_where_stacks_cannot_be_taken() -> None:
@@ -90,7 +90,7 @@ def test_check_warns_where_stacks_cannot_be_taken() -> None:
 
 def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: Path) -> None:
     from clusterrun.plan.environment import flight_recorder
-    from clusterrun.remote import flight
+    from clusterrun.remote.shared import flight
 
     armed = flight_recorder({}, "/w/runs/r1/gpu-a", gpus=True)
     assert armed["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
@@ -137,7 +137,7 @@ def test_check_names_a_host_no_py_spy_can_reach(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
-    from clusterrun.remote import watchdog as hub
+    from clusterrun.remote.node import stallwatch as hub
 
     found = Collected("r", [], problems={"node2": "node2: py-spy is not installed there nor here"})
     lines, record = report(found, 15)
@@ -158,7 +158,7 @@ def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
 
 
 def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path) -> None:
-    from clusterrun.remote import pystack, userframe
+    from clusterrun.remote.shared import stackrule, userframe
     from clusterrun.stacks.model import from_reply
 
     train = tmp_path / "train.py"
@@ -190,7 +190,7 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
     assert said == ("rank 3 waits in `for step, batch in enumerate(loader):` (train.py:33), "
                     "inside `_BaseDataLoaderIter.__next__`; DataLoader worker 1 (pid 41) waits "
                     "in `time.sleep(3600)` (train.py:19) in `Shards.__getitem__`")
-    assert pystack.data_wait(rank_frames, False) and not pystack.waiting_in(entry["threads"])
+    assert stackrule.data_wait(rank_frames, False) and not stackrule.waiting_in(entry["threads"])
     # A decorator's frame is not the call the user made: torch wraps its collectives.
     wrapped = [module, {"function": "_exception_logger.<locals>.wrapper", "file": "/venv/lib/"
                         "python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81},
@@ -217,7 +217,7 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
 
 
 def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
-    from clusterrun.remote import watchdog as hub
+    from clusterrun.remote.node import stallwatch as hub
 
     blind = RankStack(2, "node3", 1002, (), error="no py-spy on this host", last_line="step 2")
     found = Collected("r", [waiting(0, "node1"), waiting(1, "node2"), blind])
@@ -246,7 +246,7 @@ def test_a_rank_whose_stack_could_not_be_read_is_not_the_odd_one_out() -> None:
 
 def _sent(number: int, frames: list[tuple[str, str, int]], *, active: bool | None = False,
           **extra: object) -> dict[str, object]:
-    """One rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``)."""
+    """One rank as a host's stacks.py sends it (remote/hostlib/pystack.py ``dump_all``)."""
     return {"rank": number, "pid": 2000 + number, "state": "S", "last_line": f"step {number}",
             "threads": [{"name": "Thread-1", "active": True, "frames": [
                 {"function": "run", "file": "/usr/lib/python3.11/threading.py", "line": 982}]},
@@ -277,7 +277,7 @@ def test_the_controller_and_the_hub_make_the_same_report(name: str) -> None:
     """The same stacks, as the hosts sent them, give the same report on both deciders: an
     attached run's controller (typed stacks, NodeSet's folding) and a detached run's hub (the
     stdlib dicts its peers sent)."""
-    from clusterrun.remote import watchdog as hub
+    from clusterrun.remote.node import stallwatch as hub
     from clusterrun.stacks.model import from_reply
 
     got = STALLS[name]
@@ -345,7 +345,7 @@ def test_launch_ships_py_spy_once_by_content_to_hosts_without_one(tmp_path: Path
     from types import SimpleNamespace
 
     from clusterrun import pyspy
-    from clusterrun.remote import sysinfo
+    from clusterrun.remote.probe import sysinfo
     from clusterrun.stacks import ship
     from clusterrun.transport.local import LocalTransport
     from tests.conftest import LOCAL_SPEC

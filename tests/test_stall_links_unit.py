@@ -13,7 +13,8 @@ import pytest
 
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote import linkrule, linkwatch, stallreport
+from clusterrun.remote.node import linkwatch
+from clusterrun.remote.shared import linkrule, stallreport
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import links, watchdog
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
@@ -143,7 +144,7 @@ def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
 
 
 class HubNode:
-    """The master's supervisor as the hub's watchdog (remote/watchdog.py) sees it: what it
+    """The master's supervisor as the hub's watchdog (remote/node/stallwatch.py) sees it: what it
     records, sends to its peers and fails with."""
 
     def __init__(self, rundir: Path) -> None:
@@ -183,8 +184,8 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     detail: the controller sends the stop there, and the hub, given the same report, stops
     the same host with the same detail (an odd rank's host is told over the gang, a host whose
     links fail is recorded as failed by the hub, neither: the master fails itself)."""
-    from clusterrun.remote import protocol
-    from clusterrun.remote import watchdog as hub_watchdog
+    from clusterrun.remote.node import stallwatch as hub_watchdog
+    from clusterrun.remote.shared import protocol
 
     ranks, blocked, host = STOPS[case]
     sent, _said, _ = fire(monkeypatch, tmp_path, ranks, blocked)
@@ -221,9 +222,9 @@ def local_run(tmp_path: Path, addresses: dict[str, str]) -> RunDir:
 
 def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
         tmp_path: Path) -> None:
-    """remote/links.py as shipped, on this machine: two hosts on loopback addresses connect to
-    each other; a host whose address is not this machine's cannot listen and is not tested
-    (nor blamed)."""
+    """remote/tools/linkcheck.py as shipped, on this machine: two hosts on loopback addresses
+    connect to each other; a host whose address is not this machine's cannot listen and is not
+    tested (nor blamed)."""
     found = links.retest(local_run(tmp_path, {"a": "127.0.0.1", "b": "127.0.0.2",
                                               "c": UNBINDABLE}), SshOptions())
     assert (found.hosts, found.blocked) == (["a", "b"], [])

@@ -1,5 +1,5 @@
-"""What the stall watchdog counts as a rank's progress (remote/stall.py ``Progress``): new
-output, CPU outside a collective, bytes read or written, uninterruptible I/O; and what it does
+"""What the stall watchdog counts as a rank's progress (remote/shared/stallrule.py ``Progress``):
+new output, CPU outside a collective, bytes read or written, uninterruptible I/O; and what it does
 not (CPU spent spinning inside a collective, a rank that only sleeps)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from clusterrun.remote import pystack, stall
+from clusterrun.remote.hostlib import pystack
+from clusterrun.remote.node import progress as measure
 from tests.clocks import seconds
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -37,10 +38,10 @@ def writer(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     proc.wait()
 
 
-def progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pid: int) -> stall.Progress:
+def progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pid: int) -> measure.Progress:
     (tmp_path / "rank-0.log").write_text("rank 0 step 1\n")
     monkeypatch.setattr(pystack, "find_ranks", lambda rundir, roots: {0: pid})
-    found = stall.Progress(str(tmp_path), lambda: [pid], None, timeout=8.0)
+    found = measure.Progress(str(tmp_path), lambda: [pid], None, timeout=8.0)
     return found
 
 
@@ -94,7 +95,7 @@ def test_uninterruptible_io_is_progress_for_a_bounded_stretch(
     waits["D"] = True  # a dead NFS server: D for ever counts only IO_WAIT_MAX
     start = t0 + 70
     step = 0.0
-    while step <= stall.IO_WAIT_MAX + 20:
+    while step <= measure.IO_WAIT_MAX + 20:
         found.look(start + step)
         step += 5
     # The stretch began at 0 s and is used up at 600 s: the look at 595 s was the last that
@@ -160,7 +161,7 @@ def test_without_a_flight_recorder_busy_cpu_stays_progress(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_base: float) -> None:
     """A busy, silent rank on a host with no Flight Recorder pipe (no GPU, or a torch without
     one): its CPU is progress, however long, and no dump is ever asked for."""
-    from clusterrun.remote import flight
+    from clusterrun.remote.shared import flight
 
     asked: list[str] = []
 

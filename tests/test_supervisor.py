@@ -1,4 +1,4 @@
-"""The node supervisor (clusterrun/remote/run.py and exec.py) through the local transport: no
+"""The node supervisor (clusterrun/remote/node/run.py and exec.py) through the local transport: no
 root, no sshd. Each test starts the real program the way the controller does (the bootstrap
 command line, the program and its request on stdin) and asserts on its events, its state file
 and the processes left on this machine."""
@@ -177,7 +177,7 @@ def test_sigterm_and_what_the_job_left_behind(tmp_path: Path, mark: str) -> None
 
 
 def test_exec_times_out_and_streams_both_outputs_apart(tmp_path: Path, mark: str) -> None:
-    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; echo out; "
+    remote = Remote("command.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; echo out; "
                                            "echo err >&2; sleep 100", "timeout": 1,
                                 "grace": 1, "lease": 10, "heartbeat": 0.5})
     end = remote.end()
@@ -187,7 +187,7 @@ def test_exec_times_out_and_streams_both_outputs_apart(tmp_path: Path, mark: str
 
 
 def test_exec_reports_the_exit_status_and_ends_background_jobs(tmp_path: Path, mark: str) -> None:
-    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; "
+    remote = Remote("command.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; "
                                            "(sleep 100 &); exit 7", "lease": 10})
     end = remote.end()
     assert (end.state, end.exit_code) == ("exited", 7)
@@ -195,7 +195,7 @@ def test_exec_reports_the_exit_status_and_ends_background_jobs(tmp_path: Path, m
 
 
 def test_exec_ends_on_lifeline_eof(tmp_path: Path, mark: str) -> None:
-    remote = Remote("exec.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; sleep 100",
+    remote = Remote("command.py", {"command": f"export CLUSTERRUN_TEST_MARK={mark}; sleep 100",
                                 "lease": 10, "grace": 1})
     remote.wait_for(wire.Started)
     remote.proc.close_stdin()

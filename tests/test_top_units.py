@@ -23,7 +23,7 @@ FAKES = Path(__file__).resolve().parent / "fakes"
 
 
 class Sampler:
-    """remote/sampler.py as a host runs it: shipped on stdin, one request per line."""
+    """remote/tools/sampler.py as a host runs it: shipped on stdin, one request per line."""
 
     def __init__(self, request: dict[str, Any], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-S", "-u", "-c", shell.BOOTSTRAP],
@@ -137,17 +137,18 @@ def test_an_old_driver_without_throttle_reasons_still_gives_the_rest(
 def test_a_slow_nvidia_smi_is_asked_the_whole_query_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A query with no answer in time (a loaded host) is asked whole next time; only a driver
     that refuses a field makes the sampler drop the newer ones (GPU_BASIC) for good."""
-    from clusterrun.remote import gpus, sampler
+    from clusterrun.remote.probe import nvidia
+    from clusterrun.remote.tools import sampler
 
-    answers = [(None, gpus.NO_ANSWER % gpus.QUERY_SECONDS),
+    answers = [(None, nvidia.NO_ANSWER % nvidia.QUERY_SECONDS),
                ("0, 97, 40000, 81559, 71, 612.3, 0x0000000000000044, 0\n", None)]
     asked: list[int] = []
 
-    def smi(argv: list[str], timeout: float = gpus.QUERY_SECONDS) -> tuple[Any, Any]:
+    def smi(argv: list[str], timeout: float = nvidia.QUERY_SECONDS) -> tuple[Any, Any]:
         asked.append(argv[0].count(","))
         return answers.pop(0)
 
-    monkeypatch.setattr(gpus, "nvidia_smi", smi)
+    monkeypatch.setattr(nvidia, "nvidia_smi", smi)
     poll = sampler.GpuPoll()  # type: ignore[no-untyped-call]
     poll.query()
     assert poll.latest is None and poll.error == "nvidia-smi gave no answer within 8 s"
@@ -186,7 +187,7 @@ def test_the_rate_is_over_the_last_minute_at_any_clock(tmp_path: Path, clock_bas
     reads: a burst of 30 lines before the look at 2 s, then 5 lines before each look, every 2 s.
     At 62 s the look at 0 s, 62 s back, has left the window (the one at 2 s is exactly 60 s back,
     float rounding aside): 150 lines in the last minute, not 180 in 62 s."""
-    from clusterrun.remote import sampler
+    from clusterrun.remote.tools import sampler
 
     log = tmp_path / "rank-0.log"
     log.write_text("starting\n")

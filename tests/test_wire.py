@@ -1,4 +1,4 @@
-"""The supervisor's wire frames (remote/protocol.py, wire.py) and the local mirrors
+"""The supervisor's wire frames (remote/shared/protocol.py, wire.py) and the local mirrors
 (logs/mirror.py): framing holds whatever the bytes and wherever the stream is cut; a resumed
 stream neither duplicates nor loses. Both ends use protocol.py's names."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from clusterrun import wire
 from clusterrun.logs.mirror import Mirror, receive, verify
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.runs import store
 from clusterrun.transport import bundle
 from clusterrun.wire import ProtocolError, frames
@@ -184,7 +184,7 @@ def _sent(tree: ast.AST) -> Iterator[tuple[str, set[str], int]]:
 
 def test_the_hosts_programs_send_only_the_protocols_fields() -> None:
     seen = set()
-    for path in sorted(REMOTE.glob("*.py")):
+    for path in sorted(REMOTE.rglob("*.py")):
         for kind, names, line in _sent(ast.parse(path.read_text())):
             seen.add(kind)
             unknown = names - set(protocol.FIELDS[kind])
@@ -207,8 +207,8 @@ GANG_OWN = {protocol.Gang.HELLO, protocol.Gang.AUTH, protocol.Gang.WELCOME,
             protocol.Gang.HEARTBEAT, protocol.Gang.STOP, protocol.Gang.FAILED, protocol.Gang.ENDED}
 ALL_PROBE = {v for n, v in vars(protocol.Probe).items() if n.isupper() and isinstance(v, str)}
 
-# A supervisor's watcher (remote/watcher.py) names the ops and gang messages it takes in these
-# class attributes; the supervisor hands it those (Supervisor.on_op, Supervisor.on_gang).
+# A supervisor's watcher (remote/node/watchbase.py) names the ops and gang messages it takes in
+# these class attributes; the supervisor hands it those (Supervisor.on_op, Supervisor.on_gang).
 WATCHER_TAKES = {"ops", "gang"}
 
 Unit = tuple[str, Optional[str]]  # (module, "Class" or "Class.method"; None: all of it)
@@ -234,35 +234,36 @@ CHANNELS = [
                        protocol.Lifeline.KILL, protocol.Lifeline.STALL,
                        protocol.Lifeline.RESUMED}),
             (("launch/session.py", None), ("stacks/watchdog.py", None)),
-            (("remote/run.py", "Supervisor.on_op"), ("remote/watchdog.py", "Watch")),
-            (("remote/watchdog.py", "Watch.on_op"),), frozenset({protocol.Lifeline.STALL})),
+            (("remote/node/run.py", "Supervisor.on_op"), ("remote/node/stallwatch.py", "Watch")),
+            (("remote/node/stallwatch.py", "Watch.on_op"),), frozenset({protocol.Lifeline.STALL})),
     Channel("the controller to exec's supervisors", "Lifeline",
             frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
                        protocol.Lifeline.KILL}),
-            (("exec.py", None),), (("remote/exec.py", "Exec.on_op"),)),
+            (("exec.py", None),), (("remote/tools/command.py", "Exec.on_op"),)),
     Channel("a peer to its hub", "Gang", frozenset(protocol.Gang.TO_HUB),
-            (("remote/gang.py", "Peer"), ("remote/run.py", "Supervisor._failed"),
-             ("remote/watchdog.py", "Watch.tick"), ("remote/linkwatch.py", "PeerSide")),
-            (("remote/gang.py", "Hub._message"), ("remote/gang.py", "Hub._auth")),
-            (("remote/watchdog.py", "Watch.on_gang"),
-             ("remote/linkwatch.py", "HubTest.on_message")),
+            (("remote/node/gang.py", "Peer"), ("remote/node/run.py", "Supervisor._failed"),
+             ("remote/node/stallwatch.py", "Watch.tick"), ("remote/node/linkwatch.py", "PeerSide")),
+            (("remote/node/gang.py", "Hub._message"), ("remote/node/gang.py", "Hub._auth")),
+            (("remote/node/stallwatch.py", "Watch.on_gang"),
+             ("remote/node/linkwatch.py", "HubTest.on_message")),
             frozenset(protocol.Gang.TO_HUB) - GANG_OWN),
     Channel("a hub to its peers", "Gang", frozenset(protocol.Gang.TO_PEER),
-            (("remote/gang.py", "Hub"), ("remote/watchdog.py", "Watch._hub"),
-             ("remote/watchdog.py", "Watch.stall_here"), ("remote/linkwatch.py", "HubTest")),
-            (("remote/gang.py", "Peer._message"),),
-            (("remote/watchdog.py", "Watch.on_gang"),
-             ("remote/linkwatch.py", "PeerSide.on_message")),
+            (("remote/node/gang.py", "Hub"), ("remote/node/stallwatch.py", "Watch._hub"),
+             ("remote/node/stallwatch.py", "Watch.stall_here"),
+             ("remote/node/linkwatch.py", "HubTest")),
+            (("remote/node/gang.py", "Peer._message"),),
+            (("remote/node/stallwatch.py", "Watch.on_gang"),
+             ("remote/node/linkwatch.py", "PeerSide.on_message")),
             frozenset(protocol.Gang.TO_PEER) - GANG_OWN),
     Channel("the controller to a probe", "Probe",
             frozenset(ALL_PROBE - {protocol.Probe.FACTS}),
             (("preflight/checks.py", None), ("preflight/mesh.py", None),
              ("preflight/bandwidth.py", None),
              ("preflight/probe_session.py", "ProbeSession.close")),
-            (("remote/probe.py", None),)),
+            (("remote/probe/probe.py", None),)),
     Channel("the controller to pyenv.py", "Env",
             frozenset(v for n, v in vars(protocol.Env).items() if n.isupper()),
-            (("envs/sync.py", None),), (("remote/pyenv.py", None),)),
+            (("envs/sync.py", None),), (("remote/tools/pyenv.py", None),)),
 ]
 
 
@@ -279,7 +280,8 @@ def _unit(path: Path, name: Optional[str]) -> ast.AST:
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
-    """A module's ``G = protocol.Gang``, and ``from clusterrun.remote.protocol import Gang``."""
+    """A module's ``G = protocol.Gang``, and ``from clusterrun.remote.shared.protocol import
+    Gang``."""
     found = {name: name for name in NAMESPACES}
     for node in tree.body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -349,10 +351,10 @@ def test_every_op_is_carried_one_way_or_the_other() -> None:
 def test_the_answers_kinds_are_sent_and_read() -> None:
     """The probe's first answer, the sampler's and a chained program's last event: each is
     written by its program and looked for by the controller with protocol.py's name."""
-    for sender, reader, name in (("remote/probe.py", "preflight/probe_session.py", "FACTS"),
-                                 ("remote/sampler.py", "observe/watch.py", "SAMPLE"),
-                                 ("remote/stacks.py", None, "STACKS"),
-                                 ("remote/tools.py", None, "TOOLS"),
+    for sender, reader, name in (("remote/probe/probe.py", "preflight/probe_session.py", "FACTS"),
+                                 ("remote/tools/sampler.py", "observe/watch.py", "SAMPLE"),
+                                 ("remote/tools/stackdump.py", None, "STACKS"),
+                                 ("remote/tools/toolcache.py", None, "TOOLS"),
                                  ("transport/shell.py", "logs/follow.py", "NEXT")):
         for path in filter(None, (sender, reader)):
             source = (PACKAGE / path).read_text()
@@ -459,8 +461,9 @@ def test_no_module_writes_or_reads_a_message_type_of_its_own() -> None:
 def test_the_programs_that_name_the_protocol_ship_it() -> None:
     """A program on a host sees protocol.py only when its imports ship it along
     (transport/bundle.py): the probe and the gang's modules gained it."""
-    for name in ("probe.py", "run.py", "pyenv.py", "stacks.py", "sampler.py"):
-        assert b'_clusterrun_module("clusterrun.remote.protocol"' in bundle.program_source(name)
+    for name in ("probe.py", "run.py", "pyenv.py", "stackdump.py", "sampler.py"):
+        shipped = bundle.program_source(name)
+        assert b'_clusterrun_module("clusterrun.remote.shared.protocol"' in shipped
 
 
 # -- the mirror ------------------------------------------------------------------------------

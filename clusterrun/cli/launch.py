@@ -20,7 +20,7 @@ from clusterrun.cli.common import (
 )
 from clusterrun.errors import Result, UsageError
 from clusterrun.launch.options import GRACE, LEASE, STALL_TIMEOUT
-from clusterrun.remote.protocol import STALL_REPORT, STALL_STOP
+from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,

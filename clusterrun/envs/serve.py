@@ -1,4 +1,4 @@
-"""The master's wheel store served to the other hosts for one sync (remote/wheelserve.py): a
+"""The master's wheel store served to the other hosts for one sync (remote/tools/wheelserve.py): a
 fresh port on its data address, a random token, ended with the sync."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from clusterrun.errors import PreflightError
 from clusterrun.inventory import AUTO, HostSpec, Inventory
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.transport import programs
 from clusterrun.transport.base import Transport
 

@@ -38,7 +38,7 @@ from clusterrun.envs.wheels import Wheel
 from clusterrun.envs.workdirs import Workdirs
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import AUTO, Inventory
-from clusterrun.remote.protocol import OP, Env
+from clusterrun.remote.shared.protocol import OP, Env
 from clusterrun.transport import parallel, programs
 from clusterrun.transport.pool import Connections
 

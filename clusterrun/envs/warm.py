@@ -3,7 +3,7 @@
 Where every `environment:` host's absolute workdir is known (absolute in the inventory, or
 remembered from an earlier status: workdirs.py), launch checks the hosts at once with each
 environment's interpreter, and the probe reports the lock's environment with its facts
-(remote/envstate.py: the same platform and distributions as pyenv.py's status). A host whose
+(remote/probe/envstate.py: the same platform and distributions as pyenv.py's status). A host whose
 environment is the lock's is ready exactly as its status would have made it. Where any is not
 (never built, drifted, its interpreter gone, the host unreachable or its probe failing),
 preflight stops after the facts (``NotWarm``) and the sync runs for those hosts as it does

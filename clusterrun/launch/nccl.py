@@ -5,7 +5,7 @@ wrong across hosts once every host is up (or the run has ended):
     nccl gpu-a: eth1 10.0.0.11, IB (mlx5_0:1), GPUDirect RDMA on, 8/8 ranks init done
     nccl warning: gpu-c uses Socket (TCP) while gpu[a-b] use IB ...
 
-The hosts' supervisors read NCCL's own log files (clusterrun/remote/nccl.py) and send a
+The hosts' supervisors read NCCL's own log files (clusterrun/remote/node/nccllog.py) and send a
 ``wire.NcclReport`` whenever it changes. Nothing is said for a run that never used NCCL (gloo).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from clusterrun.inventory.ranges import fold
-from clusterrun.remote import timing
+from clusterrun.remote.shared import timing
 from clusterrun.wire import NcclReport
 
 # How long a host's ranks may take from its first NCCL report to all being initialised before

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 
 STALL_TIMEOUT = protocol.STALL_TIMEOUT
 GRACE = protocol.GRACE

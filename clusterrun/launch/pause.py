@@ -3,8 +3,8 @@ suspended.
 
 Its own silence is not the nodes': when it runs again, the nodes get a fresh lease to be heard
 from. And where no heartbeat left it for longer than the lease, every node's supervisor has
-ended the run on its own (remote/run.py, ``lease_expired``): the controller says so at once, then
-collects the nodes' reports, which say the same.
+ended the run on its own (remote/node/run.py, ``lease_expired``): the controller says so at once,
+then collects the nodes' reports, which say the same.
 """
 
 from __future__ import annotations

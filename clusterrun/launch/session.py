@@ -9,7 +9,7 @@ Heartbeats flow both ways on the same channel.
 
 Detached runs have no controller after the start: the master's supervisor is started first as
 the gang's hub (it reports the port it listens on), then every worker's supervisor with the
-hub's address and the run's secret, on stdin (clusterrun/remote/gang.py).
+hub's address and the run's secret, on stdin (clusterrun/remote/node/gang.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from clusterrun.launch.watchers import START_SECONDS, Watcher
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan, NodePlan
-from clusterrun.remote.protocol import OP, Lifeline
+from clusterrun.remote.shared.protocol import OP, Lifeline
 from clusterrun.transport import Process, Transport, parallel
 from clusterrun.transport.programs import call, release, start
 
@@ -55,7 +55,7 @@ Item = Union[wire.Event, _Eof, _Broken]
 
 def request(plan: LaunchPlan, node: NodePlan,
             gang: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """remote/run.py's request: everything it needs, user data included (on stdin only)."""
+    """remote/node/run.py's request: everything it needs, user data included (on stdin only)."""
     public = dict(node.public(), run_id=plan.run_id, script=str(plan.script),
                   args=list(plan.args), world_size=plan.world_size)
     req = {"node": node.name, "rundir": node.rundir, "cwd": node.cwd,

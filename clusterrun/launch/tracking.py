@@ -1,4 +1,4 @@
-"""What a launch says about how each host tracks the job's processes (remote/cgroup.py)."""
+"""What a launch says about how each host tracks the job's processes (remote/hostlib/cgroup.py)."""
 
 from __future__ import annotations
 

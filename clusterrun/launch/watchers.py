@@ -22,7 +22,7 @@ from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import NodeOutcome, failures
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote import timing
+from clusterrun.remote.shared import timing
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog

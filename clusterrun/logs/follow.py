@@ -11,7 +11,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.runs import attempts
 from clusterrun.runs.records import PlanNode, RunStatus
 from clusterrun.runs.remote import each_node

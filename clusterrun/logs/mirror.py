@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterrun.logs.view import rank_of
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.runs.store import RunDir, make_node_dir, open_private
 from clusterrun.transport import Process
 from clusterrun.wire import ProtocolError, frames

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from clusterrun.console import Printer
 from clusterrun.logs.lines import LineFramer
-from clusterrun.remote import timing
+from clusterrun.remote.shared import timing
 
 PARTIAL_LINE_SECONDS = 1.0
 _RANK_FILE = re.compile(r"rank-(\d+)\.log$")

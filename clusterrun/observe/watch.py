@@ -1,4 +1,5 @@
-"""One connection and one sampler (remote/sampler.py) per host of a run, kept across refreshes.
+"""One connection and one sampler (remote/tools/sampler.py) per host of a run, kept across
+refreshes.
 
 Each refresh writes one request line to every host's sampler and waits, at most a refresh
 interval, for the answers; a host that has not answered for two intervals, or whose connection
@@ -17,7 +18,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError
 from clusterrun.inventory import HostSpec
 from clusterrun.observe.frame import CONNECTING, LOST, OK, Frame, HostSample, RankSample, flag_ranks
-from clusterrun.remote import protocol, timing
+from clusterrun.remote.shared import protocol, timing
 from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode
@@ -205,7 +206,7 @@ class Watch:
         recorded = lifecycle.recorded(self.run)
         state = recorded.value if recorded is not None else "unknown"
         if state == "running" and any(h.node_state == "stalled" for h in hosts):
-            state = "stalled"  # a detached run's hub found the stall (remote/watchdog.py)
+            state = "stalled"  # a detached run's hub found the stall (remote/node/stallwatch.py)
         return Frame(run=self.run.id, run_state=state, interval=self.interval, hosts=hosts,
                      ranks=ranks)
 

@@ -17,7 +17,7 @@ from clusterrun.inventory import AUTO, HostSpec, Inventory, ranks
 from clusterrun.plan import environment, placeholders
 from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.remote import layout, protocol
+from clusterrun.remote.shared import layout, protocol
 
 # What `stop`, `ps` and `logs -f` need to reach a run's hosts again, even if the inventory
 # file has changed since.

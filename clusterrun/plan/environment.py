@@ -10,7 +10,7 @@ forwarded from this shell is one machine's, and interfaces differ between hosts.
 NCCL's own log: unless the user chose NCCL_DEBUG (anywhere above), the ranks get
 NCCL_DEBUG=INFO with NCCL_DEBUG_FILE in the run's folder on their host, one file per process,
 never the console; each host's supervisor reads them to report what NCCL chose
-(clusterrun/remote/nccl.py). A gloo run never opens them.
+(clusterrun/remote/node/nccllog.py). A gloo run never opens them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ NEVER_FORWARDED = ("CUDA_VISIBLE_DEVICES",)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# NCCL expands %h (hostname) and %p (pid) in NCCL_DEBUG_FILE; remote/nccl.py reads this glob.
+# NCCL expands %h (hostname) and %p (pid) in NCCL_DEBUG_FILE; remote/node/nccllog.py reads this
+# glob.
 NCCL_LOG_NAME = "nccl-%h.%p.log"
 
 
@@ -46,7 +47,7 @@ def nccl_debug(env: Mapping[str, str], rundir: str) -> dict[str, str]:
 
 # torch's Flight Recorder (docs/troubleshooting.md): NCCL process groups keep their last
 # collectives in a ring buffer and write it to the run's folder when a collective times out, or
-# when `clusterrun stacks` writes to a rank's pipe (remote/flight.py).
+# when `clusterrun stacks` writes to a rank's pipe (remote/shared/flight.py).
 FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
                    "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterrun.plan.secrets import masked
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 
 
 @dataclass(frozen=True)

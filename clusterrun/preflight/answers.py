@@ -1,5 +1,5 @@
-"""The probe's answers to preflight's questions after the facts (clusterrun/remote/probe.py,
-mesh.py, throughput.py), read into frozen values where they arrive: a port opened, a
+"""The probe's answers to preflight's questions after the facts (clusterrun/remote/probe/probe.py,
+meshtest.py, throughput.py), read into frozen values where they arrive: a port opened, a
 connection tried, a transfer measured. (A route and a name lookup: net_facts.py.)"""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The master's probe opens a sink on master_addr; each worker's probe then sends to it from its
 chosen interface's address for about a second (SECONDS, or MAX_BYTES on a link fast enough to send
-them sooner) -- clusterrun/remote/throughput.py. Workers go one at a time: measured together they
-would share the master's ingress, and every one of them would see a fraction of the link and be
+them sooner) -- clusterrun/remote/probe/throughput.py. Workers go one at a time: measured together
+they would share the master's ingress, and every one of them would see a fraction of the link and be
 warned for nothing. So the phase takes about a second per worker, and never longer than
 ``budget()``: a worker left when it runs out is reported as not measured.
 
@@ -22,7 +22,7 @@ from clusterrun.errors import ClusterrunError
 from clusterrun.preflight.answers import Blast, Listening
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import HostReport
-from clusterrun.remote.protocol import Probe
+from clusterrun.remote.shared.protocol import Probe
 
 WARN_GBIT = 10.0
 SECONDS = 1.0

@@ -26,7 +26,7 @@ from clusterrun.preflight.answers import Connected, Listening
 from clusterrun.preflight.net_facts import Route
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.remote.protocol import Probe
+from clusterrun.remote.shared.protocol import Probe
 from clusterrun.transport import parallel
 from clusterrun.transport.pool import Connections
 

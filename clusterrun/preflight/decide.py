@@ -10,7 +10,7 @@ from clusterrun.preflight import hostpaths
 from clusterrun.preflight.facts import HostFacts, Workdir
 from clusterrun.preflight.net_facts import Interface, Route
 from clusterrun.preflight.report import Check, HostReport, warn
-from clusterrun.remote import disk
+from clusterrun.remote.shared import diskfloor
 
 SLOW_DNS_SECONDS = 2.0
 LOW_DISK = 1024 ** 3  # below this free in the workdir, a warning
@@ -26,20 +26,20 @@ def owner_of(addr: str, facts: HostFacts) -> Optional[str]:
 
 
 def _workdir_space(name: str, workdir: Workdir) -> Check:
-    """A workdir that can be written, and whether a run has room there: below disk.FLOOR free
-    the supervisor would stop the run at once (remote/disk.py)."""
+    """A workdir that can be written, and whether a run has room there: below diskfloor.FLOOR free
+    the supervisor would stop the run at once (remote/shared/diskfloor.py)."""
     free, path = workdir.free, workdir.path
     where = workdir.free_at or path
     if free is None:
         return warn("workdir", f"{path} on {name} was created and written, but its free space "
                     f"is unknown (the probe could not read it at {where}), so it was not "
-                    f"checked against the {disk.FLOOR / 2 ** 20:.0f} MiB a run needs "
+                    f"checked against the {diskfloor.FLOOR / 2 ** 20:.0f} MiB a run needs "
                     "(docs/reliability.md). `df` there says.", "the workdir was created and "
                     "written, but its free space is unknown, so it was not checked")
     room = f"{free / 2 ** 20:.1f} MiB" if free < 2 ** 30 else f"{free / 2 ** 30:.1f} GiB"
-    if free < disk.FLOOR:
+    if free < diskfloor.FLOOR:
         return Check("workdir", False, f"{where} on {name} has only {room} free: a run "
-                     f"stops below {disk.FLOOR / 2 ** 20:.0f} MiB (docs/reliability.md). Free "
+                     f"stops below {diskfloor.FLOOR / 2 ** 20:.0f} MiB (docs/reliability.md). Free "
                      "space there, or set `workdir:` to a larger disk.")
     if free < LOW_DISK:
         return Check("workdir", True, f"warning: {where} on {name} has only {room} "

@@ -1,4 +1,4 @@
-"""One host's facts as the probe reports them (clusterrun/remote/probe.py), read once into
+"""One host's facts as the probe reports them (clusterrun/remote/probe/probe.py), read once into
 frozen values for the checks: ``HostFacts.from_json(reply)``. The wire format is the probe's;
 the raw reply stays in ``HostReport.facts`` for what is passed on as it came (plan, launch).
 
@@ -17,7 +17,7 @@ from clusterrun.preflight.gpu_facts import NvidiaFacts
 from clusterrun.preflight.limit_facts import IbPort, Limits
 from clusterrun.preflight.net_facts import Interface, Link, Lookup, Names
 
-# Every fact the probe sends whatever the host is like (remote/probe.py facts(); `pyenv` only
+# Every fact the probe sends whatever the host is like (remote/probe/probe.py facts(); `pyenv` only
 # when an environment is asked for): one it left out is unknown, never taken as fine.
 SENT = ("hostname", "user", "python", "python_path", "torch", "gpus", "nvidia", "interfaces",
         "ssh_server_address", "dns", "workdir", "rsync", "names", "port_range", "packages",
@@ -62,7 +62,7 @@ class Torch:
 
 @dataclass(frozen=True)
 class Ptrace:
-    """Whether a rank's stack can be read there (clusterrun/remote/sysinfo.py ptrace()):
+    """Whether a rank's stack can be read there (clusterrun/remote/probe/sysinfo.py ptrace()):
     Yama's scope (None: no Yama), root, CAP_SYS_PTRACE, its own py-spy, and its machine type
     (None: an older probe that did not say)."""
 

@@ -1,4 +1,4 @@
-"""``facts["nvidia"]`` as the probe sends it (clusterrun/remote/gpus.py; its shape is in
+"""``facts["nvidia"]`` as the probe sends it (clusterrun/remote/probe/nvidia.py; its shape is in
 preflight/gpus.py), read once into frozen values for the GPU checks. A missing or odd field
 reads as unknown (None), as nvidia-smi's own "[N/A]" does."""
 

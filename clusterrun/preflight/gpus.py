@@ -1,5 +1,6 @@
-"""What preflight decides about GPUs from the facts the hosts reported (clusterrun/remote/gpus.py):
-per host, the GPUs this run will use; across hosts, the NVIDIA driver. Pure functions.
+"""What preflight decides about GPUs from the facts the hosts reported
+(clusterrun/remote/probe/nvidia.py): per host, the GPUs this run will use; across hosts, the NVIDIA
+driver. Pure functions.
 
 ``facts["nvidia"]``, as the probe reports it::
 

@@ -1,5 +1,5 @@
 """A directory on a host that cannot be used, in words a user can act on: what is in the way,
-on which host, and the fix. The facts come from the host (clusterrun/remote/pathcheck.py): the
+on which host, and the fix. The facts come from the host (clusterrun/remote/probe/pathcheck.py): the
 probe's workdir check (exit 3, preflight) and the code copy (exit 6, sync) both use them.
 
 docs/troubleshooting.md ("The workdir on a host") lists the cases.
@@ -17,7 +17,7 @@ from clusterrun.jsonfields import flag, text
 
 @dataclass(frozen=True)
 class PathFailure:
-    """What the host found in the way of ``path`` (clusterrun/remote/pathcheck.py): the
+    """What the host found in the way of ``path`` (clusterrun/remote/probe/pathcheck.py): the
     errno's name, the nearest part of the path that exists, whose home. None: not said."""
 
     path: Optional[str] = None

@@ -1,5 +1,5 @@
 """``facts["limits"]`` and ``facts["infiniband"]`` as the probe sends them
-(clusterrun/remote/sysinfo.py), read once into frozen values for preflight/limits.py::
+(clusterrun/remote/probe/sysinfo.py), read once into frozen values for preflight/limits.py::
 
     "limits": {"nofile": [65536, 1048576],    # [soft, hard]; None: unlimited
                "memlock": [None, None], "stack": [8388608, None],

@@ -23,8 +23,8 @@ from clusterrun.preflight.answers import Connected, Listening, connections
 from clusterrun.preflight.net_facts import Lookup, lookups
 from clusterrun.preflight.probe_session import ProbeSession
 from clusterrun.preflight.report import Blocked, HostReport, Pairs
-from clusterrun.remote import linkrule
-from clusterrun.remote.protocol import Probe
+from clusterrun.remote.shared import linkrule
+from clusterrun.remote.shared.protocol import Probe
 from clusterrun.transport import parallel
 
 PAIR_SECONDS = 5.0
@@ -98,7 +98,7 @@ def _listen(members: Sequence[HostReport], sessions: dict[str, ProbeSession]) ->
 
 def blamed(pairs: Pairs) -> dict[str, list[Blocked]]:
     """Which host each failed pair is put on: a host nobody reaches (its firewall) or a host
-    that reaches nobody (its egress); otherwise the one connected to (remote/linkrule.py, the
+    that reaches nobody (its egress); otherwise the one connected to (remote/shared/linkrule.py, the
     stall watchdog's rule too)."""
     found = linkrule.blamed(pairs.hosts, pairs.blocked)  # type: ignore[no-untyped-call]
     return {host: list(mine) for host, mine in found.items()}

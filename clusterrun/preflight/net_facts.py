@@ -1,4 +1,4 @@
-"""The network side of a host's facts and of the probe's answers (clusterrun/remote/probe.py,
+"""The network side of a host's facts and of the probe's answers (clusterrun/remote/probe/probe.py,
 sysinfo.py), read once into frozen values: its interfaces and their links, the route to an
 address, and what a name resolves to."""
 

@@ -1,4 +1,4 @@
-"""A conversation with the preflight probe (clusterrun/remote/probe.py) on one host."""
+"""A conversation with the preflight probe (clusterrun/remote/probe/probe.py) on one host."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.transport import shell
 from clusterrun.transport.base import Transport
 from clusterrun.transport.programs import ProgramError, park, read_lines, start

@@ -116,7 +116,7 @@ class HostReport:
 
 class Blocked(NamedTuple):
     """``source`` could not connect to an ephemeral port of ``target``: a triple, as the rule
-    shared with the hosts (remote/linkrule.py) reads a failed pair."""
+    shared with the hosts (remote/shared/linkrule.py) reads a failed pair."""
 
     source: str
     target: str

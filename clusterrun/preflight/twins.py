@@ -3,7 +3,7 @@
 
 Both would get ranks: the machine's GPUs counted twice, two torchruns with LOCAL_RANK 0 on the
 same GPU, twice the CPU threads the machine has. Told apart by what the probe reads there (the
-kernel's boot id and the network namespace, clusterrun/remote/sysinfo.py), never by names or
+kernel's boot id and the network namespace, clusterrun/remote/probe/sysinfo.py), never by names or
 addresses, which are exactly what differs between the two entries.
 
 Policy (docs/troubleshooting.md): a failure for every entry reached over SSH or Slurm, since

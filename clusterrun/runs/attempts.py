@@ -1,6 +1,6 @@
 """A run's attempts on this machine. Attempt 1 is the run folder itself, so a run that never
 restarted looks exactly as it always did; attempt K >= 2 is runs/<run-id>/attempt-K/
-(remote/layout.py says so for both ends), a run folder of its own (plan, state, summary,
+(remote/shared/layout.py says so for both ends), a run folder of its own (plan, state, summary,
 mirrors). The run folder's state.json says which attempt is the current one (``attempt``,
 absent: 1) and keeps the ``attempts`` and ``quarantined`` lists."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from clusterrun.remote import layout
+from clusterrun.remote.shared import layout
 from clusterrun.runs.records import AttemptRecord, Json, PlanRecord, RunStatus
 from clusterrun.runs.store import RunDir
 

@@ -201,7 +201,7 @@ _NOTHING = RunStatus()
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node's state.json on its host, as its supervisor keeps it (remote/run.py) and
+    """One node's state.json on its host, as its supervisor keeps it (remote/node/run.py) and
     status.py answers for `ps`, `logs` and `stop` (runs/remote.py ``status``); a host that could
     not be asked is ``unreachable``, with why in ``reason``."""
 

@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from clusterrun.errors import LocalFilesError, UsageError
 from clusterrun.home import DEFAULT_HOME
-from clusterrun.remote import layout
+from clusterrun.remote.shared import layout
 
 
 def unusable(home: Path, path: Union[str, Path]) -> LocalFilesError:
@@ -171,7 +171,7 @@ class RunDir:
 
     @property
     def attempt(self) -> int:
-        """1 for the run folder, K for its attempt-K folder (remote/layout.py)."""
+        """1 for the run folder, K for its attempt-K folder (remote/shared/layout.py)."""
         return layout.attempt_of(self.path.parts)
 
     @property

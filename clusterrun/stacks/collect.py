@@ -1,4 +1,4 @@
-"""Collecting a live run's stacks from its hosts: one `stacks.py` per node, all at once."""
+"""Collecting a live run's stacks from its hosts: one `stackdump.py` per node, all at once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
-from clusterrun.remote import layout
+from clusterrun.remote.shared import layout
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.journal import Journal
@@ -38,13 +38,13 @@ def unfit(name: str, binary: pyspy.Binary, reply: dict[str, Any]) -> str:
 
 def ask(transport: Transport, spec: HostSpec, node: PlanNode,
         ranks: Optional[list[int]] = None, profile: Optional[float] = None) -> dict[str, Any]:
-    """One node's answer (remote/stacks.py), shipping py-spy if the host has none. With
+    """One node's answer (remote/tools/stackdump.py), shipping py-spy if the host has none. With
     ``profile`` (seconds) every rank is sampled through that window first (--profile)."""
     binary = pyspy.local()
     request = _request(node, ranks, binary)
     if profile:
         request["profile"] = profile
-    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + (profile or 0),
+    reply = call(transport, spec, "stackdump.py", request, timeout=TIMEOUT + (profile or 0),
                  site=False)
     if not reply.get("need_pyspy"):
         return reply
@@ -58,7 +58,7 @@ def ask(transport: Transport, spec: HostSpec, node: PlanNode,
         reply["problem"] = unfit(spec.name, binary, reply)
         return reply
     request["send"] = True
-    reply = call(transport, spec, "stacks.py", request, timeout=TIMEOUT + 60 + (profile or 0),
+    reply = call(transport, spec, "stackdump.py", request, timeout=TIMEOUT + 60 + (profile or 0),
                  site=False, payload=pyspy.chunks(binary))
     if reply.get("need_pyspy"):  # sent, and still it cannot run there (a noexec filesystem)
         reply["problem"] = (f"{spec.name}: the py-spy sent to {request['tools']} cannot run "

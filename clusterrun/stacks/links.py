@@ -4,10 +4,11 @@ When every rank waits in the same collective, the stacks name no rank, and blami
 would throw the wrong host out on a restart. The likeliest cause left is a host whose data path
 broke while its SSH stayed up (a NIC or switch port that flaps): Gloo and NCCL then wait on
 peer sockets that carry nothing. So every host listens on an ephemeral port of the address its
-ranks use and connects to every other host's (preflight's all-pairs test, remote/links.py),
-all at once, in seconds. A failed pair is put on one host by `check`'s rule (remote/linkrule.py,
-which a detached run's hub applies too: a host nobody reaches, or one that reaches nobody): that
-host is the stall's root cause. When every pair connects, the report says the links are fine.
+ranks use and connects to every other host's (preflight's all-pairs test,
+remote/tools/linkcheck.py), all at once, in seconds. A failed pair is put on one host by `check`'s
+rule (remote/shared/linkrule.py, which a detached run's hub applies too: a host nobody reaches, or
+one that reaches nobody): that host is the stall's root cause. When every pair connects, the report
+says the links are fine.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked
-from clusterrun.remote import linkrule, protocol
+from clusterrun.remote.shared import linkrule, protocol
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode, PlanRecord
@@ -48,14 +49,14 @@ class Links:
 
 
 class _Host:
-    """remote/links.py running on one host: its answers, one JSON object a line."""
+    """remote/tools/linkcheck.py running on one host: its answers, one JSON object a line."""
 
     def __init__(self, transport: Transport, spec: HostSpec, address: str) -> None:
         self.name = spec.name
         self.address = address
         self.port = 0
         self.answers: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
-        self.interp: Interpreter = start(transport, spec, "links.py", {"addr": address},
+        self.interp: Interpreter = start(transport, spec, "linkcheck.py", {"addr": address},
                                          site=False)
         self._reader = threading.Thread(target=self._read, daemon=True, name="clusterrun-links")
         self._reader.start()
@@ -146,6 +147,6 @@ def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links
 
 def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
     """The report's lines, its record and the host the stall is put on (None: no link failed),
-    by the hub's rule and words (remote/linkrule.py); host names folded by NodeSet here."""
+    by the hub's rule and words (remote/shared/linkrule.py); host names folded by NodeSet here."""
     return linkrule.judge(  # type: ignore[no-any-return,no-untyped-call]
         links.hosts, links.blocked, links.addresses, links.untested, fold=fold)

@@ -45,7 +45,8 @@ class RankStack:
     wait_share: Optional[float] = None  # --profile: share of samples waiting in collectives
     samples: Optional[int] = None  # --profile: how many samples the share is made of
     children: tuple[Child, ...] = ()
-    where: Optional[str] = None  # the user's own line and call, its workers' (remote/pystack.py)
+    # the user's own line and call, its workers' (remote/hostlib/pystack.py)
+    where: Optional[str] = None
     at: Optional[str] = None  # the user's own frame, short: ``<module> (train.py:9) `...```
 
     @property
@@ -74,8 +75,8 @@ class RankStack:
 
 
 def as_sent(rank: RankStack) -> dict[str, Any]:
-    """A rank as a host's stacks.py sends it (remote/pystack.py ``dump_all``), with its node:
-    what the stall report's rule (remote/stallreport.py) reads."""
+    """A rank as a host's stacks.py sends it (remote/hostlib/pystack.py ``dump_all``), with its
+    node: what the stall report's rule (remote/shared/stallreport.py) reads."""
     return dict(rank.to_json(), state=rank.state, error=rank.error, last_line=rank.last_line)
 
 
@@ -121,7 +122,7 @@ def from_reply(node: str, entry: dict[str, Any]) -> RankStack:
 
 
 def _wait_share(profiled: Optional[dict[str, Any]]) -> Optional[float]:
-    """--profile: the share of a rank's samples spent waiting (remote/profile.py)."""
+    """--profile: the share of a rank's samples spent waiting (remote/tools/profiler.py)."""
     if not profiled or not profiled.get("samples"):
         return None
     return round(int(profiled["waiting"]) / int(profiled["samples"]), 3)

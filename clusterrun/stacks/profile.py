@@ -1,7 +1,7 @@
 """`stacks --profile` and `top --profile`: naming the straggler from every rank's wait share.
 
 In a synchronous job every rank waits in each collective until the slowest has arrived, so the
-slowest rank waits least. A rank is a straggler when its wait share (remote/profile.py) is at
+slowest rank waits least. A rank is a straggler when its wait share (remote/tools/profiler.py) is at
 least GAP below the median of all ranks' shares; GAP was chosen from measurements on the
 namespace cluster (docs/observability.md): ranks of an even run differ by a few points, a rank
 slowed by extra compute or by its host's CPU limit sits tens of points below the rest.

@@ -4,7 +4,7 @@ A run whose watchdog is on reads its ranks' stacks on the hosts: each supervisor
 busy rank from one spinning in a collective, and a detached run's hub for its report. A host
 with no py-spy of its own gets this machine's (clusterrun depends on py-spy), as `clusterrun
 stacks` would ship it, before the supervisors start. Which hosts need it comes from the probe
-(remote/sysinfo.py ``ptrace``: its own py-spy, its CPU, the copies already under its workdir),
+(remote/probe/sysinfo.py ``ptrace``: its own py-spy, its CPU, the copies already under its workdir),
 so a warm launch, where every host has its copy, costs nothing more. A copy that cannot be made
 is said and the run goes on: the watchdog there counts growing CPU as progress, as before.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 from clusterrun import pyspy
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote.layout import tools_dir
+from clusterrun.remote.shared.layout import tools_dir
 from clusterrun.transport import Transport, parallel
 from clusterrun.transport.programs import call
 
@@ -25,7 +25,8 @@ SECONDS = 120.0  # for all hosts: 8 MB each, at once
 
 
 def copy_name(binary: pyspy.Binary) -> str:
-    """The shipped copy's name under the tools folder, by content (remote/stacks.py's too)."""
+    """The shipped copy's name under the tools folder, by content (remote/tools/stackdump.py's
+    too)."""
     return f"py-spy-{binary.sha[:16]}"
 
 
@@ -54,7 +55,7 @@ def ship(plan: LaunchPlan, transports: Mapping[str, Transport], specs: Mapping[s
 
     def one(spec: HostSpec) -> str:
         path = f"{tools_dir(nodes[spec.name].rundir)}/{copy_name(binary)}"
-        call(transports[spec.name], spec, "tools.py", {"path": path, "size": binary.size},
+        call(transports[spec.name], spec, "toolcache.py", {"path": path, "size": binary.size},
              timeout=SECONDS, site=False, payload=pyspy.chunks(binary))
         return path
 

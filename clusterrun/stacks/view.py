@@ -1,5 +1,5 @@
-"""Grouping ranks by identical stacks, by the stall report's rule (remote/stallreport.py), and
-the text `stacks` prints."""
+"""Grouping ranks by identical stacks, by the stall report's rule (remote/shared/stallreport.py),
+and the text `stacks` prints."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from clusterrun.inventory.ranges import fold, fold_numbers
-from clusterrun.remote import flight, stallreport  # the same rules the hosts apply
+from clusterrun.remote.shared import flight, stallreport  # the same rules the hosts apply
 from clusterrun.stacks.model import Collected, RankStack, Thread, as_sent
 
 MAX_FRAMES = 14  # deep stacks: the innermost frames say where it is; --json has them all
@@ -30,7 +30,8 @@ class Group:
 
 
 def groups(collected: Collected) -> list[Group]:
-    """The ranks whose stacks were read, grouped by the stall report's rule (remote/stallreport.py
+    """The ranks whose stacks were read, grouped by the stall report's rule
+    (remote/shared/stallreport.py
     ``groups``): the same stack together, the odd ones out first (ranks outside any collective,
     then the smallest groups), the biggest group waiting in a collective last. A rank whose
     stack could not be read is in none (``unread``): not seeing it makes it no odd one out."""
@@ -84,7 +85,7 @@ def _rank_head(rank: RankStack) -> str:
 def flight_lines(collected: Collected) -> list[str]:
     """torch's Flight Recorder, where it dumped (a collective timed out, or `stacks` asked an
     NCCL rank through its pipe): the last collective each rank entered, then the ranks that
-    fell behind their process group (remote/flight.py ``behind``)."""
+    fell behind their process group (remote/shared/flight.py ``behind``)."""
     lines = [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
              f"#{f['seq']} ({f['state']})" for f in collected.flight]
     for late in flight.behind(collected.flight):  # type: ignore[no-untyped-call]
@@ -111,7 +112,8 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
         lines.append("")
         first = as_sent(group.first)
         wait = stallreport.waits_in(first)  # type: ignore[no-untyped-call]
-        # Outside a collective: the user's own line where there is one (remote/stallreport.py).
+        # Outside a collective: the user's own line where there is one
+        # (remote/shared/stallreport.py).
         inner = stallreport.innermost(first)  # type: ignore[no-untyped-call]
         what = f"waiting in {wait}" if wait else group.first.at or inner
         tag = "odd one out: " if odd else ""

@@ -1,9 +1,9 @@
 """The stall watchdog of an attached run, on the controller (detached runs: the hub's,
-clusterrun/remote/watchdog.py, with the same rule).
+clusterrun/remote/node/stallwatch.py, with the same rule).
 
-Every node's supervisor reports how long its ranks have made no progress (remote/stall.py
-says what progress is). When ``stall.stalled`` says the whole run is stalled, every rank's
-stack is taken (``collect``), the report (remote/stallreport.py, the hub's rule and words)
+Every node's supervisor reports how long its ranks have made no progress (remote/shared/stallrule.py
+says what progress is). When ``stallrule.stalled`` says the whole run is stalled, every rank's
+stack is taken (``collect``), the report (remote/shared/stallreport.py, the hub's rule and words)
 is printed, kept in the master's node.log (so `logs` shows it) and recorded in the run's
 journal (``ps`` shows ``stalled``, summary.json keeps it).
 When no rank stands out, the hosts' links are tested again first (stacks/links.py): a host
@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 from clusterrun.inventory.ranges import fold, fold_numbers
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote import protocol, stall, stallreport
-from clusterrun.remote.protocol import OP, Lifeline
+from clusterrun.remote.shared import protocol, stallreport, stallrule
+from clusterrun.remote.shared.protocol import OP, Lifeline
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir, write_json
 from clusterrun.stacks import links
@@ -34,7 +34,7 @@ from clusterrun.transport import SshOptions
 
 def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
     """The report's lines (odd ranks out first, then the waiting group) and its record, by the
-    hub's own rule and words (remote/stallreport.py); host names folded by NodeSet here."""
+    hub's own rule and words (remote/shared/stallreport.py); host names folded by NodeSet here."""
     lines, record = stallreport.build(  # type: ignore[no-untyped-call]
         [as_sent(r) for r in found.ranks], timeout, found.problems,
         fold_nodes=fold, fold_ranks=fold_numbers, records=found.flight)
@@ -98,7 +98,7 @@ class Watchdog:
     def tick(self, now: float) -> None:
         if self.timeout <= 0 or (self.busy is not None and self.busy.is_alive()):
             return
-        if stall.stalled(self._now(now), self.timeout):  # type: ignore[no-untyped-call]
+        if stallrule.stalled(self._now(now), self.timeout):  # type: ignore[no-untyped-call]
             if not self.fired:
                 self.fired = True
                 self.busy = threading.Thread(target=self._fire, daemon=True,

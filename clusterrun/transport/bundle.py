@@ -1,10 +1,12 @@
 """clusterrun's own programs as they are sent to a host: one piece of Python holding a program
-(clusterrun/remote/*.py) and the shared modules it imports, compiled for interpreters like this
-one. Built once per process, and kept under $CLUSTERRUN_HOME by what it was built from, so a
-command does not compile ~150 KB of source on every start."""
+(a file of clusterrun/remote/'s rooms, named by its file name: "run.py", "pyenv.py") and the
+clusterrun.remote modules it imports, compiled for interpreters like this one. Built once per
+process, and kept under $CLUSTERRUN_HOME by what it was built from, so a command does not
+compile ~150 KB of source on every start."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
 import functools
@@ -12,7 +14,6 @@ import hashlib
 import importlib.util
 import marshal
 import os
-import re
 import threading
 import zlib
 from importlib import resources
@@ -24,12 +25,11 @@ from clusterrun.home import home
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
-# A remote program's `from clusterrun.remote import a, b` (or the same in parentheses over
-# several lines): modules shipped along with it.
-_SHARED = re.compile(rb"^from clusterrun\.remote import (?:\(([\w,\s]+)\)|([\w, ]+)$)", re.M)
+_PACKAGE = "clusterrun.remote"
 
-# Registers the shipped modules under their real names before the program runs, so the programs
-# import them exactly as they do on this machine (and tests and linters see plain imports).
+# Registers the shipped modules under their real names before the program runs (the rooms of
+# remote/ as empty packages first), so the programs import them exactly as they do on this
+# machine (and tests and linters see plain imports).
 # Each piece comes compiled, for a host whose interpreter has this one's bytecode format (the
 # same magic number: the same Python minor version), and as source, which any other interpreter
 # compiles: compiling the ~30 KB of source is a fifth of a program's start-up on every host.
@@ -80,25 +80,67 @@ def _pieces(source: bytes, filename: str) -> bytes:
 
 @functools.lru_cache(maxsize=1)
 def _remote_files() -> dict[str, Traversable]:
-    # clusterrun.remote is a namespace package: its files() is a MultiplexedPath, which lists
-    # the folder again on every joinpath. One listing serves the whole build.
-    return {item.name: item for item in resources.files("clusterrun.remote").iterdir()}
+    """Every module of remote/'s rooms by its path there ("hostlib/procs.py"). One listing
+    serves the whole build."""
+    found: dict[str, Traversable] = {}
+    for room in resources.files(_PACKAGE).iterdir():
+        if room.is_dir() and not room.name.startswith(("_", ".")):
+            for item in room.iterdir():
+                if item.name.endswith(".py") and item.name != "__init__.py":
+                    found[f"{room.name}/{item.name}"] = item
+    return found
 
 
-def _remote_source(name: str) -> bytes:
-    return _remote_files()[name].read_bytes()
+def program_names() -> list[str]:
+    """The file names programs are asked for by: unique across the rooms (tests hold them so)."""
+    return sorted(path.rpartition("/")[2] for path in _remote_files())
+
+
+def _program_path(name: str) -> str:
+    """The path in remote/ of the program a caller names by its file name ("run.py")."""
+    found = [path for path in _remote_files() if path.rpartition("/")[2] == name]
+    if len(found) != 1:
+        raise LookupError(f"no one clusterrun.remote program is named {name!r}: {found}")
+    return found[0]
+
+
+def _remote_source(path: str) -> bytes:
+    return _remote_files()[path].read_bytes()
+
+
+def _imported(tree: ast.AST) -> list[str]:
+    """The clusterrun.remote modules a module's code imports, as paths in remote/ (the top
+    level's first): ``from clusterrun.remote.ROOM import a, b``, ``from
+    clusterrun.remote.ROOM.MODULE import name`` and ``import clusterrun.remote.ROOM.MODULE``,
+    wherever they stand (in a function too). What the interpreter will import, read from the code as
+    mitogen's scan_code_imports does, never from the text's layout."""
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[:2] != ["clusterrun", "remote"] or len(parts) < 3:
+                continue
+            if len(parts) == 3:  # from clusterrun.remote.ROOM import a, b: modules of ROOM
+                out.extend(f"{parts[2]}/{alias.name}.py" for alias in node.names)
+            else:
+                out.append("/".join(parts[2:]) + ".py")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["clusterrun", "remote"] and len(parts) > 3:
+                    out.append("/".join(parts[2:]) + ".py")
+    return out
 
 
 def _shared_modules(source: bytes, found: Optional[list[str]] = None) -> list[str]:
-    """The clusterrun.remote modules ``source`` imports, dependencies first."""
+    """The clusterrun.remote modules ``source`` imports (paths in remote/), dependencies
+    first."""
     found = [] if found is None else found
-    for match in _SHARED.finditer(source):
-        names = (match.group(1) or match.group(2)).decode()
-        for module in "".join(names.split()).split(","):
-            if module and module not in found:
-                _shared_modules(_remote_source(f"{module}.py"), found)
-                if module not in found:
-                    found.append(module)
+    for path in _imported(ast.parse(source)):
+        if path not in found:
+            _shared_modules(_remote_source(path), found)
+            if path not in found:
+                found.append(path)
     return found
 
 
@@ -111,8 +153,8 @@ _building = threading.Lock()
 
 def program_source(name: str) -> bytes:
     """A remote program as one piece of Python: itself, or a loader with the shared modules it
-    imports (clusterrun/remote/common.py ...) followed by it. Built once per process (under a
-    lock: every host's thread asks at the same moment) and the same bytes for every host."""
+    imports (clusterrun/remote/hostlib/hostio.py ...) followed by it. Built once per process (under
+    a lock: every host's thread asks at the same moment) and the same bytes for every host."""
     with _building:
         if name not in _built:
             _built[name] = _kept(name)
@@ -122,14 +164,14 @@ def program_source(name: str) -> bytes:
 def _kept(name: str) -> bytes:
     """The built program from $CLUSTERRUN_HOME/cache/programs when one was built there from the
     same sources, by the same code and for the same bytecode; else built now and kept."""
-    source = _remote_source(name)
-    shared = _shared_modules(source)
-    if not shared:
-        return source
-    texts = [(module, _remote_source(f"{module}.py")) for module in shared]
+    path = _program_path(name)
+    # Keyed by every file of remote/, not only those the program imports: finding those parses
+    # them (a tenth of a second per start), which is what a kept program spares. A change to
+    # any host module builds every program anew once.
     digest = hashlib.sha256(importlib.util.MAGIC_NUMBER)
     digest.update(Path(__file__).read_bytes())  # how it is built
-    for part in (name.encode(), source, *(t for m, t in texts for t in (m.encode(), t))):
+    for part in (name.encode(), *(t for p in sorted(_remote_files())
+                                  for t in (p.encode(), _remote_source(p)))):
         digest.update(b"%d:" % len(part) + part)
     stem = name.removesuffix(".py")
     file = home() / "cache" / "programs" / f"{stem}-{digest.hexdigest()[:24]}.py"
@@ -137,7 +179,11 @@ def _kept(name: str) -> bytes:
         kept = file.read_bytes()
         if kept.startswith(_LOADER) and kept.endswith(_END):  # whole, as _build wrote it
             return kept
-    built = _build(name, source, texts)
+    source = _remote_source(path)
+    shared = _shared_modules(source)
+    if not shared:
+        return source
+    built = _build(name, source, [(module, _remote_source(module)) for module in shared])
     _keep(file, stem, built)
     return built
 
@@ -160,9 +206,17 @@ def _keep(file: Path, stem: str, built: bytes) -> None:
 
 def _build(name: str, source: bytes, texts: list[tuple[str, bytes]]) -> bytes:
     parts = [_LOADER]
-    for module, text in texts:
-        filename = f"<clusterrun clusterrun.remote.{module}>"
-        parts.append(b'_clusterrun_module("clusterrun.remote.%s", %s)\n' % (
+    rooms: list[str] = []
+    for path, _text in texts:
+        room = path.partition("/")[0]
+        if room not in rooms:
+            rooms.append(room)
+            parts.append(b'_clusterrun_module("%s.%s", None)\n' % (
+                _PACKAGE.encode(), room.encode()))
+    for path, text in texts:
+        module = f"{_PACKAGE}.{path.removesuffix('.py').replace('/', '.')}"
+        filename = f"<clusterrun {module}>"
+        parts.append(b'_clusterrun_module("%s", %s)\n' % (
             module.encode(), _pieces(text, filename)))
     filename = f"<clusterrun {name}>"
     parts.append(b"exec(_clusterrun_code(%s, %r)%s" % (

@@ -26,12 +26,11 @@ import functools
 import json
 import threading
 import time
-from importlib import resources
 from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.remote.protocol import OP, Probe
+from clusterrun.remote.shared.protocol import OP, Probe
 from clusterrun.transport import bundle
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 from clusterrun.transport.fake_hosts import FakeHost, Interface, Reply
@@ -151,10 +150,8 @@ class FakeTransport:
 
 @functools.lru_cache(maxsize=1)
 def _program_sources() -> dict[bytes, str]:
-    folder = resources.files("clusterrun.remote")
     # As shipped: a program that imports shared modules arrives with them, behind a loader.
-    return {bundle.program_source(item.name): item.name for item in folder.iterdir()
-            if item.name.endswith(".py")}
+    return {bundle.program_source(name): name for name in bundle.program_names()}
 
 
 class FakeProcess:
@@ -164,7 +161,7 @@ class FakeProcess:
         self.transport = transport
         self.host = transport.host
         self.command = command
-        self.program: Optional[str] = None  # which of clusterrun/remote/*.py, once sent
+        self.program: Optional[str] = None  # which program (its file name), once sent
         self._shell = _PROGRAM_MARK not in command
         self._stdin = bytearray()
         self._out = bytearray()

@@ -67,7 +67,7 @@ class FakeHost:
     ports others can connect to (the rest time out). ``connect_error``: every
     data-path connect from this host fails so.
 
-    Its facts are those the real probe (clusterrun/remote/probe.py) sends, key for key
+    Its facts are those the real probe (clusterrun/remote/probe/probe.py) sends, key for key
     (tests/test_fake_probe.py holds them to that), with the values of a plain Linux training
     host: ``gpus`` idle NVIDIA GPUs (none: no nvidia-smi, as on a CPU host), no RDMA, a CPU
     torch. ``facts`` replaces whole top-level keys of that answer."""
@@ -147,7 +147,7 @@ class FakeHost:
         return facts
 
     def nvidia(self) -> dict[str, Any]:
-        """nvidia-smi's answer (clusterrun/remote/gpus.py): ``gpus`` idle H100s, or none."""
+        """nvidia-smi's answer (clusterrun/remote/probe/nvidia.py): ``gpus`` idle H100s, or none."""
         if not self.gpus:
             return {"smi": None, "count": 0, "driver": None, "gpus": [], "apps": [],
                     "errors": {}}

@@ -1,4 +1,5 @@
-"""Running clusterrun's own programs (clusterrun/remote/*.py) on a host, reading their replies."""
+"""Running clusterrun's own programs (the rooms of clusterrun/remote/) on a host, reading their
+replies."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.transport import shell
 from clusterrun.transport.base import Process, Transport
 

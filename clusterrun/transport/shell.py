@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import HostStatus
 from clusterrun.inventory import HostSpec
-from clusterrun.remote import protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.transport import bundle
 
 # Exit statuses of the remote wrapper (docs/exit-status.md, "On the hosts").

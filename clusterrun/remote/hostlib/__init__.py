@@ -1,0 +1,1 @@
+"""What the host programs share and the controller never runs (see remote/__init__.py)."""

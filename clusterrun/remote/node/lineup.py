@@ -1,0 +1,63 @@
+"""The watchers of every node's supervisor, in the order it ticks them (stdlib only, Python
+3.6+; the protocol is in watchbase.py). The supervisor (run.py) dispatches to what ``standard``
+returns and knows none of them: a new concern of a running node is a watcher added here.
+"""
+
+import time
+
+from clusterrun.remote.hostlib import hostio
+from clusterrun.remote.node import diskwatch, nccllog, stallwatch, watchbase
+from clusterrun.remote.shared import diskfloor, protocol
+
+
+class Nccl(watchbase.Watcher):
+    """What NCCL chose here, from the files NCCL_DEBUG_FILE names (none on a gloo run)."""
+
+    def __init__(self, node, req):
+        self.node = node
+        self.files = nccllog.Watcher(node.rundir, req.get("public", {}).get("world_size"))
+
+    def tick(self, now, force=False):
+        found = self.files.poll(now, force)
+        if found is not None:
+            self.node.state(nccl=found)  # for `ps`/`logs` of a detached run: nobody hears the event
+            self.node.event(protocol.NCCL, **found)
+
+    def finish(self):
+        self.tick(time.monotonic(), force=True)
+
+
+class Disk(watchbase.Watcher):
+    """A run whose host can no longer keep its output is stopped, with the host named, before
+    lines go missing (docs/reliability.md: a full disk)."""
+
+    def __init__(self, node):
+        self.node = node
+        self.watch = diskwatch.Watch(node.rundir)
+
+    def tick(self, now):
+        full = self.watch.check(now)
+        if full is None or not self.node.running():
+            return
+        # At once, not after --grace: ranks printing flat out would fill the margin meanwhile,
+        # and the supervisor's own final state must still fit.
+        self.node.fail(diskfloor.STATUS, "%s: %s" % (self.node.name, full), hostio.Cause.DISK_FULL,
+                       force=True)
+
+
+class Gang(watchbase.Watcher):
+    """A detached run's link between the supervisors (gang.py): heartbeats, leases, and what
+    waits to be sent."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def tick(self, now):
+        for link in (self.node.hub, self.node.peer):
+            if link is not None:
+                link.tick()
+
+
+def standard(node, req):
+    """Every supervisor's watchers, for the run ``req`` asks for."""
+    return [Nccl(node, req), Disk(node), stallwatch.Watch(node, req), Gang(node)]
