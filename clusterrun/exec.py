@@ -31,7 +31,7 @@ from clusterrun.transport import Process, SshOptions, connect, parallel, shell
 from clusterrun.transport.programs import drain, send
 
 HEARTBEAT = 2.0
-LEASE = 30.0
+LEASE = protocol.LEASE  # a host's command runs on this long without hearing this machine
 GRACE = 5.0  # between SIGTERM and SIGKILL when a command is stopped
 MARGIN = 10.0  # how long past its own deadline a host may take to confirm the end
 # Commands running at once. Handshakes have their own, smaller cap (transport.connect): a host

@@ -23,6 +23,7 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
 from clusterrun.logs.mirror import verify
 from clusterrun.plan.model import NodePlan
+from clusterrun.remote.shared import exits
 from clusterrun.runs.records import Json
 from clusterrun.runs.store import RunDir
 from clusterrun.runs.summary import NodeSummary, Summary
@@ -80,16 +81,6 @@ class NodeOutcome:
         return self.end.state if self.end is not None else "unknown"
 
 
-def describe_code(code: int) -> str:
-    if code > 128:
-        try:
-            name = signal.Signals(code - 128).name
-        except ValueError:
-            return f"exited with code {code}"
-        return f"was killed by signal {code - 128} ({name})"
-    return f"exited with code {code}"
-
-
 def node_failures(node: NodeOutcome) -> list[RootCause]:
     """One node's failures that happened on their own: not exits its supervisor's stop caused."""
     name = node.plan.name
@@ -98,7 +89,7 @@ def node_failures(node: NodeOutcome) -> list[RootCause]:
         for rank, ev in node.rank_exits.items():
             if ev.code != 0 and not ev.stopping:
                 found.append(RootCause(name, rank, ev.code,
-                                       f"{name} rank {rank} {describe_code(ev.code)}",
+                                       f"{name} rank {rank} {exits.describe(ev.code)}",
                                        t=node.clock.local(ev.elapsed)))
         if node.failure is not None:
             found.append(RootCause(name, None, node.failure.code, node.failure.detail,
@@ -106,7 +97,7 @@ def node_failures(node: NodeOutcome) -> list[RootCause]:
         tr = node.torchrun_exit
         if tr is not None and tr.code != 0 and not tr.stopping and not found:
             found.append(RootCause(name, None, tr.code,
-                                   f"{name}: torchrun {describe_code(tr.code)}",
+                                   f"{name}: torchrun {exits.describe(tr.code)}",
                                    t=node.clock.local(tr.elapsed)))
     if node.lost is not None and node.lost_at is not None:
         found.append(RootCause(name, None, None, f"{name} was lost: {node.lost}",
@@ -190,7 +181,7 @@ def node_text(node: NodeOutcome, root: Optional[RootCause],
     own = node_failures(node)
     if state == "failed":
         what = _own_words(own[0].detail, node.plan.name) if own else (
-            f"torchrun {describe_code(node.end.exit_code)}"
+            f"torchrun {exits.describe(node.end.exit_code)}"
             if node.end is not None and node.end.exit_code is not None else "")
         if root is not None and root.node == node.plan.name:
             return f"failed ({what})" if what else "failed"

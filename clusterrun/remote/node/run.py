@@ -20,7 +20,7 @@ import time
 from clusterrun.remote.hostlib import cgroup, hostio, mainloop, procs
 from clusterrun.remote.hostlib.hostio import Cause, Phase
 from clusterrun.remote.node import gang, lineup, spawn, watchbase
-from clusterrun.remote.shared import protocol, timing
+from clusterrun.remote.shared import exits, protocol, timing
 
 # After a rank of this node failed, torchrun stops the others itself; if it has not exited by
 # then, the supervisor does it.
@@ -28,15 +28,6 @@ FAILURE_TEARDOWN = 5.0
 # A worker whose job ended before it had reached the hub keeps trying this long to report it,
 # so the hub does not wait out a whole lease for a node that has already failed.
 PEER_REPORT = 10.0
-
-def describe(code):
-    if code > 128:
-        try:
-            return "was killed by signal %d (%s)" % (code - 128, signal.Signals(code - 128).name)
-        except ValueError:
-            pass
-    return "exited with code %d" % code
-
 
 def outcome(own, cause, code):
     """This node's own outcome: (state, exit_code). A node whose rank failed on its own is
@@ -188,7 +179,7 @@ class Supervisor:
                 else "%s: %s" % (self.name, self.launcher_name))
         sig = code - 128 if code > 128 else None
         self.own = {"node": self.name, "rank": rank, "code": code, "signal": sig, "e": elapsed,
-                    "detail": detail or "%s %s" % (what, describe(code))}
+                    "detail": detail or "%s %s" % (what, exits.describe(code))}
         self.failed_at = time.monotonic()
         if self.hub is not None:
             self.hub.record(self.own)
