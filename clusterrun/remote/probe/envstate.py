@@ -12,6 +12,16 @@ def canonical(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def dist_of(item):
+    """(canonical name, version) of a site directory's ``NAME-VERSION.dist-info`` (or
+    .egg-info) entry; None for anything else."""
+    for suffix in (".dist-info", ".egg-info"):
+        if item.endswith(suffix) and "-" in item:
+            name, _, version = item[:-len(suffix)].partition("-")
+            return canonical(name), version.split("-")[0]
+    return None
+
+
 def distributions(env):
     """``name==version`` of every distribution installed in the environment's own folder."""
     found = []
@@ -23,10 +33,9 @@ def distributions(env):
                 if not entry.startswith("python") or not os.path.isdir(site):
                     continue
                 for item in os.listdir(site):
-                    for suffix in (".dist-info", ".egg-info"):
-                        if item.endswith(suffix) and "-" in item:
-                            name, _, version = item[:-len(suffix)].partition("-")
-                            found.append("%s==%s" % (canonical(name), version.split("-")[0]))
+                    dist = dist_of(item)
+                    if dist is not None:
+                        found.append("%s==%s" % dist)
         if found:
             break
     return sorted(set(found))

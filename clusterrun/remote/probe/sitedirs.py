@@ -130,8 +130,7 @@ def distributions(path):
         except OSError:
             continue
         for item in names:
-            for suffix in (".dist-info", ".egg-info"):
-                if item.endswith(suffix) and "-" in item:
-                    name, _, version = item[:-len(suffix)].partition("-")
-                    found.setdefault(envstate.canonical(name), version.split("-")[0])
+            dist = envstate.dist_of(item)
+            if dist is not None:
+                found.setdefault(*dist)
     return found

@@ -221,7 +221,7 @@ def _uv(argv, workdir):
                                                       " | ".join(said)))
 
 
-def _build_into(tmp, workdir, req):
+def _build_into(tmp, workdir, req, host_dirs):
     links = tmp + ".links"  # the lock's wheels under their names: uv's --find-links
     hostio.make_private_dir(links)
     for item in req["files"]:
@@ -237,8 +237,8 @@ def _build_into(tmp, workdir, req):
     # --no-deps: the lock names every distribution; a host never resolves anything itself.
     _uv([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
          "--offline", "--no-index", "--no-deps", "--find-links", links, "-r", lock], workdir)
-    if req.get("system_site_packages"):  # a venv's own packages, not only its base's
-        sitedirs.keep_host(tmp, sitedirs.own_site_dirs(sitedirs.ask(sys.executable)))
+    if host_dirs:  # a venv's own packages, not only its base's
+        sitedirs.keep_host(tmp, host_dirs)
 
 
 def _clear(envs, prefix):
@@ -257,14 +257,16 @@ def build(req):
     envs = os.path.join(workdir, "envs")
     final = os.path.join(envs, req["lock"])
     expected = sorted(req["expected"])
+    # The host interpreter's own site directories, asked once for the check and the build.
+    host_dirs = sitedirs.own_site_dirs(sitedirs.ask(sys.executable)) \
+        if req.get("system_site_packages") else None
     try:
         hostio.make_private_dir(envs)
         with open(os.path.join(envs, ".%s.lock" % req["lock"]), "a") as held:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another launch's build: wait for it
             found = envstate.describe(final)
             if found and found["dists"] == expected and found["python"] == req["python"] \
-                    and (not req.get("system_site_packages") or sitedirs.kept(
-                        final, sitedirs.own_site_dirs(sitedirs.ask(sys.executable)))):
+                    and (host_dirs is None or sitedirs.kept(final, host_dirs)):
                 os.utime(final)
                 return {"built": False, "env": found}
             # Holding the lock, any temporary folder of this lock is a killed build's.
@@ -272,7 +274,7 @@ def build(req):
             tmp = os.path.join(envs, ".tmp-%s-%d" % (req["lock"], os.getpid()))
             start = time.monotonic()
             try:
-                _build_into(tmp, workdir, req)
+                _build_into(tmp, workdir, req, host_dirs)
                 if os.path.isdir(final):  # a drifted one: out of the way, then gone
                     old = os.path.join(envs, ".tmp-%s-old-%d" % (req["lock"], os.getpid()))
                     os.rename(final, old)
