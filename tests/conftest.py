@@ -70,7 +70,9 @@ class Cluster:
         return path
 
     def pids(self, name: str) -> list[int]:
-        return sandbox.pids(self.sb, name)
+        """Every process in the host but the sandbox's own daemons (sshd, and slurmd on a host
+        of its Slurm): killing what this returns never takes a Slurm node down."""
+        return sandbox_slurm.pids(self.sb, name)
 
     def admit_only(self, name: str, *ports: int) -> None:
         """The host drops every new inbound connection except to ``ports``, as a host firewall
@@ -114,8 +116,7 @@ class Cluster:
         lives in these hosts; return what is left after ``timeout`` (empty when clean), with
         each process's command line. slurmd is left out so that a test is not decided by
         whether a Slurm test ran before it on the same hosts (test order differs by worker)."""
-        return self.wait_gone(
-            names, lambda n: [_cmdline(pid) for pid in sandbox_slurm.pids(self.sb, n)], timeout)
+        return self.wait_gone(names, lambda n: [_cmdline(pid) for pid in self.pids(n)], timeout)
 
     def wait_run_gone(self, names: Sequence[str], run_id: str,
                       timeout: float) -> dict[str, list[str]]:
@@ -333,8 +334,9 @@ def podman_hosts(containers: Containers) -> Iterator[Containers]:
     containers.remove_started()
 
 
-# The hosts that are Slurm's nodes, used by no other test: once `slurm` has run, each runs a
-# slurmd besides its sshd (so wait for a job's processes to end with wait_no_job_processes).
+# The hosts that are Slurm's nodes: once `slurm` has run, each runs a slurmd besides its sshd,
+# which Cluster.pids leaves out, so that other tests on these hosts (test_normal_user) can kill
+# their strays without taking a node down (wait for a job's end with wait_no_job_processes).
 SLURM_HOSTS = [f"node{k}" for k in range(23, 27)]
 
 
