@@ -1,6 +1,6 @@
 """The sandbox's docker daemons from outside any Sandbox: their socket, their client inside a
 host, and their teardown. sandbox.down() calls stop() before it kills the hosts' processes, so
-this module does not import sandbox.cluster (sandbox/docker.py, which starts them, does)."""
+this module does not import sandbox.cluster (tests/support/docker.py, which starts them, does)."""
 
 from __future__ import annotations
 

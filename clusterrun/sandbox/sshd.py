@@ -24,7 +24,8 @@ CAT = "/usr/bin/cat"
 KEY = "ssh_host_ed25519_key"
 LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
 # In a host's directory: sshd's configuration file, empty but for what an add-on puts there
-# (sandbox.docker's SetEnv); the command line's options come first and win. A restart rereads it.
+# (tests/support/docker.py's SetEnv); the command line's options come first and win. A restart
+# rereads it.
 CONFIG = "sshd_config"
 READY_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
@@ -307,8 +308,8 @@ def session_run(sshd_pid: int, host: str, argv: Sequence[str], *, timeout: float
 
 
 def remove_containers(root: Path, hosts: Sequence[SandboxHost]) -> None:
-    """Remove the containers of these hosts (see clusterrun.sandbox.containers); down() calls
-    it before it kills the hosts' processes.
+    """Remove the containers of these hosts (tests/support/containers.py gives them podman);
+    down() calls it before it kills the hosts' processes.
 
     Killing a host's processes stops only the containers inside its network namespace: one on
     a network of its own would run on. podman removes them while the host lives; crun's state
