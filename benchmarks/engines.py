@@ -1,7 +1,7 @@
 """What one `docker exec -i` and one `podman exec -i` cost: the price each program clusterrun
 starts in a `container:` host pays (docs/containers.md, "Costs").
 
-One sandbox host gets both engines (clusterrun.sandbox.containers and .docker) and an idle
+One sandbox host gets both engines (tests/support/containers.py and docker.py) and an idle
 container in each, from the same few-KB image; each round runs `ENGINE exec -i box true` for
 both, and the host's own `true` for the floor, in turn (A B C A B C ...), inside the host as an
 SSH session there would (no SSH in the figure). Writes the medians, the samples, the commit and
@@ -26,7 +26,8 @@ from common import REPO, cluster  # puts the repository on sys.path
 
 from clusterrun import sandbox
 from clusterrun.sandbox import cluster as sandbox_cluster
-from clusterrun.sandbox import containers, docker, dockerd, sshd
+from clusterrun.sandbox import dockerd, sshd
+from tests.support import containers, docker
 
 HOST, BOX = "node1", "box"
 

@@ -30,11 +30,11 @@ import yaml
 
 from clusterrun import sandbox, wire
 from clusterrun.inventory import HostSpec, Inventory
-from clusterrun.sandbox import containers as sandbox_containers
-from clusterrun.sandbox import slurm as sandbox_slurm
 from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
 from clusterrun.transport.local import LocalTransport
+from tests.support import containers as sandbox_containers
+from tests.support import slurm as sandbox_slurm
 
 # The other-user fixtures (`other_user`, `shared`) live beside: tests/other_user.py; the clocks
 # of time tests (`clock_base`): tests/clocks.py.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox import users
+from tests.support import users
 
 NOBODY = 65534
 

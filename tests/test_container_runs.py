@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox import containers as engine
 from tests.conftest import Cluster, Containers, Reader, run_cli, start_cli
+from tests.support import containers as engine
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""`container:` against a real docker: one dockerd per namespace host (clusterrun.sandbox.docker),
+"""`container:` against a real docker: one dockerd per namespace host (tests/support/docker.py),
 found by clusterrun through DOCKER_HOST as on any host whose daemon runs, picked over the podman
 the hosts also have. Real sshd, real torchrun and Gloo, assertions on what happened inside each
 host's container."""
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox import docker as engine
 from tests.conftest import (
     REPO,
     Cluster,
@@ -25,6 +24,7 @@ from tests.conftest import (
     run_cli,
     start_cli,
 )
+from tests.support import docker as engine
 
 pytestmark = pytest.mark.cluster
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from clusterrun.errors import ExitStatus
-from clusterrun.sandbox import users
 from tests.conftest import Cluster, Reader, _cmdline, copy_payload, run_cli, start_cli
+from tests.support import users
 
 pytestmark = pytest.mark.cluster
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox import faults
 from tests.conftest import REPO, Cluster, Reader, run_cli, start_cli
+from tests.support import faults
 
 pytestmark = pytest.mark.cluster
 

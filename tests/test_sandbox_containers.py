@@ -1,5 +1,5 @@
 """Containers inside the sandbox hosts are real and per host, as on real machines: what the
-`container:` tests build on (clusterrun.sandbox.containers)."""
+`container:` tests build on (tests/support/containers.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import pytest
 
 from clusterrun import sandbox
 from clusterrun.sandbox import cluster as sandbox_cluster
-from clusterrun.sandbox import containers as sandbox_containers
-from clusterrun.sandbox import docker as sandbox_docker
 from clusterrun.sandbox import dockerd as sandbox_dockerd
 from clusterrun.sandbox import net as sandbox_net
 from tests.conftest import Cluster, Containers
+from tests.support import containers as sandbox_containers
+from tests.support import docker as sandbox_docker
 
 pytestmark = pytest.mark.cluster
 
@@ -120,9 +120,9 @@ def test_down_removes_the_containers_before_the_hosts(tmp_path: Path) -> None:
 
 
 def test_a_hosts_own_dockerd_is_found_through_ssh_and_leaves_nothing(tmp_path: Path) -> None:
-    """sandbox.docker: each host's daemon and containers are its own, the host's SSH sessions
-    find it (DOCKER_HOST), and disable() or down() (after a crash too) leave no process, cgroup
-    or file of it on the machine."""
+    """tests/support/docker.py: each host's daemon and containers are its own, the host's SSH
+    sessions find it (DOCKER_HOST), and disable() or down() (after a crash too) leave no
+    process, cgroup or file of it on the machine."""
     machine = ("/run/docker", "/etc/docker/key.json")  # where a dockerd would write by default
     before = [os.path.exists(path) for path in machine]
     sb = sandbox.up(2, tmp_path / "sb")

@@ -1,4 +1,4 @@
-"""A real Slurm in the sandbox (clusterrun.sandbox.slurm), what the `hosts: slurm` tests build
+"""A real Slurm in the sandbox (tests/support/slurm.py), what the `hosts: slurm` tests build
 on: job steps run in their node's namespaces, see EOF when their srun's stdin closes, and end
 with their job, on every node."""
 
@@ -16,9 +16,9 @@ import pytest
 
 from clusterrun import sandbox
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import slurm as sandbox_slurm
-from clusterrun.sandbox.slurm import SlurmCluster
 from tests.conftest import SLURM_HOSTS, Cluster, wait_no_job_processes
+from tests.support import slurm as sandbox_slurm
+from tests.support.slurm import SlurmCluster
 
 # Each test here builds a Slurm of its own; slurmstepd's cgroups are the machine's, so it runs
 # alone, not beside a worker whose session cluster runs Slurm too (CI's serial pass).

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from clusterrun.sandbox.slurm import SlurmCluster
 from tests.conftest import Cluster, Reader, clusterrun_argv, slurm_inventory
+from tests.support.slurm import SlurmCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -109,7 +109,7 @@ def test_stacks_as_a_normal_user_with_py_spy_shipped(cluster: Cluster, home: Pat
     """A non-root user on the hosts, whose Python has no py-spy: clusterrun ships this
     machine's (a dependency of clusterrun), keeps it under the workdir, and reads that
     user's ranks with it."""
-    from clusterrun.sandbox import users
+    from tests.support import users
 
     user = users.add(cluster.sb)
     try:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox import containers as engine
 from tests.conftest import (
     Cluster,
     Containers,
@@ -17,6 +16,7 @@ from tests.conftest import (
     detach_hung_in_containers,
     run_cli,
 )
+from tests.support import containers as engine
 
 pytestmark = pytest.mark.cluster
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun.sandbox.slurm import SlurmCluster
 from tests.conftest import Cluster, copy_payload, slurm_inventory
+from tests.support.slurm import SlurmCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -21,8 +21,6 @@ from clusterrun import sandbox
 from clusterrun.observe.frame import LOST, OK, Frame
 from clusterrun.observe.watch import Watch
 from clusterrun.runs import names
-from clusterrun.sandbox import faults
-from clusterrun.sandbox.slurm import SlurmCluster
 from clusterrun.transport import SshOptions
 from tests.conftest import (
     Cluster,
@@ -33,6 +31,8 @@ from tests.conftest import (
     run_cli,
     start_cli,
 )
+from tests.support import faults
+from tests.support.slurm import SlurmCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Optional
 
 import click
 
-from clusterrun.cli.common import (
-    CONTEXT,
-    home,
-    load_inventory,
-    make_options,
-    note,
-    selection_options,
-    ssh_options,
-)
+from clusterrun.cli.common import CONTEXT, home, note
+from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
 
 
@@ -31,11 +23,8 @@ from clusterrun.errors import Result, UsageError
 @click.option("--json", "as_json", is_flag=True,
               help='One object: {"ok", "sent_bytes", "hosts": [{"name", "state", "lock", '
                    '"path", "platform", "hash", "drift", "problem", ...}]}.')
-@selection_options
-@ssh_options
-def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
-        connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
-        exclude_hosts: Optional[str]) -> Result:
+@target_options
+def env(target: Target, check_only: bool, prune: bool, as_json: bool) -> Result:
     """Build or refresh the inventory's `environment:` on every host, without launching.
 
     Each host gets <workdir>/envs/<lock hash>, built offline with uv from the lock's wheels;
@@ -47,9 +36,9 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
     """
     if check_only and prune:
         raise UsageError("--check changes nothing and --prune removes environments: give one.")
-    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
+    inv = target.inventory()
     if not any(h.environment for h in inv.hosts):
-        raise UsageError(f"{inventory_path}: no host has an `environment:`; add one (a lock "
+        raise UsageError(f"{target.path}: no host has an `environment:`; add one (a lock "
                          "file with == pins) to `defaults:` or to the hosts that need it.")
     from clusterrun.envs import sync as envsync
     from clusterrun.envs import view
@@ -59,7 +48,7 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
     state = home(write=True)
     # A bar per host on a terminal; plain lines (and --json) elsewhere.
     bars = view.Bars() if sys.stderr.isatty() and not as_json else None
-    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool, \
+    with Connections(target.ssh()) as pool, \
             bars or contextlib.nullcontext():
         worker = envsync.Sync(inv, pool, state, say=bars.say if bars else note,
                               progress=bars.update if bars else None)
@@ -73,7 +62,7 @@ def env(inventory_path: str, check_only: bool, prune: bool, as_json: bool,
         view.render_json(report, sys.stdout)
     else:  # what failed on stderr, once: a full disk's paragraph comes with its exit status
         view.render_plain(report, sys.stdout, None if disk_full else sys.stderr)
-        hint = view.what_to_do(report, inventory_path) if check_only else None
+        hint = view.what_to_do(report, target.path) if check_only else None
         if hint:
             click.echo(hint, err=True)
     if disk_full:

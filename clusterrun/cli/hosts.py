@@ -8,16 +8,8 @@ from typing import Optional
 import click
 
 from clusterrun import usage
-from clusterrun.cli.common import (
-    CONTEXT,
-    allow_busy_gpus_option,
-    home,
-    load_inventory,
-    make_options,
-    note,
-    selection_options,
-    ssh_options,
-)
+from clusterrun.cli.common import CONTEXT, allow_busy_gpus_option, home, note, selection_options
+from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
 from clusterrun.inventory import HostSpec
 from clusterrun.inventory.subset import select
@@ -33,11 +25,9 @@ from clusterrun.inventory.subset import select
                    "interface (about a second per worker); with --smoke, the all-reduce's bus "
                    "bandwidth too.")
 @allow_busy_gpus_option
-@selection_options
-@ssh_options
-def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
-          allow_busy_gpus: bool, connect_timeout: float, accept_new_host_keys: bool,
-          only_hosts: Optional[str], exclude_hosts: Optional[str]) -> Result:
+@target_options
+def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
+          allow_busy_gpus: bool) -> Result:
     """Preflight every host in parallel: SSH, interfaces, the data path to the master and
     between every pair of hosts, names, software and package parity, GPUs, limits and links
     (docs/troubleshooting.md says what each failure means and how to fix it).
@@ -45,14 +35,14 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
     Exits 0 only when every host passes; 3 when a check fails; 4 when a host cannot be
     reached, authenticated or trusted.
     """
-    inv = load_inventory(inventory_path, only_hosts, exclude_hosts)
+    inv = target.inventory()
     from clusterrun.preflight import checks as preflight  # after: a bad inventory needs none
     from clusterrun.preflight import view as checkview
     from clusterrun.transport.pool import Connections
 
     smoke_home = home(write=True) if smoke else None  # refused before any host is contacted
     envs = None
-    with Connections(make_options(connect_timeout, accept_new_host_keys)) as pool:
+    with Connections(target.ssh()) as pool:
         if any(h.environment for h in inv.hosts):
             # `environment:`: each host's must be the lock's (check builds nothing; `clusterrun
             # env` does), and preflight then looks at that environment's interpreter.
@@ -63,7 +53,7 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
 
             if not envs.ok:
                 envview.render_plain(envs, sys.stderr)
-                hint = envview.what_to_do(envs, inventory_path)
+                hint = envview.what_to_do(envs, target.path)
                 if hint:
                     click.echo(hint, err=True)
                 if as_json:  # still one JSON object on stdout, as for any failed check
@@ -102,12 +92,9 @@ def check(inventory_path: str, as_json: bool, smoke: bool, bandwidth: bool,
                    "inventory's `container:`, where a host has one).")
 @click.option("--on-host", is_flag=True,
               help="Run it on the hosts themselves, not in the inventory's containers.")
-@selection_options
-@ssh_options
-def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
-          container: Optional[str], on_host: bool,
-          connect_timeout: float, accept_new_host_keys: bool, only_hosts: Optional[str],
-          exclude_hosts: Optional[str]) -> Result:
+@target_options
+def exec_(target: Target, cmd: tuple[str, ...], timeout: Optional[float],
+          container: Optional[str], on_host: bool) -> Result:
     """Run a shell command on every host in parallel (after `setup:`), pdsh-style.
 
     Every output line is prefixed with the host's name. The words of CMD are joined with spaces,
@@ -120,15 +107,13 @@ def exec_(inventory_path: str, cmd: tuple[str, ...], timeout: Optional[float],
     from clusterrun.transport.local import require_linux
 
     if not cmd:
-        raise usage.missing_command(click.get_current_context(), inventory_path, only_hosts)
+        raise usage.missing_command(click.get_current_context(), target.path, target.only_hosts)
     if container is not None and on_host:
         raise UsageError("give either --container NAME or --on-host, not both.")
-    inv = fanout.placed(load_inventory(inventory_path, only_hosts, exclude_hosts), container,
-                        on_host=on_host)
-    require_linux(inv.hosts, inventory_path)  # --on-host: a local container host's own OS
+    inv = fanout.placed(target.inventory(), container, on_host=on_host)
+    require_linux(inv.hosts, target.path)  # --on-host: a local container host's own OS
     printer = Printer()
-    results = fanout.run(inv, " ".join(cmd), make_options(connect_timeout, accept_new_host_keys),
-                         printer, timeout)
+    results = fanout.run(inv, " ".join(cmd), target.ssh(), printer, timeout)
     lines, result = fanout.summarize(results)
     for line in lines:
         click.echo(line, err=True)

@@ -83,11 +83,11 @@ def down(root: Path) -> None:
     for network in state.networks:
         links += [network.bridge] + [nic.veth for nic in network.nics]
     spaces = {h.netns for h in state.hosts}
-    docker = state.docker.hosts if state.docker else {}  # see sandbox.docker
+    docker = state.docker.hosts if state.docker else {}  # tests/support/docker.py
     errors = dockerd.stop(state.hosts, docker, state.view)
-    enabled = set(state.containers.hosts if state.containers else [])  # see sandbox.containers
+    enabled = set(state.containers.hosts if state.containers else [])  # tests/support/containers.py
     sshd.remove_containers(root, [h for h in state.hosts if h.name in enabled])
-    errors += daemons.stop(state.slurm.daemons if state.slurm else [])  # see sandbox.slurm
+    errors += daemons.stop(state.slurm.daemons if state.slurm else [])  # tests/support/slurm.py
     errors += net.remove_kernel_objects(prefix, sorted(spaces), links)
     sshd.reap_children(spaces)
     with contextlib.suppress(OSError):

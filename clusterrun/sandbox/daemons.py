@@ -1,5 +1,5 @@
-"""Daemons the sandbox's add-ons start besides each host's sshd (Slurm's, see
-clusterrun.sandbox.slurm), and their stopping, which sandbox.down() does first.
+"""Daemons the sandbox's add-ons start besides each host's sshd (Slurm's and dockerd, see
+tests/support/), and their stopping, which sandbox.down() does first.
 
 Each daemon is recorded in the sandbox state by pid and start time, so that any process, not
 only the one that started it, can stop it later without ever signalling a reused pid.

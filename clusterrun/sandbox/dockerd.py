@@ -1,12 +1,11 @@
 """The sandbox's docker daemons from outside any Sandbox: their socket, their client inside a
 host, and their teardown. sandbox.down() calls stop() before it kills the hosts' processes, so
-this module does not import sandbox.cluster (sandbox/docker.py, which starts them, does)."""
+this module does not import sandbox.cluster (tests/support/docker.py, which starts them, does)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,20 +51,8 @@ def stop(hosts: Sequence[SandboxHost], docker: Mapping[str, DockerHost], view: s
 
 def client(sshd_pid: int, host: str, view: str, args: list[str], *,
             check: bool) -> subprocess.CompletedProcess[str]:
-    argv = ["docker", *args]
-    env = {**sshd.SESSION_ENV, "DOCKER_HOST": f"unix://{socket_path(view, host)}"}
-    try:
-        cp = subprocess.run(["nsenter", "-t", str(sshd_pid), "-m", "-u", "-n", "--", *argv],
-                            capture_output=True, text=True, timeout=DOCKER_TIMEOUT, env=env,
-                            check=False)
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} did not finish within "
-                           f"{DOCKER_TIMEOUT:g} s") from None
-    if check and cp.returncode != 0:
-        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} failed with exit status "
-                           f"{cp.returncode}: {detail}")
-    return cp
+    return sshd.session_run(sshd_pid, host, ["docker", *args], timeout=DOCKER_TIMEOUT,
+                            check=check, env={"DOCKER_HOST": f"unix://{socket_path(view, host)}"})
 
 
 def remove_cgroups(name: str) -> None:

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clusterrun.errors import SandboxError
@@ -24,7 +24,8 @@ CAT = "/usr/bin/cat"
 KEY = "ssh_host_ed25519_key"
 LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
 # In a host's directory: sshd's configuration file, empty but for what an add-on puts there
-# (sandbox.docker's SetEnv); the command line's options come first and win. A restart rereads it.
+# (tests/support/docker.py's SetEnv); the command line's options come first and win. A restart
+# rereads it.
 CONFIG = "sshd_config"
 READY_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
@@ -287,9 +288,28 @@ def reap_children(killed_netns: set[str]) -> None:
             del _children[pid]
 
 
+def session_run(sshd_pid: int, host: str, argv: Sequence[str], *, timeout: float, check: bool,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv on the host as an SSH session there would: in the namespaces of its sshd
+    (``sshd_pid``), with a session's environment plus ``env``. Running past ``timeout``, or
+    (with ``check``) failing, is a SandboxError naming the command and the host."""
+    cmd = ["nsenter", "-t", str(sshd_pid), "-m", "-u", "-n", "--", *argv]
+    try:
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                            env={**SESSION_ENV, **(env or {})}, check=False)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{shlex.join(argv)}` on {host} did not finish within "
+                           f"{timeout:g} s") from None
+    if check and cp.returncode != 0:
+        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
+        raise SandboxError(f"`{shlex.join(argv)}` on {host} failed with exit status "
+                           f"{cp.returncode}: {detail}")
+    return cp
+
+
 def remove_containers(root: Path, hosts: Sequence[SandboxHost]) -> None:
-    """Remove the containers of these hosts (see clusterrun.sandbox.containers); down() calls
-    it before it kills the hosts' processes.
+    """Remove the containers of these hosts (tests/support/containers.py gives them podman);
+    down() calls it before it kills the hosts' processes.
 
     Killing a host's processes stops only the containers inside its network namespace: one on
     a network of its own would run on. podman removes them while the host lives; crun's state
@@ -299,12 +319,11 @@ def remove_containers(root: Path, hosts: Sequence[SandboxHost]) -> None:
     live = [h for h in hosts if _container_inits(root / h.name / CRUN_STATE)]
 
     def podman_rm(host: SandboxHost) -> None:
-        argv = ["nsenter", "-t", str(host.sshd_pid), "-m", "-u", "-n", "--",
-                "podman", "rm", "--all", "--force", "--time", "0"]
-        with contextlib.suppress(SandboxError, subprocess.TimeoutExpired):  # best effort
+        with contextlib.suppress(SandboxError):  # best effort
             if host.sshd_pid in net.netns_pids(host.netns):
-                subprocess.run(argv, env=SESSION_ENV, capture_output=True, timeout=60,
-                               check=False)
+                session_run(host.sshd_pid, host.name,
+                            ["podman", "rm", "--all", "--force", "--time", "0"], timeout=60,
+                            check=False)
 
     net.parallel(podman_rm, live)
     for host in live:

@@ -1,6 +1,6 @@
 """What a sandbox keeps in ROOT/sandbox.json: every kernel object and process it built, so that
 `sandbox down` (in any process, any time later) finds all of them, and what each add-on
-(sandbox.containers, sandbox.docker, sandbox.slurm) recorded.
+the test suite puts on a sandbox (tests/support/: containers, docker, slurm) recorded.
 
 Each record has one to_json/from_json; they read and write the file's layout as it has always
 been, so a sandbox built by an older clusterrun is still read, and removed, by a newer one.
@@ -102,7 +102,7 @@ class DaemonRecord:
 
 @dataclass
 class ContainersState:
-    """sandbox.containers: the hosts with a podman of their own (down() removes their
+    """tests/support/containers.py: the hosts with a podman of their own (down() removes their
     containers), and what the containers mount; mounts is None until first asked of Python."""
 
     path: str
@@ -137,7 +137,7 @@ class DockerHost:
 
 @dataclass
 class DockerState:
-    """sandbox.docker: the hosts running a dockerd of their own, by host name."""
+    """tests/support/docker.py: the hosts running a dockerd of their own, by host name."""
 
     path: str
     hosts: dict[str, DockerHost]
@@ -157,8 +157,8 @@ class DockerState:
 
 @dataclass
 class SlurmState:
-    """sandbox.slurm: the controller's namespace and address, the node hosts, and the daemons
-    started, in groups in the order down() stops them (slurmd, slurmctld, munged)."""
+    """tests/support/slurm.py: the controller's namespace and address, the node hosts, and the
+    daemons started, in groups in the order down() stops them (slurmd, slurmctld, munged)."""
 
     nodes: tuple[str, ...]
     netns: str

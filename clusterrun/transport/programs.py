@@ -7,7 +7,7 @@ import contextlib
 import json
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -25,19 +25,26 @@ class ProgramError(ClusterrunError):
         super().__init__(message, outcome=outcome)
 
 
+def chunks(recv: Callable[[int], bytes]) -> Iterator[bytes]:
+    """One stream of a channel (``proc.recv``, ``proc.recv_stderr``) as it arrives, until it
+    ends or fails: a broken connection ends it as EOF does, and the exit status says why."""
+    while True:
+        try:
+            chunk = recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        yield chunk
+
+
 def drain(proc: Process, limit: int = 64 * 1024) -> tuple[threading.Thread, bytearray]:
     """Read a process's stderr in the background (an unread SSH channel stalls its writer),
     keeping the last ``limit`` bytes for error messages."""
     tail = bytearray()
 
     def pump() -> None:
-        while True:
-            try:
-                chunk = proc.recv_stderr(65536)
-            except OSError:
-                return
-            if not chunk:
-                return
+        for chunk in chunks(proc.recv_stderr):
             tail.extend(chunk)
             del tail[:-limit]
 
@@ -50,13 +57,7 @@ def read_lines(proc: Process) -> Iterator[bytes]:
     """A program's stdout line by line (without the newline), as it arrives, until the stream
     ends or fails (an unfinished last line is dropped: it was never written whole)."""
     buf = b""
-    while True:
-        try:
-            chunk = proc.recv(65536)
-        except OSError:
-            return
-        if not chunk:
-            return
+    for chunk in chunks(proc.recv):
         buf += chunk
         *done, buf = buf.split(b"\n")
         yield from done
@@ -140,15 +141,14 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
     out = bytearray()
     done = b"\n" + shell.NEXT + b"\n"
 
+    def said_next() -> bool:
+        return out.endswith(done) or out == done[1:]
+
     def read() -> None:
-        while not (out.endswith(done) or out == done[1:]):
-            try:
-                chunk = proc.recv(65536)
-            except OSError:
-                return
-            if not chunk:
-                return
+        for chunk in chunks(proc.recv):
             out.extend(chunk)
+            if said_next():
+                return  # the interpreter waits for the next program: no EOF is coming
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -156,7 +156,7 @@ def call(transport: Transport, spec: HostSpec, program: str, request: dict[str, 
         for chunk in payload:
             proc.write(chunk)
     reader.join(timeout)
-    chained = out.endswith(done) or out == done[1:]
+    chained = said_next()
     if chained:
         park(transport, interp)
         code: Optional[int] = 0

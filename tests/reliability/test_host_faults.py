@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from clusterrun import sandbox
-from clusterrun.sandbox import faults
 from tests.conftest import Cluster, Reader, copy_payload, start_cli
 from tests.reliability.conftest import Timed
+from tests.support import faults
 
 HOSTS = ["node4", "node5", "node6"]
 VICTIM = "node6"

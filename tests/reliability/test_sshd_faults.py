@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from clusterrun.sandbox import faults, net
+from clusterrun.sandbox import net
 from tests.conftest import Cluster, Reader, copy_payload, start_cli
+from tests.support import faults
 
 HOSTS = ["node6", "node7", "node8"]
 VICTIM = "node8"

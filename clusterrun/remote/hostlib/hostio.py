@@ -22,7 +22,9 @@ import time
 
 from clusterrun.remote.shared import protocol, timing
 
-POLL = 0.1
+# How long the Writer's thread waits for an event before it looks at the streamed log files
+# again: how late a rank's new output may reach the controller.
+PUMP_EVERY = 0.1
 CHUNK = 256 * 1024
 
 
@@ -218,7 +220,7 @@ class Writer:
         ending = False
         while True:
             try:
-                item = self.events.get(timeout=POLL)
+                item = self.events.get(timeout=PUMP_EVERY)
                 if item is None:
                     ending = True
                 else:

@@ -13,7 +13,9 @@ import time
 
 from clusterrun.remote.shared import timing
 
-POLL = 0.1
+# The longest one turn of the loop waits for a file or a signal, so the caller's timers (lease,
+# deadlines, watchers) run at most this late.
+TICK = 0.1
 
 
 def set_nonblocking(fd):
@@ -56,7 +58,7 @@ class Loop:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(fileobj)
 
-    def once(self, timeout=POLL):
+    def once(self, timeout=TICK):
         for key, _mask in self.selector.select(timeout):
             key.data(key.fileobj)
 

@@ -20,8 +20,9 @@ import re
 # (clusterrun/plan/environment.py), once NCCL has put in the hostname and the pid.
 FILE_GLOB = "nccl-*.log"
 # The files are read at most this often, and at most this much of each at a time: cheap enough
-# for the supervisor's loop, whatever the ranks log.
-POLL = 1.0
+# for the supervisor's loop, whatever the ranks log; NCCL writes what it chose while a
+# communicator is set up, so a second late is soon enough.
+READ_EVERY = 1.0
 READ_LIMIT = 1 << 20
 
 # `host:pid:tid [cudaDev] NCCL INFO message`, anywhere in the line: mpirun's `[N] ` tags, a
@@ -203,7 +204,7 @@ class Watcher:
     def poll(self, now, force=False):
         if not force and now < self.next_poll:
             return None
-        self.next_poll = now + POLL
+        self.next_poll = now + READ_EVERY
         read = False
         for path in sorted(glob.glob(os.path.join(self.folder, FILE_GLOB))):
             read = self._read(path) or read

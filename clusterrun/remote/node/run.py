@@ -262,7 +262,7 @@ class Supervisor:
 
     def run(self):
         while self.phase is not Phase.ENDED:
-            self.loop.once(hostio.POLL)
+            self.loop.once(mainloop.TICK)
             self.tick()
         self._check_ranks()
         for each in self.watchers:

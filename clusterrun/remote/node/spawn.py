@@ -22,7 +22,9 @@ import time
 from clusterrun.remote.hostlib import procs
 
 GRACE = 5.0  # after a failure or a signal, how long the others get before SIGKILL
-POLL = 0.05
+# The launcher's pause between looks for exited ranks and received signals: short, so a rank's
+# failure or a signal reaches the other ranks within a twentieth of a second.
+REAP_EVERY = 0.05
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -212,7 +214,7 @@ class Launcher:
             self._reap()
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 self.stop(signal.SIGKILL)
-            time.sleep(POLL)
+            time.sleep(REAP_EVERY)
         return self.code()
 
     def code(self):

@@ -15,6 +15,21 @@ import threading
 import time
 
 
+def close_whatever_comes(sock):
+    """Accept and at once close every connection to the listening ``sock``, on a daemon thread,
+    until ``sock`` is closed: a connect test needs no more of the far end."""
+    threading.Thread(target=_accept_and_close, args=(sock,), daemon=True).start()
+
+
+def _accept_and_close(sock):
+    while True:
+        try:
+            conn, _peer = sock.accept()
+        except OSError:
+            return  # closed: the test is over
+        conn.close()
+
+
 class EphemeralListener:
     """A socket bound to port 0 on ``addr``: the kernel picks the port from its ephemeral range,
     as it does for NCCL. Accepts and closes connections until closed."""
@@ -25,15 +40,7 @@ class EphemeralListener:
         self.sock.bind((addr, 0))
         self.port = self.sock.getsockname()[1]
         self.sock.listen(1024)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _peer = self.sock.accept()
-            except OSError:
-                return
-            conn.close()
+        close_whatever_comes(self.sock)
 
 
 def connect_many(targets, src, timeout):

@@ -217,7 +217,7 @@ class Listener:
             self._bind_random(bind_any)
         self.port = self.sock.getsockname()[1]
         self.sock.listen(128)
-        threading.Thread(target=self._accept, daemon=True).start()
+        meshtest.close_whatever_comes(self.sock)
 
     def _bind_random(self, bind_any):
         # Below the kernel's ephemeral range, so outgoing connections will not take it meanwhile.
@@ -229,14 +229,6 @@ class Listener:
                 if exc.errno != errno.EADDRINUSE:
                     raise
         raise OSError(errno.EADDRINUSE, "no free port found")
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _peer = self.sock.accept()
-            except OSError:
-                return
-            conn.close()
 
 
 def connect(addr, port, src, timeout):

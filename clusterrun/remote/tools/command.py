@@ -84,7 +84,7 @@ class Exec:
 
     def run(self):
         while self.phase is not Phase.ENDED:
-            self.loop.once(hostio.POLL)
+            self.loop.once(mainloop.TICK)
             self.tick()
         code = self.tree.code
         state = "exited" if self.cause is None else {

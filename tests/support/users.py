@@ -2,8 +2,8 @@
 can run.
 
 The hosts share this machine's /etc/passwd and /home, so one `useradd` makes the user on all of
-them; each host's sshd gives every user the sandbox's key (sandbox/sshd.py), so a user needs no
-home of its own to log in.
+them; each host's sshd gives every user the sandbox's key (clusterrun/sandbox/sshd.py), so a
+user needs no home of its own to log in.
 
 A user other than the one who built the venv may not be able to run it: a venv's `python`
 links to the interpreter it was made from, and that is often a pyenv or conda build under a
@@ -87,7 +87,7 @@ def shared_python(dest: Path, base: str = SYSTEM_PYTHON) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     # A clone made under a umask of 077 has files only its owner may read.
     for folder, _dirs, files in os.walk(site / "clusterrun"):
-        os.chmod(folder, 0o755)  # noqa: S103 (for every user: that is its purpose)
+        os.chmod(folder, 0o755)  # for every user: that is its purpose
         for name in files:
             os.chmod(os.path.join(folder, name), 0o644)
     return dest / "bin" / "python"

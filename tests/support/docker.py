@@ -7,7 +7,7 @@ tmpfs), so that nothing it writes there lands on the machine. SSH sessions on th
 through DOCKER_HOST (sshd's SetEnv), the way clusterrun finds a daemon that does not listen on
 /var/run/docker.sock; with the daemon there, clusterrun picks docker over podman, as on any host
 that has both. Each daemon imports IMAGE, the same few-KB rootfs podman uses
-(clusterrun.sandbox.containers), run with the machine's /usr and the sandbox's Python mounted.
+(tests/support/containers.py), run with the machine's /usr and the sandbox's Python mounted.
 
 disable() and sandbox.down() remove a host's containers while the host lives, then stop its
 daemon; the sandbox state records each daemon (clusterrun.sandbox.daemons).
@@ -22,8 +22,9 @@ import time
 from collections.abc import Sequence
 
 from clusterrun.errors import SandboxError
-from clusterrun.sandbox import cluster, containers, daemons, dockerd, net, sshd
+from clusterrun.sandbox import cluster, daemons, dockerd, net, sshd
 from clusterrun.sandbox.state import DaemonRecord, DockerHost, DockerState
+from tests.support import containers
 
 IMAGE = containers.IMAGE  # docker names an imported image NAME:TAG, no localhost/ in front
 PACKAGE = "docker.io"

@@ -250,7 +250,7 @@ def _write_files(sb: cluster.Sandbox, home: Path, entry: SlurmState) -> None:
     nodes = [f"NodeName={name} NodeAddr={sb.host(name).address} CPUs={cpus} RealMemory=1000 "
              "State=UNKNOWN" for name in entry.nodes]
     (home / "slurm.conf").write_text("\n".join([
-        "# The Slurm of a clusterrun sandbox (clusterrun.sandbox.slurm); sandbox down ends it.",
+        "# The Slurm of a clusterrun sandbox (tests/support/slurm.py); sandbox down ends it.",
         "ClusterName=sandbox",
         f"SlurmctldHost={CONTROLLER}({entry.address})",
         f"SlurmctldPort={PORT}",

@@ -130,18 +130,8 @@ def _enabled(sb: cluster.Sandbox, host: str) -> ContainersState:
 def _podman(sb: cluster.Sandbox, host: str, args: list[str], *, check: bool,
             env: dict[str, str] | None = None,
             wrapper: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    argv = [*wrapper, "podman", *args]
-    try:
-        cp = cluster.exec_in(sb, host, argv, capture_output=True, text=True,
-                             timeout=PODMAN_TIMEOUT, env={**sshd.SESSION_ENV, **(env or {})})
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} did not finish within "
-                           f"{PODMAN_TIMEOUT:g} s") from None
-    if check and cp.returncode != 0:
-        detail = (cp.stderr or cp.stdout).strip() or "(no output)"
-        raise SandboxError(f"`{shlex.join(argv)}` on {host} failed with exit status "
-                           f"{cp.returncode}: {detail}")
-    return cp
+    return sshd.session_run(sb.host(host).sshd_pid, host, [*wrapper, "podman", *args],
+                            timeout=PODMAN_TIMEOUT, check=check, env=env)
 
 
 def python_mounts(python: str) -> tuple[list[str], str]:
