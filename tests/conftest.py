@@ -293,7 +293,7 @@ def clean(cluster: Cluster) -> Iterator[None]:
 
 @dataclass
 class Containers:
-    """podman on the cluster's hosts (clusterrun.sandbox.containers), keeping a list of the
+    """podman on the cluster's hosts (tests/support/containers.py), keeping a list of the
     containers started through run(), for removal after the test."""
 
     sb: sandbox.Sandbox
@@ -342,7 +342,7 @@ SLURM_HOSTS = [f"node{k}" for k in range(23, 27)]
 
 @pytest.fixture(scope="session")
 def slurm(cluster: Cluster) -> sandbox_slurm.SlurmCluster:
-    """A real Slurm whose nodes are SLURM_HOSTS (clusterrun.sandbox.slurm): run its clients
+    """A real Slurm whose nodes are SLURM_HOSTS (tests/support/slurm.py): run its clients
     (salloc, srun, scancel...) with env=slurm.env(). sandbox.down ends it with the cluster."""
     return sandbox_slurm.enable(cluster.sb, SLURM_HOSTS)
 
