@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from clusterrun.remote.hostlib import pystack
+from clusterrun.remote.hostlib import flightpipe, pystack
 from clusterrun.remote.node import flightwatch
 from clusterrun.remote.shared import flight, protocol, stackrule, timing, userframe
 
@@ -160,8 +160,8 @@ def compact(ranks):
 def attach_flight(ranks, rundir):
     """Each rank's Flight Recorder, dumped now where it has a pipe (NCCL), as ``flight``: its
     process groups' last collectives, which the report compares (stallreport.py)."""
-    if flight.armed(rundir):
-        flight.request(rundir)
+    if flightpipe.armed(rundir):
+        flightpipe.request(rundir)
     found = {r["rank"]: r for r in flight.flight(rundir)}
     for entry in ranks:
         record = found.get(str(entry["rank"]))

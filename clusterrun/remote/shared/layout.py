@@ -10,7 +10,7 @@ in its attempt's (its rundir), and a py-spy `clusterrun stacks` shipped is kept 
 """
 
 import re
-from collections.abc import Sequence  # noqa: F401 - in type comments (Python 3.6)
+from typing import Sequence
 
 RUNS = "runs"
 TOOLS = ".tools"
@@ -18,16 +18,14 @@ TOOLS = ".tools"
 _ATTEMPT = re.compile(r"attempt-([1-9][0-9]*)")
 
 
-def attempt_folder(k):
-    # type: (int) -> str
+def attempt_folder(k: int) -> str:
     """The name of attempt k's folder inside its run's (k >= 2)."""
     if k < 2:
         raise ValueError("attempt %d has no folder of its own: it is the run's" % k)
     return "attempt-%d" % k
 
 
-def attempt_of(parts):
-    # type: (Sequence[str]) -> int
+def attempt_of(parts: Sequence[str]) -> int:
     """K when the path whose components are ``parts`` is attempt K's folder (K >= 2), else 1.
     Its grandparent must be ``runs``: a run whose own id looks like an attempt's stays a run."""
     if len(parts) < 3 or parts[-3] != RUNS:
@@ -36,15 +34,13 @@ def attempt_of(parts):
     return int(match.group(1)) if match and int(match.group(1)) >= 2 else 1
 
 
-def rundir(workdir, run_id, attempt, node):
-    # type: (str, str, int, str) -> str
+def rundir(workdir: str, run_id: str, attempt: int, node: str) -> str:
     """A node's folder on its host for attempt ``attempt`` of run ``run_id``."""
     attempt_dir = [attempt_folder(attempt)] if attempt > 1 else []
     return "/".join([workdir, RUNS, run_id, *attempt_dir, node])
 
 
-def tools_dir(rundir_):
-    # type: (str) -> str
+def tools_dir(rundir_: str) -> str:
     """``<workdir>/runs/.tools`` from a node's rundir (``<workdir>/runs/<run>/[attempt-K/]
     <node>``)."""
     parts = rundir_.rstrip("/").split("/")[:-1]  # the run's folder, or its attempt's

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from clusterrun.remote.hostlib import cgroup, hostio, procs, pystack
+from clusterrun.remote.hostlib import cgroup, flightpipe, hostio, procs, pystack
 from clusterrun.remote.shared import flight, protocol
 from clusterrun.remote.tools import profiler, toolcache
 
@@ -70,7 +70,7 @@ def main(stdin):
             for entry in answer["ranks"]:
                 entry["profile"] = shares.get(entry["rank"])
     if ranks:  # a live run: ranks with a Flight Recorder pipe (NCCL) dump it now
-        answer["flight_asked"] = flight.request(rundir)
+        answer["flight_asked"] = flightpipe.request(rundir)
     answer["flight"] = flight.flight(rundir)  # torch's Flight Recorder, if it dumped
     hostio.reply(answer)
 
