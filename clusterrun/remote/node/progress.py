@@ -9,7 +9,7 @@ import time
 
 from clusterrun.remote.hostlib import flightpipe, pystack
 from clusterrun.remote.node import flightwatch
-from clusterrun.remote.shared import flight, protocol, stackrule, timing, userframe
+from clusterrun.remote.shared import flight, layout, protocol, stackrule, timing, userframe
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 BUSY = 0.05  # a rank using more than this share of a core is busy
@@ -105,8 +105,7 @@ class Progress:
     def _output(self):
         moved = False
         try:
-            names = [n for n in os.listdir(self.rundir)
-                     if n.startswith("rank-") and n.endswith(".log")]
+            names = [n for n in os.listdir(self.rundir) if layout.rank_of(n) is not None]
         except OSError:
             return False
         for name in names:

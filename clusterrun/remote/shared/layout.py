@@ -7,15 +7,48 @@ there). Attempt 1 is the run folder itself, so a run that never restarted looks 
 did; attempt K >= 2 is its ``attempt-K/`` folder. On a host each node has a folder of its own
 in its attempt's (its rundir), and a py-spy `clusterrun stacks` shipped is kept in
 ``runs/.tools/``, beside the runs, for every run of that workdir.
+
+The files in a rundir are named here too: the supervisor writes them (remote/node/run.py), the
+ranks theirs through rank.sh (remote/node/spawn.py), the host's programs read them, and the
+controller names them where it shows a node's output (launch/, logs/).
 """
 
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 RUNS = "runs"
 TOOLS = ".tools"
 
 _ATTEMPT = re.compile(r"attempt-([1-9][0-9]*)")
+
+# A node's rundir.
+STATE = "state.json"  # the node's state: remote/shared/nodestate.py holds its fields
+SPEC = "spec.json"  # what the plan says of this node, for people
+NODE_LOG = "node.log"  # torchrun's (or clusterrun's launcher's) own output
+RANK_SH = "rank.sh"  # the wrapper each rank runs in, which writes its log and exit file
+RANK = "rank-"  # + the rank + LOG or EXIT
+LOG = ".log"
+EXIT = ".exit"  # the rank's exit status, once it ended ("stopped" after it: ended by a stop)
+EXEC_OUT = "stdout"  # `clusterrun exec`'s command's output, in its own folder
+EXEC_ERR = "stderr"
+
+
+def rank_log(rank: int) -> str:
+    """``rank-3.log``: what rank 3 printed."""
+    return "%s%d%s" % (RANK, rank, LOG)
+
+
+def rank_exit(rank: int) -> str:
+    """``rank-3.exit``: rank 3's exit status, written as it ends."""
+    return "%s%d%s" % (RANK, rank, EXIT)
+
+
+def rank_of(name: str, suffix: str = LOG) -> Optional[int]:
+    """3 for ``rank-3.log`` (``suffix`` EXIT: ``rank-3.exit``); None for any other name."""
+    digits = name[len(RANK):-len(suffix)]
+    if name.startswith(RANK) and name.endswith(suffix) and digits.isdecimal():
+        return int(digits)
+    return None
 
 
 def attempt_folder(k: int) -> str:
