@@ -52,3 +52,12 @@ def test_a_rank_is_read_back_from_its_files_name() -> None:
         3, 12, None, None, None, None, None]
     assert layout.rank_of("rank-3.exit", layout.EXIT) == 3
     assert layout.rank_of(".rank-3.exit", layout.EXIT) is None  # rank.sh's half-written one
+
+
+def test_rank_sh_writes_the_files_layout_names() -> None:
+    """rank.sh is shell text (remote/node/spawn.py): its file names are layout.py's."""
+    from clusterrun.remote.node import spawn
+
+    for name in (layout.rank_log(7), layout.rank_exit(7)):
+        shell = name.replace("7", "$RANK")
+        assert f'"$CLUSTERRUN_RUNDIR/{shell}"' in spawn.RANK_WRAPPER
