@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from clusterrun.plan.environment import flight_recorder
-from clusterrun.remote.hostlib import pystack
+from clusterrun.remote.hostlib import flightpipe, pystack
 from clusterrun.remote.node import progress, stallwatch
 from clusterrun.remote.shared import flight, stallreport, stallrule
 from clusterrun.stacks import view
@@ -39,17 +39,17 @@ def rundir(tmp_path: Path) -> Path:
 
 
 def test_the_rank_behind_its_group_is_named_from_torchs_own_dumps(tmp_path: Path) -> None:
-    records = flight.flight(str(rundir(tmp_path)))  # type: ignore[no-untyped-call]
+    records = flight.flight(str(rundir(tmp_path)))
     assert [(r["rank"], r["seq"], r["collective"]) for r in records] == [
         ("0", 5, "gloo:all_reduce"), ("1", 5, "gloo:all_reduce"), ("2", 4, "gloo:broadcast")]
     # torch's pg_status: rank 2 completed all it entered; ranks 0 and 1 wait in #5.
     assert records[2]["groups"] == {"default_pg": {"seq": 4, "collective": "gloo:broadcast",
                                                    "state": "scheduled", "completed": 4,
                                                    "open": False}}
-    assert [flight.waiting(r) for r in records] == [True, True, False]  # type: ignore[no-untyped-call]
+    assert [flight.waiting(r) for r in records] == [True, True, False]
     nodes = {"0": "gpu-a", "1": "gpu-a", "2": "gpu-b"}
     found = Collected("r", [], flight=[dict(r, node=nodes[r["rank"]]) for r in records])
-    late = flight.behind(found.flight)  # type: ignore[no-untyped-call]
+    late = flight.behind(found.flight)
     assert [(x["rank"], x["node"], x["group"], x["seq"]) for x in late] == [
         ("2", "gpu-b", "default_pg", 4)]
     assert ("  flight recorder: rank 2 (gpu-b) is behind in default_pg: it last entered "
@@ -59,8 +59,8 @@ def test_the_rank_behind_its_group_is_named_from_torchs_own_dumps(tmp_path: Path
 def test_an_even_group_names_nobody(tmp_path: Path) -> None:
     folder = rundir(tmp_path)
     (folder / "flight-rank-2").unlink()
-    records = flight.flight(str(folder))  # type: ignore[no-untyped-call]
-    assert flight.behind(records) == []  # type: ignore[no-untyped-call]
+    records = flight.flight(str(folder))
+    assert flight.behind(records) == []
 
 
 def test_a_dump_is_asked_for_through_the_ranks_pipe(tmp_path: Path) -> None:
@@ -88,14 +88,14 @@ def test_a_dump_is_asked_for_through_the_ranks_pipe(tmp_path: Path) -> None:
     worker = threading.Thread(target=rank)
     worker.start()
     try:
-        assert flight.request(str(tmp_path), wait=1.5) == ["3", "5"]  # type: ignore[no-untyped-call]
-        assert flight.ask(str(tmp_path), wait=1.5) == ["3"]  # type: ignore[no-untyped-call]
+        assert flightpipe.request(str(tmp_path), wait=1.5) == ["3", "5"]
+        assert flightpipe.ask(str(tmp_path), wait=1.5) == ["3"]
     finally:
         stop.set()
         worker.join()
         os.close(reader)
         os.close(mute)
-    assert [r["rank"] for r in flight.flight(str(tmp_path))] == ["3"]  # type: ignore[no-untyped-call]
+    assert [r["rank"] for r in flight.flight(str(tmp_path))] == ["3"]
 
 
 def test_the_pipe_is_armed_with_the_rest_on_gpu_hosts() -> None:
@@ -127,7 +127,7 @@ def test_a_json_dump_reads_as_the_pickled_one(tmp_path: Path) -> None:
     for status in dump["pg_status"].values():
         status.update({k: str(v) for k, v in status.items()})
     (tmp_path / "flight-rank-0").write_text(json.dumps(dump))
-    [record] = flight.flight(str(tmp_path))  # type: ignore[no-untyped-call]
+    [record] = flight.flight(str(tmp_path))
     assert record["groups"]["default_pg"] == {"seq": 5, "collective": "gloo:all_reduce",
                                               "state": "scheduled", "completed": 4, "open": True}
 
@@ -188,7 +188,7 @@ def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
     since the first round and the node is quiet from then on: a stall about 1.5 timeouts after
     the last line. When their collective completes and the next starts, they move again."""
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
-    monkeypatch.setattr(flight, "ask", torch.ask)
+    monkeypatch.setattr(flightpipe, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
     t0 = clock_base + 100
     quiet = quiet_over(found, t0, range(14))
@@ -196,7 +196,7 @@ def test_ranks_spinning_in_an_open_collective_that_never_moves_stall(
     # agree: stuck since 4 s.
     assert quiet == seconds([0] * 9 + [5, 6, 7, 8, 9])
     assert torch.rounds == 3  # at 4, 8 and 12 s: every half timeout, not every look
-    assert stallrule.stalled({"gpu-a": quiet[12]}, 8.0)  # type: ignore[no-untyped-call]
+    assert stallrule.stalled({"gpu-a": quiet[12]}, 8.0)
     torch.dumps = {0: moved_on(recorded(0), 1), 1: moved_on(recorded(1), 1)}
     assert quiet_over(found, t0, range(14, 18)) == seconds([10, 11, 12, 0])  # round at 16 s
 
@@ -205,7 +205,7 @@ def test_a_stuck_rank_that_stops_spinning_stays_quiet(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_base: float) -> None:
     """No busy CPU, no more rounds: the verdict runs out, but the CPU it judged stays judged."""
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
-    monkeypatch.setattr(flight, "ask", torch.ask)
+    monkeypatch.setattr(flightpipe, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
     t0 = clock_base + 100
     assert quiet_over(found, t0, range(14))[-1] == seconds(9)  # stuck since 4 s
@@ -231,9 +231,9 @@ def test_busy_ranks_stay_progress_unless_their_recorder_shows_them_stuck(
         def ask(rundir: str, wait: float = 5.0) -> list[str]:
             torch.dumps = {r: moved_on(d, 1) for r, d in torch.dumps.items() if d is not None}
             return torch.ask(rundir, wait)
-        monkeypatch.setattr(flight, "ask", ask)
+        monkeypatch.setattr(flightpipe, "ask", ask)
     else:
-        monkeypatch.setattr(flight, "ask", torch.ask)
+        monkeypatch.setattr(flightpipe, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
     t0 = clock_base + 100
     assert quiet_over(found, t0, range(30)) == seconds([0] * 30)
@@ -244,7 +244,7 @@ def test_a_line_printed_ends_the_rounds(tmp_path: Path, monkeypatch: pytest.Monk
                                        clock_base: float) -> None:
     """Output is progress: a node printing more often than half the timeout is never asked."""
     torch = Torch(tmp_path, {0: recorded(0), 1: recorded(1)})
-    monkeypatch.setattr(flight, "ask", torch.ask)
+    monkeypatch.setattr(flightpipe, "ask", torch.ask)
     found = spinning(tmp_path, monkeypatch, timeout=8.0)
     t0 = clock_base + 100
     for second in range(20):
@@ -270,7 +270,7 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
     """The same stacks everywhere name nobody; the recorded dumps name rank 2, on the
     controller (an attached run) and on the hub (a detached run: each host's ranks carry their
     own dumps over the gang)."""
-    records = flight.flight(str(rundir(tmp_path)))  # type: ignore[no-untyped-call]
+    records = flight.flight(str(rundir(tmp_path)))
     nodes = {"0": "gpu-a", "1": "gpu-a", "2": "gpu-b"}
     ranks = [same_place(n, nodes[str(n)]) for n in (0, 1, 2)]
     lines, record = controller.report(Collected("r", ranks), 8)
@@ -282,7 +282,7 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
     assert lines[2] == ("stall:   flight recorder: rank 2 is behind in default_pg: it last "
                         "entered gloo:broadcast #4, the others got to gloo:all_reduce #5")
     assert lines[3] == "stall: ranks 0-1 (gpu-a) wait in train_step (train.py:33)"
-    assert stallreport.odd_node(record) == "gpu-b"  # type: ignore[no-untyped-call]
+    assert stallreport.odd_node(record) == "gpu-b"
 
     # The hub: each host's stacks with its ranks' dumps attached (progress.Dumper).
     sent = {}
@@ -301,7 +301,7 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
 def test_a_group_all_in_the_same_open_collective_names_nobody(tmp_path: Path) -> None:
     """Every rank entered all_reduce #5 and none completed it: nobody is behind, so nobody is
     named (the links are tested next, as for Gloo)."""
-    even = [dict(flight.flight(str(rundir(tmp_path)))[0], rank=str(n), node="gpu-a")  # type: ignore[no-untyped-call]
+    even = [dict(flight.flight(str(rundir(tmp_path)))[0], rank=str(n), node="gpu-a")
             for n in (0, 1, 2)]
     lines, record = controller.report(
         Collected("r", [same_place(n, "gpu-a") for n in (0, 1, 2)], flight=even), 8)

@@ -144,8 +144,8 @@ def test_a_stall_stopped_on_a_host_whose_links_fail_leaves_that_host_out() -> No
     hosts = ["node0", "node1", "node2"]
     cut = [(o, "node2", "timed out after 5 s") for o in hosts[:2]] + [
         ("node2", o, "timed out after 5 s") for o in hosts[:2]]
-    more, links, _ = linkrule.judge(hosts, cut, {"node2": "10.79.0.2"})  # type: ignore[no-untyped-call]
-    host, detail = stallreport.stop(more, {"odd": [], "links": links})  # type: ignore[no-untyped-call]
+    more, links, _ = linkrule.judge(hosts, cut, {"node2": "10.79.0.2"})
+    host, detail = stallreport.stop(more, {"odd": [], "links": links})
     assert host == "node2" and detail.startswith("stalled, its links fail: node[0-1] cannot")
     stall = RootCause(host, None, 7, f"{host}: {detail}")  # as the stopped host words it
     assert stall.stalled and stall.blamed_node == "node2" and stall.blamed_rank is None
@@ -163,13 +163,13 @@ def test_a_stopped_stall_where_no_stack_could_be_read_blames_no_host(tmp_path: P
     keeps the master."""
     from clusterrun.remote.shared import stallreport
 
-    lines, record = stallreport.build(  # type: ignore[no-untyped-call]
+    lines, record = stallreport.build(
         [{"rank": 0, "node": "node0", "pid": 5, "error": "no py-spy on this host"},
          {"rank": 1, "node": "node2", "pid": 6, "error": "no py-spy on this host"}], 15)
-    assert record["blind"] and stallreport.odd_node(record) is None  # type: ignore[no-untyped-call]
+    assert record["blind"] and stallreport.odd_node(record) is None
     # As the stopping node words its failure (remote/node/stallwatch.py Watch.stop): "<node>:
     # <detail>".
-    stall = RootCause("node0", None, 7, f"node0: {stallreport.stop_detail(lines)}")  # type: ignore[no-untyped-call]
+    stall = RootCause("node0", None, 7, f"node0: {stallreport.stop_detail(lines)}")
     assert stall.stalled and stall.blamed_node is None and stall.blamed_rank is None
     assert result(RunState.FAILED, stall).cause is Outcome.STALLED
     journal = Journal.start(tmp_path, RunRecord("20260101-000000-x-0000", "x",

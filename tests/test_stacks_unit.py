@@ -103,13 +103,13 @@ def test_the_flight_recorder_is_armed_on_gpu_hosts_only_and_read_back(tmp_path: 
                                     "state": "started"}]
     (tmp_path / "flight-rank-3").write_bytes(pickle.dumps({"entries": entries}))
     (tmp_path / "flight-rank-4").write_bytes(b"half a dump")
-    assert flight.flight(str(tmp_path)) == [  # type: ignore[no-untyped-call]
+    assert flight.flight(str(tmp_path)) == [
         {"rank": "3", "file": "flight-rank-3", "collective": "nccl:broadcast", "seq": 3,
          "state": "started", "entries": 3, "last_id": None, "groups": {"the process group": {
              # no pg_status (torch before 2.5): open by its state alone
              "seq": 3, "collective": "nccl:broadcast", "state": "started", "completed": None,
              "open": True}}}]
-    found = Collected("r", [], flight=[dict(flight.flight(str(tmp_path))[0],  # type: ignore[no-untyped-call]
+    found = Collected("r", [], flight=[dict(flight.flight(str(tmp_path))[0],
                                             node="gpu-a")])
     assert "  flight recorder: rank 3 (gpu-a) last entered nccl:broadcast #3 (started)" in \
         view.render(found)
@@ -153,7 +153,7 @@ def test_a_stall_where_no_stack_could_be_read_names_no_rank() -> None:
     assert found["odd_node"] is None
     assert said[0].endswith("so no rank or host can be named as the cause")
     assert said[1] == "stall: rank 0 on node1 (pid 11): no py-spy on this host; last line: 'step 3'"
-    assert stallreport.stop_detail(said).startswith(  # type: ignore[no-untyped-call]
+    assert stallreport.stop_detail(said).startswith(
         "stalled, no rank made progress for 15 s; no rank's stack could be read")
 
 
@@ -212,7 +212,7 @@ def test_the_users_own_line_and_the_dataloader_workers_are_named(tmp_path: Path)
     # line, not the stdlib selector's frame the rank's innermost is.
     assert lines[1] == f"stall: odd one out: rank 3 on node2 (pid 40) in {line}; last line: " \
         "'step 7'", lines
-    assert stallreport.stop_detail(lines).startswith(  # type: ignore[no-untyped-call]
+    assert stallreport.stop_detail(lines).startswith(
         f"stalled, odd one out: rank 3 on node2 (pid 40) in {line}")
 
 
@@ -306,7 +306,7 @@ def test_stacks_groups_the_ranks_as_the_stall_report_does(name: str) -> None:
     shown = view.groups(found)
     read = [dict(e, node=n) for n, entries in got.items() for e in entries if not e.get("error")]
     assert [[r.rank for r in g.ranks] for g in shown] == [
-        [r["rank"] for r in g] for g in stallreport.groups(read)]  # type: ignore[no-untyped-call]
+        [r["rank"] for r in g] for g in stallreport.groups(read)]
     text = view.render(found)
     tagged = {r.rank for g in shown for r in g.ranks
               if any(x.startswith(f"odd one out: {g.label}: ") for x in text)}
@@ -332,7 +332,7 @@ def test_the_hosts_fold_host_names_as_nodeset_does() -> None:
     for names in (["node1", "node2", "node3"], ["node9", "node10", "node12"],
                   ["gpu07", "node1", "node2"], ["node01", "node02", "node10"],
                   ["10.79.0.1", "10.79.0.2"], ["a", "b1"], ["x1"]):
-        assert stallreport.fold_hosts(names) == fold(names), names  # type: ignore[no-untyped-call]
+        assert stallreport.fold_hosts(names) == fold(names), names
 
 
 def test_launch_ships_py_spy_once_by_content_to_hosts_without_one(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_failing_pairs_put_the_stall_on_the_host_nobody_reaches() -> None:
                      "(10.79.0.2) on an ephemeral port: timed out after 5 s; node2 cannot "
                      "connect to node[1,3] on an ephemeral port: timed out after 5 s"]
     assert record["blamed"] == ["node2"] and not record["fine"]
-    host, detail = stallreport.stop(lines, {"odd": [], "links": record})  # type: ignore[no-untyped-call]
+    host, detail = stallreport.stop(lines, {"odd": [], "links": record})
     assert host == "node2"
     assert detail.startswith("stalled, its links fail: node[1,3] cannot"), detail
 
@@ -192,7 +192,7 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     node, stop = sent[-1]
     assert node == host, sent
     lines, report = sent[0][1]["lines"], sent[0][1]["report"]
-    assert stallreport.stop(lines, report) == (host, stop["detail"])  # type: ignore[no-untyped-call]
+    assert stallreport.stop(lines, report) == (host, stop["detail"])
     master = HubNode(tmp_path)
     hub = hub_watchdog.Watch(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP})
     hub.stall_here(lines, report)
@@ -258,7 +258,7 @@ def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
     its report says what the controller's says, line for line: the same host blamed, the
     other hosts folded alike (``node[1,3]``), the same record."""
     triples = [(b.source, b.target, b.error) for b in blocked]
-    assert linkrule.blamed(HOSTS, triples) == mesh.blamed(Pairs(HOSTS, blocked, {}))  # type: ignore[no-untyped-call]
+    assert linkrule.blamed(HOSTS, triples) == mesh.blamed(Pairs(HOSTS, blocked, {}))
     controller = links.judge(links.Links(HOSTS, blocked, ADDRESSES))
     assert hub_judges(blocked, {}) == controller
     assert controller[0], controller  # a root cause or "links fine": never nothing

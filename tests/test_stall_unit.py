@@ -161,7 +161,7 @@ def test_without_a_flight_recorder_busy_cpu_stays_progress(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock_base: float) -> None:
     """A busy, silent rank on a host with no Flight Recorder pipe (no GPU, or a torch without
     one): its CPU is progress, however long, and no dump is ever asked for."""
-    from clusterrun.remote.shared import flight
+    from clusterrun.remote.hostlib import flightpipe
 
     asked: list[str] = []
 
@@ -169,8 +169,8 @@ def test_without_a_flight_recorder_busy_cpu_stays_progress(
         asked.append(rundir)
         return []
 
-    monkeypatch.setattr(flight, "ask", ask)
-    monkeypatch.setattr(flight, "request", ask)
+    monkeypatch.setattr(flightpipe, "ask", ask)
+    monkeypatch.setattr(flightpipe, "request", ask)
     found = progress(tmp_path, monkeypatch, os.getpid())
     ticks = iter(range(0, 100000, 100))
     monkeypatch.setattr(pystack, "cpu_ticks", lambda pid: next(ticks))

@@ -6,7 +6,7 @@ import pwd
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import yaml
 
@@ -35,6 +35,12 @@ class _Refused(Exception):
         self.line, self.message = line, message
 
 
+class _Peeks(Protocol):
+    """PyYAML's parser as its stubs leave it untyped: the one method used here, typed."""
+
+    def peek_event(self) -> yaml.Event: ...
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that refuses anchors (``&a``) and aliases (``*a``) as the parser meets them,
     before anything is composed: an alias makes a graph of a tree, so nine levels of nine
@@ -43,8 +49,9 @@ class _Loader(yaml.SafeLoader):
     depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        line = event.start_mark.line + 1
+        event = cast(_Peeks, self).peek_event()
+        mark = event.start_mark  # None only for events built by hand, never the parser's
+        line = mark.line + 1 if mark is not None else 0
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise _Refused(line, f"a YAML anchor or alias (&name, *name): {ANCHORS_FIX}.")
         self.depth += 1

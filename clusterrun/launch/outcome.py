@@ -23,7 +23,7 @@ from clusterrun.inventory.ranges import fold
 from clusterrun.launch import nccl
 from clusterrun.logs.mirror import verify
 from clusterrun.plan.model import NodePlan
-from clusterrun.remote.shared import exits
+from clusterrun.remote.shared import exits, layout
 from clusterrun.runs.records import Json
 from clusterrun.runs.store import RunDir
 from clusterrun.runs.summary import NodeSummary, Summary
@@ -118,7 +118,7 @@ def failures(nodes: list[NodeOutcome]) -> list[RootCause]:
 
 
 def last_lines(run: RunDir, node: str, rank: Optional[int], count: int = LAST_LINES) -> list[str]:
-    name = "node.log" if rank is None else f"rank-{rank}.log"
+    name = layout.NODE_LOG if rank is None else layout.rank_log(rank)
     path = run.mirror(node, name)
     try:
         with open(path, "rb") as handle:

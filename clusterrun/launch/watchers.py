@@ -22,7 +22,7 @@ from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import NodeOutcome, failures
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote.shared import timing
+from clusterrun.remote.shared import layout, timing
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import watchdog as stall_watchdog
@@ -207,7 +207,7 @@ class Fold:
         self.pending: dict[str, bytes] = {}
 
     def feed(self, node: str, file: str, data: bytes) -> None:
-        if file != "node.log":
+        if file != layout.NODE_LOG:
             self.view.feed(node, file, data)
             return
         text = self.pending.pop(node, b"") + data
@@ -234,7 +234,7 @@ class Fold:
             if node in self.quiet:
                 self.nodes[node].folded += 1
             else:
-                self.view.feed(node, "node.log", rest)
+                self.view.feed(node, layout.NODE_LOG, rest)
         self.pending.clear()
 
 

@@ -11,7 +11,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
-from clusterrun.remote.shared import protocol
+from clusterrun.remote.shared import nodestate, protocol
 from clusterrun.runs import attempts
 from clusterrun.runs.records import PlanNode, RunStatus
 from clusterrun.runs.remote import each_node
@@ -73,10 +73,11 @@ def follow(run: RunDir, ssh: SshOptions, mirror: Mirror, view: Optional[LogView]
 
 def _as_state(end: wire.End) -> dict[str, Any]:
     """A node's final event in the shape of its state.json (what `logs` and `ps` read)."""
-    return {"state": end.state, "exit_code": end.exit_code, "reason": end.reason,
-            "cause": end.cause, "ranks": {str(r): c for r, c in end.ranks.items()},
-            "checksums": end.checksums,
-            "root_cause": end.root_cause.public() if end.root_cause else None}
+    return {nodestate.STATE: end.state, nodestate.EXIT_CODE: end.exit_code,
+            nodestate.REASON: end.reason, nodestate.CAUSE: end.cause,
+            nodestate.RANKS: {str(r): c for r, c in end.ranks.items()},
+            nodestate.CHECKSUMS: end.checksums,
+            nodestate.ROOT_CAUSE: end.root_cause.public() if end.root_cause else None}
 
 
 def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],

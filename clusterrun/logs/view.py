@@ -12,15 +12,14 @@ from typing import Callable, Optional
 
 from clusterrun.console import Printer
 from clusterrun.logs.lines import LineFramer
-from clusterrun.remote.shared import timing
+from clusterrun.remote.shared import layout, timing
 
 PARTIAL_LINE_SECONDS = 1.0
-_RANK_FILE = re.compile(r"rank-(\d+)\.log$")
 
 
 def rank_of(name: str) -> Optional[int]:
-    match = _RANK_FILE.match(name)
-    return int(match.group(1)) if match else None
+    """The rank whose log a host's file is (layout.py names them), or None: the node's own."""
+    return layout.rank_of(name)
 
 
 def prefix(node: str, name: str) -> str:

@@ -100,7 +100,7 @@ def blamed(pairs: Pairs) -> dict[str, list[Blocked]]:
     """Which host each failed pair is put on: a host nobody reaches (its firewall) or a host
     that reaches nobody (its egress); otherwise the one connected to (remote/shared/linkrule.py, the
     stall watchdog's rule too)."""
-    found = linkrule.blamed(pairs.hosts, pairs.blocked)  # type: ignore[no-untyped-call]
+    found = linkrule.blamed(pairs.hosts, pairs.blocked)
     return {host: list(mine) for host, mine in found.items()}
 
 
@@ -121,7 +121,7 @@ def _judge_pairs(answered: Sequence[HostReport], pairs: Pairs) -> None:
             r.add("pairs", True, f"reached all {len(pairs.hosts) - 1} other hosts on ephemeral "
                   "ports, and reached from them")
             continue
-        said = linkrule.failed_pairs(name, r.address, mine, fold)  # type: ignore[no-untyped-call]
+        said = linkrule.failed_pairs(name, r.address, mine, fold)
         r.add("pairs", False, f"{said}. {fix(r.known.port_range)}")
 
 

@@ -2,13 +2,15 @@
 library only), and the rules both ends share. Each room is a folder:
 
 - ``shared/``: the only room the controller (clusterrun/ outside remote/) may import. The wire
-  (protocol), the run folder's layout, timing gates, and the rules both ends apply: the stall
-  rule (stallrule) and report (stallreport), where a stack waits (stackrule), the users' own
-  frames (userframe), the Flight Recorder's reading (flight), the link test's verdict
-  (linkrule), the disk floor (diskfloor). It imports nothing else from remote/.
+  (protocol), the run folder's layout and its files' names, the node's state.json (nodestate:
+  its field table, one writer, one reader; jsonfile writes it whole), timing gates, and the
+  rules both ends apply: the stall rule (stallrule) and report (stallreport), where a stack
+  waits (stackrule), the users' own frames (userframe), the Flight Recorder's reading
+  (flight), the link test's verdict (linkrule), the disk floor (diskfloor). Typed (mypy checks
+  the controller's calls into it). It imports nothing else from remote/.
 - ``hostlib/``: what the host programs share and the controller never runs: their files and
   stdout writer (hostio), processes (procs), cgroups, the selectors loop (mainloop), the ranks'
-  processes and py-spy stacks (pystack).
+  processes and py-spy stacks (pystack), asking the Flight Recorder for dumps (flightpipe).
 - ``node/``: the supervisor, program ``run.py``, and what only it uses: the gang, how ranks are
   started (spawn), and its watchers (watchbase, lineup: progress, stallwatch, flightwatch,
   linkwatch, nccllog, diskwatch).

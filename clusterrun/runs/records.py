@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from clusterrun.jsonfields import integer, text
+from clusterrun.remote.shared import nodestate
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.wire import RootCause, root_cause
@@ -202,8 +203,9 @@ _NOTHING = RunStatus()
 @dataclass(frozen=True)
 class NodeState:
     """One node's state.json on its host, as its supervisor keeps it (remote/node/run.py) and
-    status.py answers for `ps`, `logs` and `stop` (runs/remote.py ``status``); a host that could
-    not be asked is ``unreachable``, with why in ``reason``."""
+    status.py answers for `ps`, `logs` and `stop` (runs/remote.py ``status``), by the field
+    names remote/shared/nodestate.py holds; a host that could not be asked is ``unreachable``,
+    with why in ``reason`` (``error`` and ``unreachable`` are this side's own)."""
 
     state: Optional[str] = None  # as the host says it: a RunState's value, "missing", "unknown"
     exit_code: Optional[int] = None
@@ -224,13 +226,15 @@ class NodeState:
     def from_json(cls, raw: object) -> NodeState:
         if not isinstance(raw, dict):
             return cls()
-        ranks, sums, stall = raw.get("ranks"), raw.get("checksums"), raw.get("stall")
-        return cls(text(raw.get("state")), integer(raw.get("exit_code")), text(raw.get("reason")),
-                   text(raw.get("error")),
+        ranks = raw.get(nodestate.RANKS)
+        sums, stall = raw.get(nodestate.CHECKSUMS), raw.get(nodestate.STALL)
+        return cls(text(raw.get(nodestate.STATE)), integer(raw.get(nodestate.EXIT_CODE)),
+                   text(raw.get(nodestate.REASON)), text(raw.get("error")),
                    {str(r): c for r, c in ranks.items() if integer(c) is not None}
                    if isinstance(ranks, dict) else {},
-                   root_cause(raw.get("root_cause")),
-                   dict(sums) if isinstance(sums, dict) else {}, _float(raw.get("ended_at")),
+                   root_cause(raw.get(nodestate.ROOT_CAUSE)),
+                   dict(sums) if isinstance(sums, dict) else {},
+                   _float(raw.get(nodestate.ENDED_AT)),
                    stall if isinstance(stall, dict) else None, bool(raw.get("unreachable")))
 
 

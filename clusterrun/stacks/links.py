@@ -148,5 +148,5 @@ def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links
 def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
     """The report's lines, its record and the host the stall is put on (None: no link failed),
     by the hub's rule and words (remote/shared/linkrule.py); host names folded by NodeSet here."""
-    return linkrule.judge(  # type: ignore[no-any-return,no-untyped-call]
+    return linkrule.judge(
         links.hosts, links.blocked, links.addresses, links.untested, fold=fold)

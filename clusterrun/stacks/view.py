@@ -37,7 +37,7 @@ def groups(collected: Collected) -> list[Group]:
     stack could not be read is in none (``unread``): not seeing it makes it no odd one out."""
     read = [(as_sent(rank), rank) for rank in collected.ranks if not rank.error]
     of = {id(sent): rank for sent, rank in read}
-    found = stallreport.groups([sent for sent, _rank in read])  # type: ignore[no-untyped-call]
+    found = stallreport.groups([sent for sent, _rank in read])
     return [Group(tuple(of[id(sent)] for sent in members)) for members in found]
 
 
@@ -88,7 +88,7 @@ def flight_lines(collected: Collected) -> list[str]:
     fell behind their process group (remote/shared/flight.py ``behind``)."""
     lines = [f"  flight recorder: rank {f['rank']} ({f['node']}) last entered {f['collective']} "
              f"#{f['seq']} ({f['state']})" for f in collected.flight]
-    for late in flight.behind(collected.flight):  # type: ignore[no-untyped-call]
+    for late in flight.behind(collected.flight):
         ahead = late["ahead"]
         lines.append(f"  flight recorder: rank {late['rank']} ({late['node']}) is behind in "
                      f"{late['group']}: it last entered {late['collective']} #{late['seq']}, "
@@ -111,10 +111,10 @@ def render(collected: Collected, *, frames: bool = True) -> list[str]:
         odd = len(found) > 1 and index < len(found) - 1
         lines.append("")
         first = as_sent(group.first)
-        wait = stallreport.waits_in(first)  # type: ignore[no-untyped-call]
+        wait = stallreport.waits_in(first)
         # Outside a collective: the user's own line where there is one
         # (remote/shared/stallreport.py).
-        inner = stallreport.innermost(first)  # type: ignore[no-untyped-call]
+        inner = stallreport.innermost(first)
         what = f"waiting in {wait}" if wait else group.first.at or inner
         tag = "odd one out: " if odd else ""
         lines.append(f"{tag}{group.label}: {what}")

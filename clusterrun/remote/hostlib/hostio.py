@@ -3,7 +3,8 @@
 Shipped together with the program that imports it (see clusterrun/transport/bundle.py): the
 loader registers it as ``clusterrun.remote.hostlib.hostio`` before the program runs.
 
-- files: private, atomic JSON; the log files a run streams; their checksums
+- files: a private directory; the log files a run streams (layout.py names them); their
+  checksums
 - ``Writer``: the only writer of stdout, on its own thread (a paused controller blocks it, never
   the job), in the frames of protocol.py
 - the phases of a supervisor and the causes of a stop
@@ -13,14 +14,13 @@ Beside it: procs.py (processes: ``Tree``) and mainloop.py (the selectors loop an
 
 import contextlib
 import enum
-import json
 import os
 import queue
 import sys
 import threading
 import time
 
-from clusterrun.remote.shared import protocol, timing
+from clusterrun.remote.shared import layout, protocol, timing
 
 # How long the Writer's thread waits for an event before it looks at the streamed log files
 # again: how late a rank's new output may reach the controller.
@@ -79,28 +79,6 @@ class Clock:
 # Files
 
 
-def write_json(path, obj):
-    """Atomic and private: readers (ps, stop) never see half a file."""
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):  # a full disk: leave no half-written file behind
-            os.unlink(tmp)
-        raise
-
-
-def read_json(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
 def make_private_dir(path):
     """Create ``path`` and missing parents as 0700 directories, refusing symlinks."""
     parts = []
@@ -118,16 +96,15 @@ def make_private_dir(path):
 
 def log_files(folder):
     """The files a run streams: the node's own log, then each rank's (or exec's two)."""
-    names = [n for n in ("node.log", "stdout", "stderr")
+    names = [n for n in (layout.NODE_LOG, layout.EXEC_OUT, layout.EXEC_ERR)
              if os.path.exists(os.path.join(folder, n))]
     try:
         listed = os.listdir(folder)
     except OSError:
         listed = []
-    ranks = [n for n in listed if n.startswith("rank-") and n.endswith(".log")
-             and n[5:-4].isdigit()]
-    ranks.sort(key=lambda n: int(n[5:-4]))
-    return names + ranks
+    ranks = sorted((rank, n) for rank, n in ((layout.rank_of(n), n) for n in listed)
+                   if rank is not None)
+    return names + [n for _rank, n in ranks]
 
 
 def checksums(folder):

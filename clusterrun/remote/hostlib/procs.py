@@ -6,8 +6,10 @@ import ctypes
 import os
 import signal
 import time
+from typing import List, Optional, overload
 
 from clusterrun.remote.hostlib import cgroup
+from clusterrun.remote.shared import nodestate
 
 PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -23,11 +25,14 @@ def start_time(pid):
         return None
 
 
-def alive(state):
-    """Whether the supervisor a state file names is still the same live process. A killed one
-    stays a zombie until its new parent reaps it: dead all the same."""
-    pid = (state or {}).get("supervisor_pid")
-    return bool(pid) and start_time(pid) == state.get("supervisor_start") and not zombie(pid)
+def alive(state: Optional[nodestate.Snapshot]) -> bool:
+    """Whether the supervisor a state file (or None: no file) names is still the
+    same live process. A killed one stays a zombie until its new parent reaps it: dead all the
+    same."""
+    if state is None or not state.supervisor_pid:
+        return False
+    pid = state.supervisor_pid
+    return start_time(pid) == state.supervisor_start and not zombie(pid)
 
 
 def zombie(pid):
@@ -38,13 +43,37 @@ def zombie(pid):
         return False
 
 
-def observed(state):
-    """A state file as it stands, or "lost" when the supervisor that should still be writing
-    it is gone (the host rebooted, or it was killed)."""
-    if state is not None and not state.get("ended_at") and not alive(state):
-        state = dict(state, state="lost",
-                     reason="the supervisor is gone (host rebooted or it was killed)")
+@overload
+def observed(state: nodestate.Snapshot) -> nodestate.Snapshot: ...
+
+
+@overload
+def observed(state: None) -> None: ...
+
+
+def observed(state: Optional[nodestate.Snapshot]) -> Optional[nodestate.Snapshot]:
+    """A state file (or None: no file) as it stands, or "lost" when the supervisor
+    that should still be writing it is gone (the host rebooted, or it was killed)."""
+    if state is not None and not state.ended and not alive(state):
+        return state.lost()
     return state
+
+
+def rank_roots(state: nodestate.Snapshot) -> List[int]:
+    """Where a live run's ranks are below: the launcher the supervisor recorded (torchrun), if
+    it is still that process, and whatever is in the job's cgroup."""
+    roots: List[int] = []
+    if launcher_alive(state) and state.torchrun_pid is not None:
+        roots.append(state.torchrun_pid)
+    if state.cgroup:
+        roots.extend(cgroup.members(state.cgroup))
+    return roots
+
+
+def launcher_alive(state: nodestate.Snapshot) -> bool:
+    """Whether the launcher a state file names is still that process."""
+    pid = state.torchrun_pid
+    return bool(pid) and start_time(pid) == state.torchrun_start
 
 
 def descendants(root):

@@ -14,7 +14,7 @@ import threading
 import time
 
 from clusterrun.remote.hostlib import procs
-from clusterrun.remote.shared import userframe
+from clusterrun.remote.shared import layout, userframe
 
 PYSPY_TIMEOUT = 8.0
 NO_PYSPY = ("no py-spy on this host (install it in the host's Python environment: pip install "
@@ -52,7 +52,7 @@ def _rank_of(pid):
 def find_ranks(rundir, roots):
     """``{rank: pid}`` of the ranks below ``roots`` (torchrun's or the launcher's pid, and the
     job's cgroup members)."""
-    wrapper = os.path.join(rundir, "rank.sh").encode()
+    wrapper = os.path.join(rundir, layout.RANK_SH).encode()
     pids = set()
     for root in roots:
         pids.add(root)
@@ -128,7 +128,7 @@ def proc_state(pid):
 def last_line(rundir, rank, limit=4096):
     """The last non-empty line the rank wrote (its log on this host), at most 300 characters."""
     try:
-        with open(os.path.join(rundir, "rank-%d.log" % rank), "rb") as handle:
+        with open(os.path.join(rundir, layout.rank_log(rank)), "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - limit))

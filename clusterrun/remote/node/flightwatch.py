@@ -6,16 +6,17 @@ waits, so remote/shared/stallrule.py would count it as computing. Its Flight Rec
 collective it entered has not completed, and its sequence numbers stand still.
 
 So when a node's only sign of progress has been busy CPU for a while (no output, no bytes
-moved), its supervisor asks its ranks for dumps through their pipes (remote/shared/flight.py; launch
-arms them on GPU hosts), one round every ``every`` seconds while that lasts and never otherwise:
-a round costs each rank a dump of its ring buffer and the supervisor the reading (a few MB per
-rank). A rank whose dumps of two rounds in a row are the same (no collective entered or
+moved), its supervisor asks its ranks for dumps through their pipes (remote/hostlib/flightpipe.py;
+launch arms them on GPU hosts), one round every ``every`` seconds while that lasts and never
+otherwise: a round costs each rank a dump of its ring buffer and the supervisor the reading (a
+few MB per rank). A rank whose dumps of two rounds in a row are the same (no collective entered or
 completed, no point-to-point operation recorded) while a collective it entered is still open is
 *stuck* since the first of the two: its busy CPU is no progress from then on.
 """
 
 import threading
 
+from clusterrun.remote.hostlib import flightpipe
 from clusterrun.remote.shared import flight, timing
 
 WAIT = 5.0  # seconds a round waits for the ranks' dumps
@@ -49,7 +50,7 @@ class Recorder:
         if (doubtful and self.round is None
                 and timing.due(now, self.asked, self.every)):
             self.asked = now
-            if flight.armed(self.rundir):
+            if flightpipe.armed(self.rundir):
                 self._start(now)
         return {rank: s["since"] for rank, s in self.seen.items()
                 if s["open"] and s["read"] > s["since"]
@@ -59,7 +60,7 @@ class Recorder:
         got = {"when": now, "records": None}
 
         def run():
-            dumped = flight.ask(self.rundir, WAIT)
+            dumped = flightpipe.ask(self.rundir, WAIT)
             got["records"] = flight.flight(self.rundir, dumped) if dumped else []
 
         thread = threading.Thread(target=run, daemon=True, name="clusterrun-flight")

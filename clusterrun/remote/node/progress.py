@@ -7,9 +7,9 @@ import os
 import threading
 import time
 
-from clusterrun.remote.hostlib import pystack
+from clusterrun.remote.hostlib import flightpipe, pystack
 from clusterrun.remote.node import flightwatch
-from clusterrun.remote.shared import flight, protocol, stackrule, timing, userframe
+from clusterrun.remote.shared import flight, layout, protocol, stackrule, timing, userframe
 
 LOOK = 1.0  # seconds between looks at the ranks' logs and CPU times
 BUSY = 0.05  # a rank using more than this share of a core is busy
@@ -105,8 +105,7 @@ class Progress:
     def _output(self):
         moved = False
         try:
-            names = [n for n in os.listdir(self.rundir)
-                     if n.startswith("rank-") and n.endswith(".log")]
+            names = [n for n in os.listdir(self.rundir) if layout.rank_of(n) is not None]
         except OSError:
             return False
         for name in names:
@@ -160,8 +159,8 @@ def compact(ranks):
 def attach_flight(ranks, rundir):
     """Each rank's Flight Recorder, dumped now where it has a pipe (NCCL), as ``flight``: its
     process groups' last collectives, which the report compares (stallreport.py)."""
-    if flight.armed(rundir):
-        flight.request(rundir)
+    if flightpipe.armed(rundir):
+        flightpipe.request(rundir)
     found = {r["rank"]: r for r in flight.flight(rundir)}
     for entry in ranks:
         record = found.get(str(entry["rank"]))

@@ -20,7 +20,7 @@ import time
 from clusterrun.remote.hostlib import cgroup, hostio, mainloop, procs
 from clusterrun.remote.hostlib.hostio import Cause, Phase
 from clusterrun.remote.node import gang, lineup, spawn, watchbase
-from clusterrun.remote.shared import exits, protocol, timing
+from clusterrun.remote.shared import exits, jsonfile, layout, nodestate, protocol, timing
 
 # After a rank of this node failed, torchrun stops the others itself; if it has not exited by
 # then, the supervisor does it.
@@ -77,16 +77,13 @@ class Supervisor:
     # -- state ---------------------------------------------------------------------------
 
     def state(self, **fields):
-        path = os.path.join(self.rundir, "state.json")
-        state = hostio.read_json(path) or {}
-        state.update(fields)
+        """``fields`` (remote/shared/nodestate.py names them) into the node's state.json."""
         # A full disk: the events still tell the controller, and the run is stopped.
         with contextlib.suppress(OSError):
-            hostio.write_json(path, state)
-        return state
+            nodestate.write(self.rundir, **fields)
 
     def start(self):
-        log = os.open(os.path.join(self.rundir, "node.log"),
+        log = os.open(os.path.join(self.rundir, layout.NODE_LOG),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         env = dict(os.environ)
         env.update(self.req["env"])
@@ -192,10 +189,8 @@ class Supervisor:
     def _check_ranks(self):
         found = []
         for name in os.listdir(self.rundir):
-            if not (name.startswith("rank-") and name.endswith(".exit")):
-                continue
-            rank = int(name[5:-5])
-            if rank in self.rank_exits:
+            rank = layout.rank_of(name, layout.EXIT)
+            if rank is None or rank in self.rank_exits:
                 continue
             path = os.path.join(self.rundir, name)
             try:
@@ -291,11 +286,11 @@ class Supervisor:
 
 def prepare(req):
     hostio.make_private_dir(req["rundir"])
-    wrapper = os.path.join(req["rundir"], "rank.sh")
+    wrapper = os.path.join(req["rundir"], layout.RANK_SH)
     fd = os.open(wrapper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
     with os.fdopen(fd, "w") as handle:
         handle.write(spawn.RANK_WRAPPER)
-    hostio.write_json(os.path.join(req["rundir"], "spec.json"), req.get("public", {}))
+    jsonfile.write(os.path.join(req["rundir"], layout.SPEC), req.get("public", {}))
 
 
 def daemonize(hold=False):

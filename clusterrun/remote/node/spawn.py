@@ -20,6 +20,7 @@ import signal
 import time
 
 from clusterrun.remote.hostlib import procs
+from clusterrun.remote.shared import layout
 
 GRACE = 5.0  # after a failure or a signal, how long the others get before SIGKILL
 # The launcher's pause between looks for exited ranks and received signals: short, so a rank's
@@ -96,7 +97,7 @@ def say(text):
 
 
 def rank_argv(rundir, entry):
-    return ["/bin/sh", os.path.join(rundir, "rank.sh")] + [str(a) for a in entry["argv"]]
+    return ["/bin/sh", os.path.join(rundir, layout.RANK_SH)] + [str(a) for a in entry["argv"]]
 
 
 def rank_env(node_env, entry, index):

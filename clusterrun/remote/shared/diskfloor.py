@@ -8,6 +8,7 @@ directory, while a margin is left: a run is never silently truncated.
 """
 
 import os
+from typing import Optional, Union
 
 # The margin: looking at every 0.1 s tick of the supervisor (statvfs costs microseconds), a
 # host's ranks writing under 80 MB/s together lose nothing before the stop.
@@ -17,7 +18,7 @@ FLOOR = 8 * 1024 * 1024
 STATUS = 6  # HostStatus.DISK_FULL: tests/test_exit_status.py holds them equal
 
 
-def free_bytes(path):
+def free_bytes(path: str) -> Optional[int]:
     """Bytes this user may still write under ``path`` (None when it cannot be told)."""
     try:
         st = os.statvfs(path)
@@ -26,7 +27,7 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
-def size_text(n):
+def size_text(n: Union[int, float]) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return ("%d %s" % (n, unit)) if unit == "bytes" else ("%.1f %s" % (n, unit))

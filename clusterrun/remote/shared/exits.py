@@ -5,8 +5,7 @@ supervisor reports a rank's end with it (node/run.py), the controller its root c
 import signal
 
 
-def describe(code):
-    # type: (int) -> str
+def describe(code: int) -> str:
     """`exited with code 1`, `was killed by signal 9 (SIGKILL)`: a shell's 128 + N is signal N."""
     if code > 128:
         try:

@@ -1,99 +1,34 @@
-"""torch's Flight Recorder in a run's folder on this host (stdlib only, Python 3.6+).
+"""torch's Flight Recorder in a run's folder on a host, read back (stdlib only, Python 3.6+).
 
 On GPU hosts (plan/environment.py arms it) every NCCL process group keeps its last collectives
 in a ring buffer and writes it to ``<rundir>/flight-rank-<R>`` when a collective times out, or
-when asked: torch makes a named pipe per rank (``<rundir>/flight-pipe-rank-<R>.pipe``) and dumps
-when anything is written to it, while the job runs. ``request`` asks every rank of this host
-(``ask``: and says whose dumps came); ``flight`` reads the dumps: per process group the last
-collective entered, the last completed (torch's ``pg_status``) and whether one is open;
-``behind`` names the ranks whose last collective in a process group is older than their
-peers': the ranks that fell behind, where everyone else waits. The stall watchdog asks on its
-own (flightwatch.py) and puts the ranks behind first in its report (``lead``).
+when asked through the rank's pipe (remote/hostlib/flightpipe.py, on the host). ``flight``
+reads the dumps: per process group the last collective entered, the last completed (torch's
+``pg_status``) and whether one is open; ``behind`` names the ranks whose last collective in a
+process group is older than their peers': the ranks that fell behind, where everyone else
+waits. The stall watchdog asks on its own (flightwatch.py) and puts the ranks behind first in
+its report (``lead``); the controller's `stacks` reads the same records.
 """
 
 import json
 import os
-import time
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 PIPE = "flight-pipe-rank-"  # + rank + ".pipe", as torch names it
 DUMP = "flight-rank-"  # + rank
 
-
-def request(rundir, wait=5.0):
-    """Ask every rank with a pipe here for a dump now; wait up to ``wait`` s for the dumps to be
-    written. Returns the ranks asked."""
-    return _ask(rundir, wait)[0]
-
-
-def ask(rundir, wait=5.0):
-    """As ``request``, but returns the ranks whose dump was written anew, whole (its size and
-    time held between two looks): only those say where the rank is now."""
-    return _ask(rundir, wait)[1]
+# ``flight``'s record of one rank's dump (JSON on the wire: stackdump.py answers with them), and
+# its last collective in one process group: {"seq", "collective", "state", "completed", "open"}.
+Record = Dict[str, Any]
+Last = Dict[str, Any]
 
 
-def armed(rundir):
-    """Whether a rank here has a Flight Recorder pipe (NCCL's, armed by launch on GPU hosts)."""
-    try:
-        return any(n.startswith(PIPE) and n.endswith(".pipe") for n in os.listdir(rundir))
-    except OSError:
-        return False
-
-
-def _ask(rundir, wait):
-    try:
-        pipes = sorted(n for n in os.listdir(rundir) if n.startswith(PIPE) and n.endswith(".pipe"))
-    except OSError:
-        return [], []
-    asked = {}
-    for name in pipes:
-        rank = name[len(PIPE):-len(".pipe")]
-        dump = os.path.join(rundir, DUMP + rank)
-        before = (_mtime(dump) or (None,))[0]
-        try:  # torch holds the read end open while the group lives; none: ENXIO, left out
-            fd = os.open(os.path.join(rundir, name), os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            os.write(fd, b"1\n")
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        asked[rank] = (dump, before)
-    # A dump is written in pieces (a few MB): done once it is new and has not changed since
-    # the last look.
-    last = dict.fromkeys(asked)
-    done = set()
-    deadline = time.monotonic() + wait
-    while len(done) < len(asked) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        for rank, (dump, before) in asked.items():
-            now = _mtime(dump)
-            if now is not None and now[0] != before and now == last[rank]:
-                done.add(rank)
-            last[rank] = now
-    return _by_rank(asked), _by_rank(done)
-
-
-def _by_rank(ranks):
-    return sorted(ranks, key=lambda r: int(r) if r.isdigit() else r)
-
-
-def _mtime(path):
-    """(modification time, size), or None."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_mtime_ns, found.st_size
-
-
-def flight(rundir, ranks=None):
+def flight(rundir: str, ranks: Optional[Collection[str]] = None) -> List[Record]:
     """The dumps in the run's folder (``ranks``: only theirs): per rank, the last collective it
     entered, and per process group the last one it entered there (``groups``)."""
     import pickle  # only here: most runs have no dump
 
-    out = []
+    out: List[Record] = []
     try:
         names = sorted(n for n in os.listdir(rundir) if n.startswith(DUMP))
     except OSError:
@@ -120,10 +55,10 @@ def flight(rundir, ranks=None):
     return out
 
 
-def _status(found):
+def _status(found: Optional[Mapping[Any, Any]]) -> Dict[str, Tuple[int, int]]:
     """torch's ``pg_status`` (2.5 and later): {pg_id: (last entered, last completed)}; the
     numbers are text in a JSON dump."""
-    out = {}
+    out: Dict[str, Tuple[int, int]] = {}
     for pg, status in (found or {}).items():
         try:
             out[str(pg)] = (int(status["last_enqueued_collective"]),
@@ -133,12 +68,13 @@ def _status(found):
     return out
 
 
-def _groups(entries, status=None):
+def _groups(entries: Sequence[Dict[str, Any]],
+            status: Optional[Mapping[str, Tuple[int, int]]] = None) -> Dict[str, Last]:
     """{process group: {"seq", "collective", "state", "completed", "open"}}: the last collective
     entered in each (point-to-point records have their own numbering and are left out), the last
     one completed there (None where the dump has no ``pg_status``), and whether the last one
     entered is open: entered and not completed, so the rank waits for it or will."""
-    groups = {}
+    groups: Dict[str, Tuple[Last, Dict[str, Any]]] = {}
     for entry in entries:
         if entry.get("is_p2p"):
             continue
@@ -153,7 +89,7 @@ def _groups(entries, status=None):
         if isinstance(seq, int) and seq >= groups.get(name, ({"seq": -1}, None))[0]["seq"]:
             groups[name] = ({"seq": seq, "collective": str(entry.get("profiling_name") or "?"),
                              "state": entry.get("state")}, entry)
-    out = {}
+    out: Dict[str, Last] = {}
     for name, (last, entry) in groups.items():
         counts = (status or {}).get(str(entry.get("pg_id")))
         # torch marks a record retired once its collective completed (NCCL's watchdog, Gloo's
@@ -164,7 +100,7 @@ def _groups(entries, status=None):
     return out
 
 
-def key(record):
+def key(record: Record) -> Tuple[Any, Tuple[Tuple[str, Any, Any], ...]]:
     """What moves while a rank gets through its collectives: its newest record (point-to-point
     ones too) and, per process group, the last collective entered and completed."""
     return (record.get("last_id"), tuple(sorted(
@@ -172,21 +108,21 @@ def key(record):
         for name, last in (record.get("groups") or {}).items())))
 
 
-def waiting(record):
+def waiting(record: Record) -> bool:
     """Whether the rank entered a collective that has not completed, in any process group."""
     return any(last.get("open") for last in (record.get("groups") or {}).values())
 
 
-def behind(records):
+def behind(records: Sequence[Record]) -> List[Dict[str, Any]]:
     """The ranks that fell behind: in a process group, a rank whose last collective entered is
     older than the newest any rank of it entered. ``records``: ``flight``'s, from every host.
     Returns ``[{"rank", "node", "group", "seq", "collective", "ahead": {"seq", "collective"}}]``."""
-    newest = {}
+    newest: Dict[str, Last] = {}
     for record in records:
         for group, last in (record.get("groups") or {}).items():
             if last["seq"] > newest.get(group, {"seq": -1})["seq"]:
                 newest[group] = last
-    out = []
+    out: List[Dict[str, Any]] = []
     for record in records:
         for group, last in sorted((record.get("groups") or {}).items()):
             if last["seq"] < newest[group]["seq"]:
@@ -196,12 +132,13 @@ def behind(records):
     return out
 
 
-def lead(found, records):
+def lead(found: List[List[Dict[str, Any]]], records: Sequence[Record],
+         ) -> Tuple[List[List[Dict[str, Any]]], Dict[int, Dict[str, Any]]]:
     """The stall report's groups of ranks (remote/shared/stallreport.py) with each rank that fell
     behind its process group (``behind``) first, in a group of its own: the others wait for it,
     whatever the stacks say (a rank waiting for NCCL on a GPU spins in a CUDA synchronisation,
     often in the script's own line). Returns ``(groups, {rank: what behind says of it})``."""
-    late = {}
+    late: Dict[int, Dict[str, Any]] = {}
     for entry in behind(records):
         if str(entry["rank"]).isdigit():
             late.setdefault(int(entry["rank"]), entry)
@@ -212,7 +149,7 @@ def lead(found, records):
     return first + [members for members in rest if members], late
 
 
-def said(late):
+def said(late: Mapping[str, Any]) -> str:
     """One of ``behind``'s findings in words."""
     ahead = late["ahead"]
     return ("flight recorder: rank %s is behind in %s: it last entered %s #%s, the others got "

@@ -8,18 +8,26 @@ A failed pair is a ``(source, target, error)`` triple (preflight's ``Blocked`` i
 ``source`` could not connect to an ephemeral port of ``target``.
 """
 
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
 from clusterrun.remote.shared import stallreport
 
+# A failed pair: (source, target, error). The rule gives back the caller's own kind of triple.
+Pair = Tuple[str, str, str]
+P = TypeVar("P", bound=Pair)
+Fold = Callable[[Iterable[str]], str]
 
-def blamed(hosts, blocked):
+
+def blamed(hosts: Sequence[str], blocked: Sequence[P]) -> Dict[str, List[P]]:
     """``{host: its failed pairs}``: a pair is put on the host nobody reaches (its firewall or
     link), or on the host that reaches nobody (its egress); otherwise on the one connected to."""
-    incoming, outgoing = {}, {}
+    incoming: Dict[str, int] = {}
+    outgoing: Dict[str, int] = {}
     for source, target, _error in blocked:
         incoming[target] = incoming.get(target, 0) + 1
         outgoing[source] = outgoing.get(source, 0) + 1
     others = len(hosts) - 1
-    out = {}
+    out: Dict[str, List[P]] = {}
     for pair in blocked:
         source, target = pair[0], pair[1]
         if incoming[target] < others and outgoing[source] == others:
@@ -29,7 +37,8 @@ def blamed(hosts, blocked):
     return out
 
 
-def failed_pairs(name, address, mine, fold=stallreport.fold_hosts):
+def failed_pairs(name: str, address: Optional[str], mine: Sequence[Pair],
+                 fold: Fold = stallreport.fold_hosts) -> str:
     """What a host's failed pairs (``blamed()``'s for it) say: who cannot reach it, and whom it
     cannot reach. ``fold`` writes host names as one text (``node[1,3]``): the controller passes
     ClusterShell's, the hosts have the standard library's fold of the same form."""
@@ -45,14 +54,16 @@ def failed_pairs(name, address, mine, fold=stallreport.fold_hosts):
     return "; ".join(parts)
 
 
-def judge(hosts, blocked, addresses, untested=None, fold=stallreport.fold_hosts):
+def judge(hosts: Sequence[str], blocked: Iterable[Pair], addresses: Mapping[str, str],
+          untested: Optional[Mapping[str, str]] = None, fold: Fold = stallreport.fold_hosts,
+          ) -> Tuple[List[str], Dict[str, Any], Optional[str]]:
     """A stall's link re-test judged: ``(lines, record, host)``. The lines name each blamed
     host as a root cause, the host with the most failed pairs first (it is the one blamed,
     ``host``; None when no pair failed), or say the links are fine, then the hosts that could
     not be tested (``untested``: {host: why}; neither tested nor blamed)."""
     untested = untested or {}
-    blocked = sorted(blocked)  # by source, then target: as the pairs arrived on either side
-    blame = blamed(hosts, blocked)
+    pairs = sorted(blocked)  # by source, then target: as the pairs arrived on either side
+    blame = blamed(hosts, pairs)
     ranked = sorted(blame, key=lambda h: (-len(blame[h]), h))
     lines = [stallreport.LINKS_ROOT % name
              + failed_pairs(name, addresses.get(name), blame[name], fold) for name in ranked]
@@ -64,5 +75,5 @@ def judge(hosts, blocked, addresses, untested=None, fold=stallreport.fold_hosts)
     lines.extend("stall: links of %s not tested: %s" % (name, why)
                  for name, why in sorted(untested.items()))
     record = {"tested": sorted(hosts), "fine": fine, "blamed": ranked, "untested": untested,
-              "failed": [{"source": p[0], "target": p[1], "error": p[2]} for p in blocked]}
+              "failed": [{"source": p[0], "target": p[1], "error": p[2]} for p in pairs]}
     return lines, record, ranked[0] if ranked else None

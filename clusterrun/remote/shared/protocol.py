@@ -16,6 +16,7 @@ A program's stdout is a sequence of frames:
 """
 
 import json
+from typing import Any, Dict
 
 EVENT = b"J "
 DATA = b"D "
@@ -152,12 +153,12 @@ class Env:
     PRUNE = "prune"
 
 
-def event_frame(event):
+def event_frame(event: Dict[str, Any]) -> bytes:
     """An event (a dict with its KIND) as a frame."""
     return EVENT + json.dumps(event).encode() + b"\n"
 
 
-def data_frame(name, offset, data):
+def data_frame(name: str, offset: int, data: bytes) -> bytes:
     """``data``, found at ``offset`` in the file ``name``, as a frame."""
     header = {FILE: name, OFFSET: offset, LENGTH: len(data)}
     return DATA + json.dumps(header).encode() + b"\n" + data

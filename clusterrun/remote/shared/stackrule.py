@@ -4,7 +4,10 @@ supervisor's progress and profile on the hosts (stacks taken by remote/hostlib/p
 stall report, and the controller's `stacks` view.
 """
 
+from typing import Optional, Sequence
+
 from clusterrun.remote.shared import userframe
+from clusterrun.remote.shared.userframe import Frame, Thread
 
 # torch.distributed calls a rank waits in while its peers have not arrived (the "waiting group"
 # of a stall). A frame of one of these in torch/distributed marks the rank as waiting.
@@ -24,7 +27,7 @@ BACKWARD = frozenset(("_engine_run_backward", "run_backward", "backward"))
 # A main thread idle under these waits for a batch from its DataLoader's worker processes.
 DATALOADER = "torch/utils/data/"
 
-def peer_wait(frames, active=None):
+def peer_wait(frames: Sequence[Frame], active: Optional[bool] = None) -> Optional[str]:
     """Where a stack (frames outermost first, ``function`` and ``file`` each) waits for the
     rank's peers, or None. A collective or barrier of torch.distributed on the stack, running
     or not (NCCL's waiters may spin); or, with the thread idle (``active`` False), an innermost
@@ -33,23 +36,23 @@ def peer_wait(frames, active=None):
     for frame in reversed(frames):
         if (frame["function"].rsplit(".", 1)[-1] in COLLECTIVES
                 and "torch/distributed" in frame["file"]):
-            return frame["function"]
+            return str(frame["function"])
     if active is False and frames:
         inner = frames[-1]
         name = inner["function"].rsplit(".", 1)[-1]
         if "torch/autograd/" in inner["file"] and name in BACKWARD:
             return "backward (DDP's gradient all-reduce)"
         if "torch/distributed/" in inner["file"]:
-            return inner["function"]
+            return str(inner["function"])
     return None
 
 
-def data_wait(frames, active=None):
+def data_wait(frames: Sequence[Frame], active: Optional[bool] = None) -> bool:
     """Whether an idle stack waits for a batch from its DataLoader's worker processes."""
     return active is False and any(DATALOADER in f["file"] for f in frames)
 
 
-def waiting_in(threads):
+def waiting_in(threads: Sequence[Thread]) -> Optional[str]:
     """Where a rank's main thread waits for its peers (``peer_wait``), or None."""
     main = userframe.main_thread(threads)
     if main is None:

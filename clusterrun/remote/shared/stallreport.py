@@ -18,8 +18,14 @@ Recorder (NCCL on GPUs: remote/shared/flight.py ``lead``) comes first, odd, in a
 """
 
 import re
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from clusterrun.remote.shared import flight, stackrule, userframe
+from clusterrun.remote.shared.userframe import Frame
+
+# A rank as the report reads it (pystack.py's entry and its ``node``), and the record it keeps.
+Rank = Dict[str, Any]
+Record = Dict[str, Any]
 
 # The words of a blind report's first line, and so of its stop's detail: wire.RootCause reads
 # them to record a stopped stall that blames no host.
@@ -30,9 +36,9 @@ LINKS_FAIL = "its links fail: "
 LINKS_ROOT = "stall: root cause: %s's links fail: "
 
 
-def spans(numbers):
+def spans(numbers: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5"."""
-    out = []
+    out: List[List[int]] = []
     for n in sorted(numbers):
         if out and out[-1][1] == n - 1:
             out[-1][1] = n
@@ -44,11 +50,12 @@ def spans(numbers):
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
 
-def fold_hosts(names):
+def fold_hosts(names: Iterable[str]) -> str:
     """node1,node2,node3,gpu07 -> "gpu07,node[1-3]": names that differ in their last number
     only are folded, zero padding kept, as ClusterShell's NodeSet folds such names (the
     controller folds with NodeSet itself; the hosts have only the standard library)."""
-    by_prefix, plain = {}, []
+    by_prefix: Dict[str, List[str]] = {}
+    plain: List[str] = []
     for name in sorted(set(names)):
         found = _NUMBERED.match(name)
         if found:
@@ -57,7 +64,7 @@ def fold_hosts(names):
             plain.append(name)
     parts = [(name, name) for name in plain]
     for prefix, digits in by_prefix.items():
-        runs = []  # [first, last] as text; a run keeps one width (01-03, not 1-03)
+        runs: List[List[str]] = []  # [first, last] as text; a run keeps one width (01-03, not 1-03)
         for text in sorted(digits, key=lambda d: (int(d), d)):
             last = runs[-1][1] if runs else None
             if last is not None and int(text) == int(last) + 1 and (
@@ -71,21 +78,21 @@ def fold_hosts(names):
     return ",".join(text for _key, text in sorted(parts))
 
 
-def main_stack(rank):
+def main_stack(rank: Rank) -> Tuple[List[Frame], Optional[bool]]:
     """The rank's main thread's frames (outermost first) and py-spy's running flag."""
     main = userframe.main_thread(rank.get("threads") or []) or {}
     return main.get("frames") or [], main.get("active")
 
 
-def waits_in(rank):
+def waits_in(rank: Rank) -> Optional[str]:
     """Where the rank's main thread waits for its peers (remote/hostlib/pystack.py), or None."""
     return stackrule.peer_wait(*main_stack(rank))
 
 
-def innermost(rank):
+def innermost(rank: Rank) -> str:
     """The frame a rank is in: ``sleep (job.py:3)``."""
     if rank.get("error"):
-        return rank["error"]
+        return str(rank["error"])
     frames = main_stack(rank)[0]
     if not frames:
         return "no Python frames"
@@ -93,9 +100,9 @@ def innermost(rank):
     return "%s (%s:%d)" % (inner["function"], inner["file"].rsplit("/", 1)[-1], inner["line"])
 
 
-def groups(ranks):
+def groups(ranks: Iterable[Rank]) -> List[List[Rank]]:
     """The ranks whose stacks were read, grouped by identical stack, odd ones out first."""
-    found = {}
+    found: Dict[Tuple[bool, Tuple[Tuple[str, str, int], ...]], List[Rank]] = {}
     for rank in sorted(ranks, key=lambda r: r["rank"]):
         frames = main_stack(rank)[0]
         key = (rank.get("state") == "T",
@@ -105,8 +112,10 @@ def groups(ranks):
                                                  g[0]["rank"]))
 
 
-def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans, *,
-          records=()):
+def build(ranks: Sequence[Rank], timeout: float, problems: Optional[Mapping[str, str]] = None,
+          fold_nodes: Callable[[List[str]], str] = fold_hosts,
+          fold_ranks: Callable[[List[int]], str] = spans, *,
+          records: Iterable[flight.Record] = ()) -> Tuple[List[str], Record]:
     """``(lines, record)``: the report, odd ranks out first, then the waiting group, then what
     could not be seen; the record has ``odd`` (rank, node, pid, frame, last line, stopped,
     where), ``waiting`` (ranks, in) and ``blind``. ``problems``: {host: why it gave no stacks}.
@@ -123,7 +132,8 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
         "" if len(found) == 1 else "s")]
     found, late = flight.lead(found, list(records) + [r["flight"] for r in ranks
                                                       if r.get("flight")])
-    odd, waiting = [], None
+    odd: List[Dict[str, Any]] = []
+    waiting: Optional[Dict[str, Any]] = None
     for index, members in enumerate(found):
         wait = waits_in(members[0])
         # Outside a collective: the user's own line where there is one (a DataLoader's wait
@@ -159,7 +169,8 @@ def build(ranks, timeout, problems=None, fold_nodes=fold_hosts, fold_ranks=spans
     return out, {"timeout": timeout, "odd": odd, "waiting": waiting}
 
 
-def blind(ranks, timeout, problems=None):
+def blind(ranks: Sequence[Rank], timeout: float,
+          problems: Optional[Mapping[str, str]] = None) -> List[str]:
     """No rank's stack could be read (no py-spy there, no permission): what could not be seen,
     per host and per rank, and no rank or host named as the cause."""
     out = ["stall: no rank made progress for %s s; %s" % ("%g" % timeout, BLIND)]
@@ -174,19 +185,19 @@ def blind(ranks, timeout, problems=None):
     return out
 
 
-def odd_node(record):
+def odd_node(record: Record) -> Optional[str]:
     """The host of the first odd rank out, or None (none stood out, or none could be seen)."""
     return record["odd"][0]["node"] if record.get("odd") else None
 
 
-def stop_detail(lines):
+def stop_detail(lines: Sequence[str]) -> str:
     """The failure a stopped stall records: its odd rank out, or the report's first line."""
     odd = [x for x in lines if "odd one out" in x]
     return ("stalled, %s" % (odd[0] if odd else lines[0] if lines else "no progress")
             ).replace("stall: ", "", 1)
 
 
-def stop(lines, record):
+def stop(lines: Sequence[str], record: Record) -> Tuple[Optional[str], str]:
     """``(host, detail)``: the host a stall stopped with --on-stall stop fails, and the detail
     of its failure (wire.RootCause reads the blamed host and rank back from it). The first odd
     rank's host; with none, the first host whose links failed the re-test (``record["links"]``,

@@ -19,6 +19,8 @@ and by the hub (remote/node/stallwatch.py ``Watch``), which then gathers every r
 peers.
 """
 
+from typing import Mapping, Optional
+
 from clusterrun.remote.shared import timing
 
 REPORT = 2.0  # seconds between reports of a node's quiet time
@@ -26,7 +28,7 @@ STACKS_WAIT = 20.0  # the hub waits this long for the peers' stacks
 STATUS = 7  # the exit status of a stall ended by --on-stall stop (docs/exit-status.md)
 
 
-def stalled(quiet, timeout):
+def stalled(quiet: Mapping[str, Optional[float]], timeout: float) -> bool:
     """THE rule: a watchdog that is on, every node heard from, and none of them has had a rank
     make progress for ``timeout`` seconds. ``quiet``: node -> seconds (None: not heard yet)."""
     return (timeout > 0 and bool(quiet)

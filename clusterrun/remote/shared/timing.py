@@ -9,12 +9,12 @@ bare, a look due now is put off by a whole period, or a boundary falls the other
 here allows ``SLACK``, far above that rounding at any uptime and far below any period.
 """
 
+from typing import Optional
+
 SLACK = 1e-6  # seconds
 
-# Typed (the controller calls these too), in annotations Python 3.6 reads.
 
-
-def due(now: float, since: "float | None", every: float) -> bool:
+def due(now: float, since: Optional[float], every: float) -> bool:
     """Whether ``every`` seconds have passed from ``since`` to ``now`` (``since`` None: never
     done, so due)."""
     return since is None or now - since >= every - SLACK

@@ -17,7 +17,7 @@ import time
 
 from clusterrun.remote.hostlib import hostio, mainloop, procs
 from clusterrun.remote.hostlib.hostio import Cause, Phase
-from clusterrun.remote.shared import protocol
+from clusterrun.remote.shared import layout, protocol
 
 
 class Exec:
@@ -39,7 +39,7 @@ class Exec:
     def start(self):
         shell = os.environ.get("SHELL") or "/bin/sh"
         fds = [os.open(os.path.join(self.folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                       0o600) for name in ("stdout", "stderr")]
+                       0o600) for name in (layout.EXEC_OUT, layout.EXEC_ERR)]
         home = os.path.expanduser("~")
         pid = self.tree.start([shell, "-c", self.req["command"]], dict(os.environ),
                               home if os.path.isdir(home) else "/", fds[0], fds[1])

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from clusterrun.remote.hostlib import cgroup, hostio, procs, pystack
+from clusterrun.remote.hostlib import procs, pystack
 from clusterrun.remote.probe import nvidia
-from clusterrun.remote.shared import protocol, timing
+from clusterrun.remote.shared import layout, nodestate, protocol, timing
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -187,24 +187,12 @@ class GpuPoll:
                                                       ""))}
 
 
-def rank_roots(state):
-    """Where the ranks are below (as `stacks` finds them): the launcher the supervisor
-    recorded, if it is still that process, and whatever is in the job's cgroup."""
-    roots = []
-    launcher = state.get("torchrun_pid")
-    if launcher and procs.start_time(launcher) == state.get("torchrun_start"):
-        roots.append(launcher)
-    if state.get("cgroup"):
-        roots.extend(cgroup.members(state["cgroup"]))
-    return roots
-
-
 class Sampler:
     def __init__(self, req):
         self.rundir = req["rundir"]
         self.interface = req.get("interface")
         self.ranks = list(range(req["ranks"][0], req["ranks"][1] + 1)) if req.get("ranks") else []
-        self.logs = {r: LogRate(os.path.join(self.rundir, "rank-%d.log" % r))
+        self.logs = {r: LogRate(os.path.join(self.rundir, layout.rank_log(r)))
                      for r in self.ranks}
         self.pids = {}  # rank -> (pid, start time)
         self.scanned = None  # when the ranks were last looked for (None: never)
@@ -219,14 +207,14 @@ class Sampler:
             del self.pids[rank]
         if len(self.pids) < len(self.ranks) and timing.due(now, self.scanned, RESCAN):
             self.scanned = now
-            for rank, pid in pystack.find_ranks(self.rundir, rank_roots(state)).items():
+            for rank, pid in pystack.find_ranks(self.rundir, procs.rank_roots(state)).items():
                 if rank in self.logs:
                     self.pids[rank] = (pid, procs.start_time(pid))
 
     def sample(self):
         now = time.monotonic()
-        state = procs.observed(hostio.read_json(os.path.join(self.rundir, "state.json")))
-        if state is not None and not state.get("ended_at"):
+        state = procs.observed(nodestate.read(self.rundir))
+        if state is not None and not state.ended:
             self.find_ranks(state, now)
         else:
             self.pids = {}
@@ -269,7 +257,7 @@ class Sampler:
                 "mem_total_mb": mem_total, "disk_free_mb": disk_free,
                 "load": [float(x) for x in load] or None, "gpus": self.gpu.latest,
                 "gpu_error": self.gpu.error, "interface_found": net is not None,
-                "state": (state or {}).get("state", "missing"),
+                "state": state.state if state is not None and state.state else "missing",
                 "hostname": os.uname()[1], "time": time.time()}
         return {protocol.KIND: protocol.SAMPLE, "host": host, "ranks": ranks}
 

@@ -11,8 +11,8 @@ import json
 import os
 import sys
 
-from clusterrun.remote.hostlib import cgroup, hostio, procs, pystack
-from clusterrun.remote.shared import flight, protocol
+from clusterrun.remote.hostlib import flightpipe, hostio, procs, pystack
+from clusterrun.remote.shared import flight, nodestate, protocol
 from clusterrun.remote.tools import profiler, toolcache
 
 
@@ -38,21 +38,14 @@ def pick_pyspy(req, stdin):
 def main(stdin):
     req = json.loads(stdin.readline())
     rundir = req["rundir"]
-    state = hostio.read_json(os.path.join(rundir, "state.json"))
+    state = nodestate.read(rundir)
     # uname's system and CPU: the controller ships its py-spy only where both match the binary.
     answer = {protocol.KIND: protocol.STACKS, "found": state is not None, "ranks": [],
               "system": os.uname()[0], "machine": os.uname()[4],
               "scope": pystack.ptrace_scope(), "uid": os.getuid(), "need_pyspy": False}
     state = procs.observed(state)
-    answer["state"] = (state or {}).get("state")
-    roots = []
-    if state and not state.get("ended_at"):
-        launcher = state.get("torchrun_pid")
-        if launcher and procs.start_time(launcher) == state.get("torchrun_start"):
-            roots.append(launcher)
-        group = state.get("cgroup")
-        if group:
-            roots.extend(cgroup.members(group))
+    answer["state"] = state.state if state is not None else None
+    roots = procs.rank_roots(state) if state is not None and not state.ended else []
     ranks = pystack.find_ranks(rundir, roots) if roots else {}
     wanted = req.get("ranks")
     if wanted is not None:
@@ -70,7 +63,7 @@ def main(stdin):
             for entry in answer["ranks"]:
                 entry["profile"] = shares.get(entry["rank"])
     if ranks:  # a live run: ranks with a Flight Recorder pipe (NCCL) dump it now
-        answer["flight_asked"] = flight.request(rundir)
+        answer["flight_asked"] = flightpipe.request(rundir)
     answer["flight"] = flight.flight(rundir)  # torch's Flight Recorder, if it dumped
     hostio.reply(answer)
 

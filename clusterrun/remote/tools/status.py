@@ -1,16 +1,16 @@
 """`clusterrun ps`: one run's state on this host (stdlib only, Python 3.6+)."""
 
 import json
-import os
 import sys
 
 from clusterrun.remote.hostlib import hostio, procs
-from clusterrun.remote.shared import protocol
+from clusterrun.remote.shared import nodestate, protocol
 
 
 def main(req):
-    state = hostio.read_json(os.path.join(req["rundir"], "state.json"))
-    hostio.reply({protocol.KIND: protocol.STATUS, "state": procs.observed(state)})
+    state = procs.observed(nodestate.read(req["rundir"]))
+    hostio.reply({protocol.KIND: protocol.STATUS,
+                  "state": state.raw if state is not None else None})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 import time
 
 from clusterrun.remote.hostlib import cgroup, hostio, procs
-from clusterrun.remote.shared import protocol
+from clusterrun.remote.shared import nodestate, protocol
 
 
 def end_cgroup(path):
@@ -26,26 +26,28 @@ def end_cgroup(path):
 
 
 def main(req):
-    path = os.path.join(req["rundir"], "state.json")
-    state = hostio.read_json(path)
+    rundir = req["rundir"]
+    state = nodestate.read(rundir)
     result = {protocol.KIND: protocol.STOPPED, "found": state is not None, "was": None,
               "state": None}
     if state is not None:
-        result["was"] = procs.observed(state).get("state")
+        result["was"] = procs.observed(state).state
         deadline = time.monotonic() + float(req.get("grace", protocol.GRACE)) + 10
-        if not state.get("ended_at") and procs.alive(state):
+        supervisor = state.supervisor_pid
+        if supervisor and not state.ended and procs.alive(state):
             sig = procs.FORCE_SIGNAL if req.get("force") else signal.SIGTERM
-            os.kill(state["supervisor_pid"], sig)
+            os.kill(supervisor, sig)
             while time.monotonic() < deadline and procs.alive(state):
                 time.sleep(0.2)
             if procs.alive(state):
-                os.kill(state["supervisor_pid"], procs.FORCE_SIGNAL)
+                os.kill(supervisor, procs.FORCE_SIGNAL)
                 time.sleep(2)
-        torchrun = state.get("torchrun_pid")
-        if torchrun and procs.start_time(torchrun) == state.get("torchrun_start"):
+        torchrun = state.torchrun_pid
+        if torchrun and procs.launcher_alive(state):
             procs.signal_all([*procs.descendants(torchrun), torchrun], signal.SIGKILL)
-        end_cgroup(state.get("cgroup"))
-        result["state"] = procs.observed(hostio.read_json(path))
+        end_cgroup(state.cgroup)
+        after = procs.observed(nodestate.read(rundir))
+        result["state"] = after.raw if after is not None else None
     hostio.reply(result)
 
 

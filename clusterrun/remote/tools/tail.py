@@ -9,9 +9,7 @@ import os
 import sys
 
 from clusterrun.remote.hostlib import hostio, mainloop, procs
-from clusterrun.remote.shared import protocol
-
-FINAL_KEYS = ("state", "exit_code", "reason", "cause", "ranks", "root_cause", "ended_at")
+from clusterrun.remote.shared import nodestate, protocol
 
 
 def main(req):
@@ -19,7 +17,6 @@ def main(req):
     if not os.path.isdir(rundir):
         hostio.reply({protocol.KIND: protocol.END, "state": "missing"})
         return
-    path = os.path.join(rundir, "state.json")
     writer = hostio.Writer(hostio.Clock(), rundir, req.get("offsets"),
                            heartbeat=float(req.get("heartbeat", 2)))
     writer.start()
@@ -28,17 +25,16 @@ def main(req):
     mainloop.Lifeline(loop, lambda _msg: None, lambda: gone.append(True))
     told = None  # the run's state as last told: a detached hub's stall comes and goes
     while req.get("follow") and not writer.broken and not gone:
-        state = hostio.read_json(path) or {}
-        if state.get("ended_at") or not procs.alive(state):
+        state = nodestate.read(rundir)
+        if state is None or state.ended or not procs.alive(state):
             break
-        now = {"state": state.get("state"), "stall": state.get("stall")}
+        now = {"state": state.state, "stall": state.stall}
         if now != told:
             told = now
             writer.event(protocol.STATUS, state=now)
         loop.once(0.2)
-    state = procs.observed(hostio.read_json(path)) or {}
-    final = {k: state.get(k) for k in FINAL_KEYS}
-    final["state"] = state.get("state", "unknown")
+    state = procs.observed(nodestate.read(rundir)) or nodestate.Snapshot({})
+    final = state.final()
     final["checksums"] = hostio.checksums(rundir)
     writer.end(**final)
     while not gone and not writer.finished.is_set():
