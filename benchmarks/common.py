@@ -97,6 +97,29 @@ def finish(prov: dict[str, object]) -> dict[str, object]:
     return prov
 
 
+def compiled(tree: Path) -> None:
+    """Byte-compile a tree's package as pip does on install, so that neither side of a comparison
+    pays for compiling from source on its first run."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "clusterrun")],
+                   check=True)
+
+
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """The repository at ``rev`` (a commit, tag or branch), compiled, in a temporary worktree:
+    the clusterrun a change is measured against, side by side in the same rounds."""
+    with tempfile.TemporaryDirectory(prefix="clusterrun-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--quiet", "--detach",
+                        str(tree), rev], check=True)
+        try:
+            compiled(tree)
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                           check=False)
+
+
 @contextlib.contextmanager
 def cluster(n: int, rc_file: Optional[Path] = None) -> Iterator[sandbox.Sandbox]:
     with tempfile.TemporaryDirectory(prefix="clusterrun-bench-") as tmp:

@@ -12,8 +12,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Optional
 
 from common import Sample, alternate, measure, ssh_argv
 
@@ -75,8 +76,23 @@ def _cli(sb: sandbox.Sandbox, *options: str) -> list[str]:
     return [sys.executable, "-m", "clusterrun", "launch", *options, str(sb.inventory)]
 
 
-def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int) -> dict[str, list[Sample]]:
-    """Benchmark 3: a 1-process-per-host gloo all-reduce."""
+def _on(tree: Optional[Path], env: dict[str, str]) -> dict[str, str]:
+    """``env`` running the clusterrun of ``tree`` (a baseline checkout), or this one's."""
+    return env if tree is None else dict(env, PYTHONPATH=str(tree))
+
+
+def named(baseline: Optional[tuple[str, Path]]) -> dict[str, Optional[Path]]:
+    """The clusterruns to measure: this checkout's, and the baseline's (--baseline REV)."""
+    trees: dict[str, Optional[Path]] = {"clusterrun launch": None}
+    if baseline is not None:
+        trees[f"clusterrun launch at {baseline[0]}"] = baseline[1]
+    return trees
+
+
+def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int,
+               trees: dict[str, Optional[Path]]) -> dict[str, list[Sample]]:
+    """Benchmark 3: a 1-process-per-host gloo all-reduce, by each of ``trees`` (see ``named``)
+    and by hand."""
     n, env = len(sb.hosts), home_env(folder)
     script = folder / "allreduce.py"
     master = sb.hosts[0].address
@@ -87,9 +103,9 @@ def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int) -> dict[str, list
             raise RuntimeError(f"{what}: not every rank agreed:\n{sample.stdout[-800:]}")
         return sample
 
-    def clusterrun() -> Sample:
-        return ok(measure([*_cli(sb, "--nproc-per-node", "1"), str(script)], sb=sb, env=env),
-                  "clusterrun launch")
+    def clusterrun(tree: Optional[Path]) -> Callable[[], Sample]:
+        return lambda: ok(measure([*_cli(sb, "--nproc-per-node", "1"), str(script)], sb=sb,
+                                  env=_on(tree, env)), "clusterrun launch")
 
     def by_hand() -> Sample:
         port = 29000 + int(time.time() * 1000) % 900
@@ -101,29 +117,33 @@ def end_to_end(sb: sandbox.Sandbox, folder: Path, repeat: int) -> dict[str, list
             parts.append(" ".join(ssh_argv(sb)) + f" {host.address} '{remote}' &")
         return ok(measure(["sh", "-c", " ".join(parts) + " wait"], sb=sb), "ssh + torchrun")
 
-    return alternate({"clusterrun launch": clusterrun, "parallel ssh + torchrun": by_hand},
-                     repeat)
+    candidates = {name: clusterrun(tree) for name, tree in trees.items()}
+    return alternate({**candidates, "parallel ssh + torchrun": by_hand}, repeat)
 
 
-def start(sb: sandbox.Sandbox, folder: Path, repeat: int) -> list[Sample]:
+def start(sb: sandbox.Sandbox, folder: Path, repeat: int,
+          trees: dict[str, Optional[Path]]) -> dict[str, list[Sample]]:
     """Benchmark 4: time until every rank of a script that does not import torch has started
-    (`extra["started"]`, from the command's start), and what the controller used."""
+    (`extra["started"]`, from the command's start), and what the controller used, by each of
+    ``trees`` in alternating rounds."""
     env = home_env(folder)
     n = len(sb.hosts)
-    samples = []
+    samples: dict[str, list[Sample]] = {name: [] for name in trees}
 
     for round_ in range(repeat):
-        t0 = time.time()
-        sample = measure([*_cli(sb, "--no-torchrun", "--nproc-per-node", "1"),
-                          str(folder / "started.py")], sb=sb, env=env)
-        stamps = [float(m.group(1)) for m in re.finditer(r"\] started \d+ ([\d.]+)",
-                                                         sample.stdout)]
-        if len(stamps) != n:
-            raise RuntimeError(f"{len(stamps)} of {n} ranks started:\n{sample.stdout[-800:]}")
-        sample.extra["started"] = max(stamps) - t0
-        print(f"  round {round_ + 1}/{repeat} {n} hosts: all started after "
-              f"{sample.extra['started']:.2f} s, done after {sample.wall:.2f} s")
-        samples.append(sample)
+        for name, tree in trees.items():
+            t0 = time.time()
+            sample = measure([*_cli(sb, "--no-torchrun", "--nproc-per-node", "1"),
+                              str(folder / "started.py")], sb=sb, env=_on(tree, env))
+            stamps = [float(m.group(1)) for m in re.finditer(r"\] started \d+ ([\d.]+)",
+                                                             sample.stdout)]
+            if len(stamps) != n:
+                raise RuntimeError(f"{name}: {len(stamps)} of {n} ranks started:\n"
+                                   f"{sample.stdout[-800:]}")
+            sample.extra["started"] = max(stamps) - t0
+            print(f"  round {round_ + 1}/{repeat} {name}, {n} hosts: all started after "
+                  f"{sample.extra['started']:.2f} s, done after {sample.wall:.2f} s")
+            samples[name].append(sample)
     return samples
 
 

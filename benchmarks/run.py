@@ -9,6 +9,8 @@ parallel ssh + torchrun), start (a script without torch on --start-hosts hosts, 
 logs (4 hosts x 2 ranks printing --log-mb MB as fast as they can, every line counted), rc
 (exec, check and launch on --rc-hosts hosts whose ~/.bashrc starts a Python on every login, as
 a `conda init` block does, next to clush and the hand-typed floor, with each host's logins).
+`--baseline REV` adds clusterrun at another commit to launch and start, in the same rounds, so
+that a change is compared with what it replaces in one run.
 
 Candidates run in alternating rounds (A B C A B C ...) and the tables give medians: compare the
 ratios, not absolute seconds, which depend on the machine and on what else runs on it.
@@ -21,9 +23,11 @@ the exact command (common.provenance).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import common
 import fanout
@@ -54,16 +58,25 @@ def _fanout(sizes: list[int], chosen: list[str], args: argparse.Namespace, secti
 
 def _launch(chosen: list[str], args: argparse.Namespace, sections: Sections,
             raw: dict[str, object]) -> None:
+    with contextlib.ExitStack() as stack:
+        baseline = None
+        if args.baseline:
+            baseline = (args.baseline, stack.enter_context(common.checkout(args.baseline)))
+        _launches(chosen, args, launch.named(baseline), sections, raw)
+
+
+def _launches(chosen: list[str], args: argparse.Namespace, trees: dict[str, Optional[Path]],
+              sections: Sections, raw: dict[str, object]) -> None:
     starts = {}
     with launch.payloads() as folder, common.cluster(4) as sb:
         if "launch" in chosen:
             print("launch, 4 hosts", flush=True)
-            results = launch.end_to_end(sb, folder, args.repeat)
+            results = launch.end_to_end(sb, folder, args.repeat, trees)
             sections.append(("Launch end to end", report.launch_table(results)))
             raw["launch"] = results
         if "start" in chosen:
             print("start, 4 hosts", flush=True)
-            starts[4] = launch.start(sb, folder, args.repeat)
+            starts[4] = launch.start(sb, folder, args.repeat, trees)
         if "logs" in chosen:
             print(f"logs, 4 hosts x 2 ranks, {args.log_mb:g} MB", flush=True)
             samples = launch.throughput(sb, folder, args.repeat, args.log_mb)
@@ -72,7 +85,7 @@ def _launch(chosen: list[str], args: argparse.Namespace, sections: Sections,
     if "start" in chosen:
         with launch.payloads() as folder, common.cluster(args.start_hosts) as sb:
             print(f"start, {args.start_hosts} hosts", flush=True)
-            starts[args.start_hosts] = launch.start(sb, folder, args.repeat)
+            starts[args.start_hosts] = launch.start(sb, folder, args.repeat, trees)
         sections.append(("Start of a script without torch (`--no-torchrun`)",
                          report.start_table(starts)))
         raw["start"] = starts
@@ -91,6 +104,10 @@ def main() -> int:
                         help="host counts for the rc benchmark (default: 8,32)")
     parser.add_argument("--log-mb", type=float, default=100.0,
                         help="megabytes the logs benchmark prints in all (default: 100)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure launch and start with clusterrun at REV (a commit, "
+                        "tag or branch, checked out and compiled beside this one), in the same "
+                        "alternating rounds")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.md",
                         help="the Markdown tables (default: benchmarks/results.md); raw "
                         "samples go next to it as .json")
@@ -103,6 +120,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)}: pick from {', '.join(BENCHMARKS)}")
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    common.compiled(common.REPO)  # as pip installs it: with .pyc, not compiled on each run
     prov = common.provenance()
     sections: Sections = []
     notes: list[str] = []
