@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.envs import hostsite, wheels
+from clusterrun.envs.hoststatus import HostStatus
 from clusterrun.envs.platforms import Platform
-from clusterrun.envs.verify import env_hash
 from clusterrun.envs.wheels import Wheel
 from clusterrun.errors import PreflightError, SyncError, UnreachableError
 from clusterrun.inventory import HostSpec, Inventory
@@ -24,7 +24,9 @@ class HostEnv:
 
     spec: HostSpec  # as the inventory says (its `python:` is the base interpreter)
     state: str = FAILED
-    status: dict[str, Any] = field(default_factory=dict)
+    # pyenv.py's status as the host sent it (or preflight's probe, envs/warm.py), read as
+    # ``found``; a later reply (the relay's address, the build's environment) is merged in.
+    status: dict[str, object] = field(default_factory=dict)
     platform: Optional[Platform] = None
     wheels: list[Wheel] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # sha256s its store lacks
@@ -46,8 +48,13 @@ class HostEnv:
         return self.spec.environment
 
     @property
+    def found(self) -> HostStatus:
+        """``status`` read: read again at each use, as a test or a later reply may change it."""
+        return HostStatus.from_json(self.status)
+
+    @property
     def path(self) -> str:
-        workdir = self.status.get("workdir") or self.spec.workdir
+        workdir = self.found.workdir or self.spec.workdir
         return f"{workdir}/envs/{self.env.digest}"
 
     @property
@@ -61,10 +68,12 @@ class HostEnv:
     def expected(self) -> list[str]:
         return sorted(w.dist for w in self.wheels if w.name != wheels.UV.name)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
+        """This host's object in `env --json` (docs/commands.md names its keys)."""
+        built = self.found.env
         return {"name": self.spec.name, "state": self.state, "lock": self.env.digest,
                 "path": self.path, "platform": self.platform.label if self.platform else None,
-                "hash": env_hash(self.status.get("env")), "drift": self.drift,
+                "hash": built.hash if built is not None else None, "drift": self.drift,
                 "problem": self.problem, "received_bytes": self.received,
                 "fetched_bytes": self.fetched, "build_seconds": self.seconds,
                 **hostsite.origins(self)}
