@@ -57,7 +57,7 @@ class Platform:
     def wheel_tags(self) -> list[tuple[str, str, str]]:
         """Every (interpreter, abi, platform) tag of a wheel that installs here, best first,
         as pip orders them: the lock's own wheels are chosen by it (envs/locked.py)."""
-        from packaging import tags
+        from packaging import tags  # only where the lock lists its wheels: a few ms otherwise
 
         version = tuple(int(x) for x in self.python.split("."))
         platforms = [*self.tags(), f"linux_{self.machine}"]
@@ -105,6 +105,7 @@ def python_refused(name: str, status: Mapping[str, object], env: PythonEnv) -> O
     where none fits the host's)."""
     if not env.requires_python:
         return None
+    # Only for a lock with requires-python: a few ms of every other launch's start.
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     found = HostStatus.from_json(status)

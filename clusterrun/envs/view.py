@@ -16,6 +16,7 @@ from clusterrun.envs.hostenv import (
     HostEnv,
     describe_problem,
 )
+from clusterrun.inventory.ranges import fold
 
 if TYPE_CHECKING:  # rich is loaded by Bars alone, on a terminal
     from rich.progress import TaskID
@@ -69,8 +70,6 @@ def what_to_do(report: EnvReport, inventory_path: str) -> Optional[str]:
     drifted = [h.spec.name for h in report.hosts if h.state == DRIFT and not h.built_here]
     if not missing and not drifted:
         return None
-    from clusterrun.inventory.ranges import fold
-
     found = " ".join(
         part for part in (f"The lock's environment is not built yet on {fold(missing)}."
                           if missing else "",
