@@ -4,6 +4,7 @@ and what a host that could not get its environment is told (describe_problem).""
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -15,7 +16,22 @@ from clusterrun.errors import PreflightError, SyncError, UnreachableError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
 
-READY, BUILT, DRIFT, MISSING, FAILED = "ready", "built", "drift", "missing", "failed"
+
+class EnvState(str, enum.Enum):
+    """A host's environment as the sync finds or leaves it (`env --json`'s ``state``)."""
+
+    READY = "ready"  # the lock's already: nothing moved
+    BUILT = "built"  # made the lock's by this sync
+    DRIFT = "drift"  # differs from the lock (after a build here: something else is at work)
+    MISSING = "missing"  # not built there yet
+    FAILED = "failed"  # it could not get it: ``problem`` says why
+
+    def __str__(self) -> str:  # its word, in messages and progress bars on any Python
+        return self.value
+
+
+READY, BUILT, DRIFT, MISSING, FAILED = (EnvState.READY, EnvState.BUILT, EnvState.DRIFT,
+                                        EnvState.MISSING, EnvState.FAILED)
 
 
 @dataclass
@@ -23,7 +39,7 @@ class HostEnv:
     """One host's environment: where it is, what it holds, what this sync did."""
 
     spec: HostSpec  # as the inventory says (its `python:` is the base interpreter)
-    state: str = FAILED
+    state: EnvState = FAILED
     # pyenv.py's status as the host sent it (or preflight's probe, envs/warm.py), read as
     # ``found``; a later reply (the relay's address, the build's environment) is merged in.
     status: dict[str, object] = field(default_factory=dict)
@@ -71,7 +87,7 @@ class HostEnv:
     def as_json(self) -> dict[str, object]:
         """This host's object in `env --json` (docs/commands.md names its keys)."""
         built = self.found.env
-        return {"name": self.spec.name, "state": self.state, "lock": self.env.digest,
+        return {"name": self.spec.name, "state": self.state.value, "lock": self.env.digest,
                 "path": self.path, "platform": self.platform.label if self.platform else None,
                 "hash": built.hash if built is not None else None, "drift": self.drift,
                 "problem": self.problem, "received_bytes": self.received,

@@ -189,14 +189,14 @@ class Sync:
         todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
         for host in self.hosts:
             if host not in todo or not build:
-                self.progress(host, host.state, 1.0)
+                self.progress(host, host.state.value, 1.0)
         if build and todo:
             self.say(f"environment {todo[0].env.digest}: building on "
                      f"{len(todo)} of {len(self.hosts)} host(s)")
             report.sent = self._ship(todo)
             self._build([h for h in todo if h.problem is None])
             for host in todo:
-                self.progress(host, host.state, 1.0)
+                self.progress(host, host.state.value, 1.0)
         return report
 
     def prune(self) -> None:
