@@ -4,18 +4,34 @@ and what a host that could not get its environment is told (describe_problem).""
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.envs import hostsite, wheels
+from clusterrun.envs.hoststatus import HostStatus
 from clusterrun.envs.platforms import Platform
-from clusterrun.envs.verify import env_hash
 from clusterrun.envs.wheels import Wheel
 from clusterrun.errors import PreflightError, SyncError, UnreachableError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.pylock import PythonEnv
 
-READY, BUILT, DRIFT, MISSING, FAILED = "ready", "built", "drift", "missing", "failed"
+
+class EnvState(str, enum.Enum):
+    """A host's environment as the sync finds or leaves it (`env --json`'s ``state``)."""
+
+    READY = "ready"  # the lock's already: nothing moved
+    BUILT = "built"  # made the lock's by this sync
+    DRIFT = "drift"  # differs from the lock (after a build here: something else is at work)
+    MISSING = "missing"  # not built there yet
+    FAILED = "failed"  # it could not get it: ``problem`` says why
+
+    def __str__(self) -> str:  # its word, in messages and progress bars on any Python
+        return self.value
+
+
+READY, BUILT, DRIFT, MISSING, FAILED = (EnvState.READY, EnvState.BUILT, EnvState.DRIFT,
+                                        EnvState.MISSING, EnvState.FAILED)
 
 
 @dataclass
@@ -23,8 +39,10 @@ class HostEnv:
     """One host's environment: where it is, what it holds, what this sync did."""
 
     spec: HostSpec  # as the inventory says (its `python:` is the base interpreter)
-    state: str = FAILED
-    status: dict[str, Any] = field(default_factory=dict)
+    state: EnvState = FAILED
+    # pyenv.py's status as the host sent it (or preflight's probe, envs/warm.py), read as
+    # ``found``; a later reply (the relay's address, the build's environment) is merged in.
+    status: dict[str, object] = field(default_factory=dict)
     platform: Optional[Platform] = None
     wheels: list[Wheel] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # sha256s its store lacks
@@ -46,8 +64,13 @@ class HostEnv:
         return self.spec.environment
 
     @property
+    def found(self) -> HostStatus:
+        """``status`` read: read again at each use, as a test or a later reply may change it."""
+        return HostStatus.from_json(self.status)
+
+    @property
     def path(self) -> str:
-        workdir = self.status.get("workdir") or self.spec.workdir
+        workdir = self.found.workdir or self.spec.workdir
         return f"{workdir}/envs/{self.env.digest}"
 
     @property
@@ -61,10 +84,12 @@ class HostEnv:
     def expected(self) -> list[str]:
         return sorted(w.dist for w in self.wheels if w.name != wheels.UV.name)
 
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.spec.name, "state": self.state, "lock": self.env.digest,
+    def as_json(self) -> dict[str, object]:
+        """This host's object in `env --json` (docs/commands.md names its keys)."""
+        built = self.found.env
+        return {"name": self.spec.name, "state": self.state.value, "lock": self.env.digest,
                 "path": self.path, "platform": self.platform.label if self.platform else None,
-                "hash": env_hash(self.status.get("env")), "drift": self.drift,
+                "hash": built.hash if built is not None else None, "drift": self.drift,
                 "problem": self.problem, "received_bytes": self.received,
                 "fetched_bytes": self.fetched, "build_seconds": self.seconds,
                 **hostsite.origins(self)}

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 from packaging.version import InvalidVersion, Version
 
+from clusterrun.envs.hoststatus import HostStatus
 from clusterrun.inventory import HostSpec
 from clusterrun.inventory.pylock import PythonEnv
 
@@ -20,7 +21,9 @@ class Host(Protocol):
     """A host's environment as sync.py's HostEnv holds it (imported from there, not here)."""
 
     spec: HostSpec
-    status: dict[str, Any]
+
+    @property
+    def found(self) -> HostStatus: ...
 
     @property
     def env(self) -> PythonEnv: ...
@@ -28,7 +31,7 @@ class Host(Protocol):
     def expected(self) -> list[str]: ...
 
 
-def asked(host: Host) -> dict[str, Any]:
+def asked(host: Host) -> dict[str, object]:
     """What pyenv.py's status is asked beside its own: the packages of the host's `python:`
     (the status may run in the environment's interpreter: the host's is named)."""
     if not host.env.system_site_packages:
@@ -70,7 +73,7 @@ def from_host(lock: Sequence[str], host: Mapping[str, str]) -> dict[str, str]:
 def refusal(host: Host) -> Optional[str]:
     """One paragraph refusing the host where the lock pins one of its own packages at another
     version; None where nothing clashes (or the host's packages are unknown)."""
-    found = conflicts(host.expected(), host.status.get("host_packages") or {})
+    found = conflicts(host.expected(), host.found.host_packages or {})
     if not found:
         return None
     said = "; ".join(f"{c.name}=={c.locked} in the lock, {c.name} {c.host} on the host"
@@ -88,7 +91,7 @@ def origins(host: Host) -> dict[str, Optional[list[str]]]:
     """`env --json`'s ``lock_packages`` and ``host_packages`` (``name==version``): what the
     environment takes from the host, none without `system_site_packages`, None where that is
     unknown (the host's status did not say)."""
-    found = host.status.get("host_packages")
+    found = host.found.host_packages
     taken = [] if not host.env.system_site_packages else None if found is None else [
         f"{n}=={v}" for n, v in from_host(host.expected(), found).items()]
     return {"lock_packages": host.expected(), "host_packages": taken}
@@ -96,7 +99,7 @@ def origins(host: Host) -> dict[str, Optional[list[str]]]:
 
 def summary(host: Host) -> str:
     """Which packages come from where, in a few words: torch named where the host has it."""
-    found = host.status.get("host_packages")
+    found = host.found.host_packages
     if not host.env.system_site_packages or found is None:
         return ""
     lock = host.expected()

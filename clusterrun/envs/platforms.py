@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
+from clusterrun.envs.hoststatus import HostStatus
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory.pylock import PythonEnv
 
@@ -55,7 +57,7 @@ class Platform:
     def wheel_tags(self) -> list[tuple[str, str, str]]:
         """Every (interpreter, abi, platform) tag of a wheel that installs here, best first,
         as pip orders them: the lock's own wheels are chosen by it (envs/locked.py)."""
-        from packaging import tags
+        from packaging import tags  # only where the lock lists its wheels: a few ms otherwise
 
         version = tuple(int(x) for x in self.python.split("."))
         platforms = [*self.tags(), f"linux_{self.machine}"]
@@ -80,39 +82,41 @@ class Platform:
         return out
 
 
-def from_status(name: str, status: dict[str, Any]) -> Platform:
+def from_status(name: str, status: Mapping[str, object]) -> Platform:
     """The platform a host's pyenv.py status reports; a host not on glibc Linux is refused."""
-    libc: Optional[str] = status.get("libc")
-    python = ".".join(str(status.get("python", "")).split(".")[:2])
-    if status.get("system") != "Linux" or not libc or not libc.startswith("glibc "):
+    found = HostStatus.from_json(status)
+    libc = found.libc
+    if found.system != "Linux" or not libc or not libc.startswith("glibc "):
         raise PlatformError(
             f"{name}: `environment:` needs a glibc Linux host (manylinux wheels); this one is "
-            f"{status.get('system')} with {libc or 'no glibc'}. Leave `environment:` out for it "
+            f"{found.system} with {libc or 'no glibc'}. Leave `environment:` out for it "
             "and install its packages there.")
     try:
         major, minor = (int(x) for x in libc.split()[1].split(".")[:2])
     except ValueError:
         raise PlatformError(f"{name}: cannot read its glibc version ({libc!r}).") from None
-    return Platform(python, str(status.get("machine")), (major, minor),
-                    str(status.get("python", "")))
+    return Platform(".".join(found.python.split(".")[:2]), str(found.machine), (major, minor),
+                    found.python)
 
 
-def python_refused(name: str, status: dict[str, Any], env: PythonEnv) -> Optional[str]:
+def python_refused(name: str, status: Mapping[str, object], env: PythonEnv) -> Optional[str]:
     """Why the host's Python is not one the lock allows (a uv project's requires-python), or
     None. A requirements lock says no Python of its own: its wheels do (wheels.py's message
     where none fits the host's)."""
     if not env.requires_python:
         return None
+    # Only for a lock with requires-python: a few ms of every other launch's start.
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    python = str(status.get("python", ""))
+    found = HostStatus.from_json(status)
+    python = found.python
     try:
         allowed = SpecifierSet(env.requires_python).contains(python, prereleases=True)
     except InvalidSpecifier:  # uvlock.py read it already: not reached
         return None
     if allowed:
         return None
-    where = status.get("python_path") or "its `python:`"
+    where = found.python_path or "its `python:`"
     return (f"{name}: its Python is {python} ({where}), and the lock ({env.lock}) allows only "
             f"Python {env.requires_python} (requires-python). Point the host's `python:` at an "
             "interpreter the lock allows, or change requires-python in the project's "

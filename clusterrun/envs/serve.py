@@ -7,9 +7,9 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
 
+from clusterrun.envs.hoststatus import HostStatus, Json
 from clusterrun.errors import PreflightError
 from clusterrun.inventory import AUTO, HostSpec, Inventory
 from clusterrun.remote.shared import protocol
@@ -17,7 +17,7 @@ from clusterrun.transport import programs
 from clusterrun.transport.base import Transport
 
 
-def address(inv: Inventory, relay: HostSpec, status: dict[str, Any]) -> str:
+def address(inv: Inventory, relay: HostSpec, status: Mapping[str, object]) -> str:
     """Where ``relay`` serves: its data address, as preflight picks the master's
     (preflight/decide.py's master_addr_from_facts): the inventory's master_addr, 127.0.0.1 when
     every host is this machine, its `interface:`'s IPv4 address (its status reports it), else
@@ -26,9 +26,8 @@ def address(inv: Inventory, relay: HostSpec, status: dict[str, Any]) -> str:
         return inv.master_addr
     if all(h.local for h in inv.hosts):
         return "127.0.0.1"
-    if status.get("interface_address"):
-        return str(status["interface_address"])
-    return str(status.get("ssh_server_address") or relay.host)
+    found = HostStatus.from_json(status)
+    return found.interface_address or found.ssh_server_address or relay.host
 
 
 @contextlib.contextmanager
@@ -52,7 +51,7 @@ def serving(transport: Transport, spec: HostSpec, bind: str,
         interp.proc.close()
 
 
-def _first_reply(interp: programs.Interpreter, timeout: float) -> dict[str, Any]:
+def _first_reply(interp: programs.Interpreter, timeout: float) -> Json:
     """The first JSON reply of a program that goes on running (wheelserve.py's port)."""
     out = bytearray()
     end = time.monotonic() + timeout

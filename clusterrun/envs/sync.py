@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from clusterrun.envs import hostsite, platforms, serve, wheels
 from clusterrun.envs.hostenv import (  # the hosts' states and report, named here for callers
@@ -32,12 +32,14 @@ from clusterrun.envs.hostenv import (  # the hosts' states and report, named her
     HostEnv,
     describe_problem,
 )
+from clusterrun.envs.hoststatus import Json
 from clusterrun.envs.platforms import Platform
 from clusterrun.envs.verify import differences
 from clusterrun.envs.wheels import Wheel
 from clusterrun.envs.workdirs import Workdirs
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import AUTO, Inventory
+from clusterrun.jsonfields import integer, number, strings, text
 from clusterrun.remote.shared.protocol import OP, Env
 from clusterrun.transport import parallel, programs
 from clusterrun.transport.pool import Connections
@@ -67,15 +69,17 @@ class Sync:
         self.workdirs = Workdirs(home / "wheels" / "hosts")
         self.hosts = [HostEnv(h) for h in inv.hosts if h.environment is not None]
 
-    def _call(self, host: HostEnv, request: dict[str, Any], timeout: float,
-              payload: Any = (), python: Optional[str] = None) -> dict[str, Any]:
+    def _call(self, host: HostEnv, request: Mapping[str, object], timeout: float,
+              payload: Iterable[bytes] = (), python: Optional[str] = None) -> Json:
+        """pyenv.py's reply to ``request`` (remote/shared/protocol.py's ``Env``); a refusal
+        raises, with the host's words (and the folder, where its disk is full)."""
         spec = host.spec
-        request = {"workdir": spec.workdir, "lock": host.env.digest, **request}
+        asked = {"workdir": spec.workdir, "lock": host.env.digest, **request}
         run_as = dataclasses.replace(spec, python=python) if python else spec
-        reply = programs.call(self.pool.get(spec), run_as, "pyenv.py", request, timeout,
-                              payload=payload, site=False)
+        reply: Json = programs.call(self.pool.get(spec), run_as, "pyenv.py", asked, timeout,
+                                    payload=payload, site=False)
         if reply.get("error"):
-            host.disk_full = reply.get("disk_full")
+            host.disk_full = text(reply.get("disk_full"))
             raise ClusterrunError(f"{spec.name}: {reply['error']}")
         return reply
 
@@ -90,7 +94,7 @@ class Sync:
                                                       else None)
 
     # 1. status
-    def _status(self, host: HostEnv) -> dict[str, Any]:
+    def _status(self, host: HostEnv) -> Json:
         """The host's status, asked of the lock's environment's own interpreter where the host
         built it before (its absolute workdir remembered here): a warm launch's probe then
         takes that interpreter's channel, and no base interpreter has to be ended first. Where
@@ -142,7 +146,7 @@ class Sync:
             for host in members:
                 host.wheels = found
                 host.problem = hostsite.refusal(host)  # a host's own package pinned otherwise
-                drift = differences(host.expected(), host.status["python"], host.status.get("env"))
+                drift = host.found.drift(host.expected())
                 host.drift = [] if drift == ["not built"] else drift
                 host.state = FAILED if host.problem else READY if not drift else (
                     MISSING if drift == ["not built"] else DRIFT)
@@ -185,22 +189,23 @@ class Sync:
         todo = [h for h in self.hosts if h.state in (MISSING, DRIFT)]
         for host in self.hosts:
             if host not in todo or not build:
-                self.progress(host, host.state, 1.0)
+                self.progress(host, host.state.value, 1.0)
         if build and todo:
             self.say(f"environment {todo[0].env.digest}: building on "
                      f"{len(todo)} of {len(self.hosts)} host(s)")
             report.sent = self._ship(todo)
             self._build([h for h in todo if h.problem is None])
             for host in todo:
-                self.progress(host, host.state, 1.0)
+                self.progress(host, host.state.value, 1.0)
         return report
 
     def prune(self) -> None:
         """Every environment but the lock's and the most recently used other one, removed."""
         def one(host: HostEnv) -> None:
             reply = self._call(host, {OP: Env.PRUNE, "keep": [host.env.digest]}, STATUS_SECONDS)
-            if reply.get("removed"):
-                self.say(f"{host.spec.name}: removed {', '.join(reply['removed'])}")
+            removed = strings(reply.get("removed"))
+            if removed:
+                self.say(f"{host.spec.name}: removed {', '.join(removed)}")
 
         self._each(one, [h for h in self.hosts if h.ok], STATUS_SECONDS + 30)
 
@@ -215,13 +220,13 @@ class Sync:
 
         def have(host: HostEnv) -> None:
             want = todo_wheels if host is relay else host.wheels
-            request: dict[str, Any] = {OP: Env.STATUS, "want": [w.item for w in want]}
+            request: Json = {OP: Env.STATUS, "want": [w.item for w in want]}
             if host is relay and relay.spec.interface != AUTO:  # where it serves the others
                 request["interface"] = relay.spec.interface
             reply = self._call(host, request, STATUS_SECONDS)
-            host.missing = reply["missing"]
+            host.missing = list(strings(reply.get("missing")))
             if host is relay:
-                host.status["interface_address"] = reply.get("interface_address")
+                host.status = {**host.status, "interface_address": reply.get("interface_address")}
 
         todo_wheels = list({w.sha: w for h in todo for w in h.wheels}.values())
         self._each(have, everyone, STATUS_SECONDS + 30)
@@ -277,7 +282,7 @@ class Sync:
         self.progress(host, f"fetching {len(files)} wheel(s) from the master", 0.3)
         reply = self._call(host, {OP: Env.FETCH, "url": url, "token": self._token,
                                   "files": files}, MOVE_SECONDS)
-        host.fetched = int(reply.get("fetched") or 0)
+        host.fetched = integer(reply.get("fetched")) or 0
 
     # 4. built
     def _build(self, hosts: list[HostEnv]) -> None:
@@ -291,12 +296,13 @@ class Sync:
                 # its markers are evaluated, its direct references are files in the store.
                 OP: Env.BUILD, "requirements": "".join(f"{w.dist}\n" for w in lock),
                 "files": [w.item for w in lock], "uv": uv.item,
-                "expected": host.expected(), "python": host.status["python"],
+                "expected": host.expected(), "python": host.found.python,
                 "system_site_packages": host.env.system_site_packages}, BUILD_SECONDS)
-            host.status["env"] = reply.get("env")
-            host.drift = differences(host.expected(), host.status["python"], reply.get("env"))
+            host.status = {**host.status, "env": reply.get("env")}
+            host.drift = host.found.drift(host.expected())
             host.state, host.built_here = (DRIFT if host.drift else BUILT), True
-            host.seconds = reply.get("seconds", round(time.monotonic() - started, 2)) \
+            took = number(reply.get("seconds"))
+            host.seconds = (round(time.monotonic() - started, 2) if took is None else took) \
                 if reply.get("built") else None
 
         self._each(one, hosts, BUILD_SECONDS + 60)

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
 
 from clusterrun.envs import hostsite
-from clusterrun.envs.hostenv import EnvReport, HostEnv, describe_problem
+from clusterrun.envs.hostenv import (
+    BUILT,
+    DRIFT,
+    FAILED,
+    MISSING,
+    READY,
+    EnvReport,
+    HostEnv,
+    describe_problem,
+)
+from clusterrun.inventory.ranges import fold
+
+if TYPE_CHECKING:  # rich is loaded by Bars alone, on a terminal
+    from rich.progress import TaskID
 
 
 def _mib(n: int) -> str:
@@ -17,15 +30,15 @@ def line(host: HostEnv) -> str:
     """One host in a line: its environment's path and what was found or done (and, with
     `system_site_packages`, which packages come from the lock and which from the host)."""
     head = f"{host.spec.name}: {host.path}"
-    if host.state == "ready":
+    if host.state == READY:
         return f"{head}  ready (the lock's, nothing moved){_sources(host)}"
-    if host.state == "built":
+    if host.state == BUILT:
         moved = host.received + host.fetched
         took = f" in {host.seconds:g} s" if host.seconds is not None else ""
         return f"{head}  built{took} ({_mib(moved)} of wheels moved here){_sources(host)}"
-    if host.state == "missing":
+    if host.state == MISSING:
         return f"{head}  not built yet"
-    if host.state == "drift" and not host.built_here:  # built and still not: its paragraph
+    if host.state == DRIFT and not host.built_here:  # built and still not: its paragraph
         return f"{head}  differs from the lock: " + "; ".join(host.drift)
     return "; ".join(describe_problem(host))
 
@@ -44,7 +57,7 @@ def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -
         if text in said:  # a platform's problem names all its hosts: said once
             continue
         said.add(text)
-        failed = host.state == "failed" or (host.state == "drift" and host.built_here)
+        failed = host.state == FAILED or (host.state == DRIFT and host.built_here)
         (err if err is not None and failed else out).write(text + "\n")
     if report.sent:
         out.write(f"sent {_mib(report.sent)} of wheels over this machine's link (once)\n")
@@ -53,12 +66,10 @@ def render_plain(report: EnvReport, out: TextIO, err: Optional[TextIO] = None) -
 def what_to_do(report: EnvReport, inventory_path: str) -> Optional[str]:
     """The fix where hosts lack the lock's environment or theirs differs from it (`check` and
     `env --check` change nothing): `clusterrun env`, which builds or rebuilds only those."""
-    missing = [h.spec.name for h in report.hosts if h.state == "missing"]
-    drifted = [h.spec.name for h in report.hosts if h.state == "drift" and not h.built_here]
+    missing = [h.spec.name for h in report.hosts if h.state == MISSING]
+    drifted = [h.spec.name for h in report.hosts if h.state == DRIFT and not h.built_here]
     if not missing and not drifted:
         return None
-    from clusterrun.inventory.ranges import fold
-
     found = " ".join(
         part for part in (f"The lock's environment is not built yet on {fold(missing)}."
                           if missing else "",
@@ -70,7 +81,8 @@ def what_to_do(report: EnvReport, inventory_path: str) -> Optional[str]:
             "`check` then checks the hosts with that environment's interpreter.")
 
 
-def as_json(report: EnvReport) -> dict[str, Any]:
+def as_json(report: EnvReport) -> dict[str, object]:
+    """`env --json`'s object, and `check --json`'s ``environment`` (docs/commands.md)."""
     return {"ok": report.ok, "sent_bytes": report.sent,
             "hosts": [h.as_json() for h in report.hosts]}
 
@@ -107,7 +119,7 @@ class Bars:
         self.bars = Progress(TextColumn("{task.fields[host]}"), BarColumn(),
                              TextColumn("{task.description}"),
                              console=Console(stderr=True), transient=True)
-        self.tasks: dict[str, Any] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> Bars:
         self.bars.start()

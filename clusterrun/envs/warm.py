@@ -6,8 +6,9 @@ environment's interpreter, and the probe reports the lock's environment with its
 (remote/probe/envstate.py: the same platform and distributions as pyenv.py's status). A host whose
 environment is the lock's is ready exactly as its status would have made it. Where any is not
 (never built, drifted, its interpreter gone, the host unreachable or its probe failing),
-preflight stops after the facts (``NotWarm``) and the sync runs for those hosts as it does
-without this (status, wheels, build, the same messages and exit statuses), then preflight again.
+preflight stops after the facts (``ready`` says no) and the sync runs for those hosts as it
+does without this (``rest``: status, wheels, build, the same messages and exit statuses), then
+preflight again.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from clusterrun.envs import platforms, wheels
 from clusterrun.envs.hostenv import READY, EnvReport, HostEnv
+from clusterrun.envs.hoststatus import HostStatus, Json
 from clusterrun.envs.platforms import Platform, PlatformError
 from clusterrun.envs.sync import Sync
-from clusterrun.envs.verify import differences
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.pylock import PythonEnv
 from clusterrun.preflight.report import HostReport
@@ -30,14 +31,9 @@ from clusterrun.transport import programs
 from clusterrun.transport.pool import Connections
 
 
-class NotWarm(Exception):
-    """Preflight stopped after the facts: a host's environment is not (known to be) the
-    lock's."""
-
-
 class Warm:
-    """``check(on_facts=warm.gate(...), after_facts=warm.after_facts)`` over ``inventory()``;
-    on ``NotWarm``, ``rest()`` is the sync of the hosts left."""
+    """``check(on_facts=warm.gate(...), after_facts=warm.ready)`` over ``inventory()``; where
+    ``ready`` stopped preflight, ``rest()`` is the sync of the hosts left."""
 
     def __init__(self, sync: Sync, pool: Connections, workdirs: dict[str, str]) -> None:
         self.sync = sync
@@ -67,7 +63,7 @@ class Warm:
         return f"{self.workdirs[host.spec.name]}/envs/{host.env.digest}/bin/python"
 
     def report(self) -> EnvReport:
-        """The environments, every one ready once ``after_facts`` has let preflight go on."""
+        """The environments, every one ready once ``ready`` has let preflight go on."""
         return EnvReport(self.sync.hosts)
 
     def gate(self, on_facts: Optional[Callable[[HostReport], None]]
@@ -86,12 +82,15 @@ class Warm:
         host = self._by_name.get(report.spec.name)
         if host is None:  # no `environment:` (or a spare): nothing to judge
             return True
-        found = report.facts.get("pyenv")
-        if report.outcome is not None or not isinstance(found, dict) \
-                or found.get("workdir") != self.workdirs[host.spec.name]:
+        pyenv = report.facts.get("pyenv")
+        if report.outcome is not None or not isinstance(pyenv, dict):
             return False
-        status: dict[str, Any] = dict(found, python_path=report.facts.get("python_path"),
-                                      ssh_server_address=report.facts.get("ssh_server_address"))
+        # The status pyenv.py would have given, from the facts of the same interpreter.
+        status: Json = dict(pyenv, python_path=report.facts.get("python_path"),
+                            ssh_server_address=report.facts.get("ssh_server_address"))
+        found = HostStatus.from_json(status)
+        if found.workdir != self.workdirs[host.spec.name]:
+            return False
         try:
             platform = platforms.from_status(host.spec.name, status)
         except PlatformError:  # said by the sync, as without this
@@ -102,7 +101,7 @@ class Warm:
         if lock is None:
             return False
         expected = sorted(w.dist for w in lock if w.name != wheels.UV.name)
-        if differences(expected, str(status.get("python")), status.get("env")):
+        if found.drift(expected):
             return False
         host.status, host.platform, host.wheels = status, platform, lock
         host.state, host.drift, host.in_env = READY, [], True
@@ -115,10 +114,11 @@ class Warm:
                 self._wheels[key] = wheels.cached(self.sync.cache, env, platform)
             return self._wheels[key]
 
-    def after_facts(self, reports: Sequence[HostReport]) -> None:
+    def ready(self, reports: Sequence[HostReport]) -> bool:
+        """Whether every checked host's environment is the lock's, once their facts are in:
+        preflight goes on past the facts only then."""
         names = {r.spec.name for r in reports}
-        if any(h.state != READY for h in self.sync.hosts if h.spec.name in names):
-            raise NotWarm()
+        return all(h.state == READY for h in self.sync.hosts if h.spec.name in names)
 
     def rest(self, *, build: bool) -> EnvReport:
         """The sync of the hosts that were not ready (their status, the wheels, their build

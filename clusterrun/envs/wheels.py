@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from clusterrun.envs import locked
 from clusterrun.envs.platforms import Platform
@@ -44,7 +44,7 @@ class Wheel:
     size: int
 
     @property
-    def item(self) -> dict[str, Any]:
+    def item(self) -> dict[str, object]:
         """As the host programs take it."""
         return {"sha": self.sha, "name": self.filename, "size": self.size}
 

@@ -1,12 +1,15 @@
-"""`clusterrun launch`: check, plan, then the attempt loop (launch/loop.py): sync, start,
-stream, tear down, report."""
+"""`clusterrun launch`, in four steps, each handing the next its answer: the hosts'
+environments (``Environments``), the checks (``Checked``, or ``Stale`` where preflight's facts
+show an environment a warm launch took to be ready is not), the plan, and the attempt loop
+(launch/loop.py: sync, start, stream, tear down, report)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Callable, Optional, TextIO, Union
 
 from clusterrun.errors import PreflightError, Result, UnreachableError, UsageError
 from clusterrun.inventory import Inventory
@@ -25,8 +28,8 @@ from clusterrun.preflight.report import CheckReport
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
 
-if TYPE_CHECKING:  # environments are imported when an inventory has one (launch's start time)
-    from clusterrun.envs.sync import EnvReport
+if TYPE_CHECKING:  # envs/ is imported where an inventory has `environment:` (see _environments)
+    from clusterrun.envs.hostenv import EnvReport
     from clusterrun.envs.warm import Warm
 
 __all__ = ["LaunchOptions", "execute", "job_for", "run"]
@@ -60,7 +63,128 @@ def _sayer(err: TextIO) -> Callable[[str], None]:
     return say
 
 
-def _judge(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport:
+@dataclass(frozen=True)
+class Environments:
+    """The environment step's answer, what the checks take: the inventory to check (each
+    `environment:` host's `python:` its environment's interpreter), the hosts' environments
+    (None without `environment:`), and ``warm`` where they are only taken to be ready, to be
+    judged by preflight's own facts (envs/warm.py)."""
+
+    inventory: Inventory
+    report: Optional[EnvReport] = None
+    warm: Optional[Warm] = None
+
+    @property
+    def lock(self) -> Optional[str]:
+        """The lock's hash, for summary.json."""
+        return self.report.lock if self.report is not None else None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The checks' answer: the launch's attempt loop, its first attempt's hosts as checked
+    (a failure has stopped the launch, unless --no-check), and their environments."""
+
+    loop: AttemptLoop
+    report: CheckReport
+    envs: Environments
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The checks' other answer: preflight stopped after the facts, as a host's environment
+    that a warm launch took to be ready is not the lock's (``inventory``: as checked)."""
+
+    warm: Warm
+    inventory: Inventory
+
+
+def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
+        out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> Result:
+    """The environments, the checks, the plan and the attempts (or, with --dry-run, the plan
+    printed)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    sources = EnvSources(extra=dict(opts.env), forward=opts.forward_env,
+                         env_file=Path(opts.env_file) if opts.env_file else None)
+    if sources.env_file is not None:  # a bad env file is refused before any host is contacted
+        environment.read_env_file(sources.env_file)
+    if opts.master_port is not None:
+        inv = dataclasses.replace(inv, master_port=opts.master_port)
+    # One connection per host, opened by the first program there and reused by the checks,
+    # the sync and the supervisors.
+    with Connections(ssh) as pool:
+        envs = _environments(inv, pool, home, dry_run=opts.dry_run, say=_sayer(err))
+        checked = _checks(envs, job, pool, sources, opts=opts, out=out, err=err)
+        if isinstance(checked, Stale):  # built as without a warm start, then checked in it
+            envs = _rebuilt(checked, dry_run=opts.dry_run)
+            checked = _checks(envs, job, pool, sources, opts=opts, out=out, err=err)
+        assert isinstance(checked, Checked)  # built: nothing is taken to be ready any more
+        plan = checked.loop.plan(1, checked.report, None)
+        if opts.dry_run:
+            return _show(plan, checked, out=out)
+        return checked.loop.run(plan, checked.report, home)
+
+
+def _environments(inv: Inventory, pool: Connections, home: Path, *, dry_run: bool,
+                  say: Callable[[str], None]) -> Environments:
+    """The hosts' `environment:` before anything is checked or started. Where every such
+    host's workdir is known here, their environments are taken to be ready and preflight's
+    probe, run in each environment's interpreter, judges them (a warm launch asks no status of
+    its own); else each is made the lock's now (a dry run only looks)."""
+    if not any(h.environment for h in inv.hosts):
+        return Environments(inv)
+    # Here, not at the top: a launch without `environment:` does not load envs/ (about 30 ms
+    # of its start, measured with and without on this package).
+    from clusterrun.envs import sync as envsync
+    from clusterrun.envs.warm import Warm
+
+    warm = Warm.of(inv, pool, home, say=say)
+    if warm is not None:
+        return Environments(warm.inventory(inv), warm.report(), warm)
+    return _made(envsync.sync(inv, pool, home, build=not dry_run, say=say), inv,
+                 dry_run=dry_run)
+
+
+def _rebuilt(stale: Stale, *, dry_run: bool) -> Environments:
+    """After a ``Stale`` check: the hosts whose environment is not the lock's get it as
+    without a warm start (their status, the wheels, the build; a dry run only looks)."""
+    return _made(stale.warm.rest(build=not dry_run), stale.inventory, dry_run=dry_run)
+
+
+def _made(found: EnvReport, inv: Inventory, *, dry_run: bool) -> Environments:
+    """A host that cannot hold its environment stops the launch (exit 3, 4, or 6 for a full
+    disk); the others are checked in theirs."""
+    if not dry_run:
+        found.raise_if_failed()
+    return Environments(found.inventory(inv), found)
+
+
+def _checks(envs: Environments, job: Job, pool: Connections, sources: EnvSources, *,
+            opts: LaunchOptions, out: TextIO, err: TextIO) -> Union[Checked, Stale]:
+    """Preflight of the environments' inventory, and the attempt loop that runs it. Where the
+    environments are only taken to be ready, each host's facts judge its own, and preflight
+    stops after the facts where one is not the lock's (``Stale``)."""
+    inv = envs.inventory
+    slots = Slots.initial(inv, opts.min_nodes)
+    # Each host's manifest of the code is read as soon as its facts are in (read only;
+    # a dry run copies nothing and needs none).
+    head = None if opts.dry_run or not opts.sync else HeadStart(
+        job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
+    loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out, err, head,
+                       environment=envs.lock)
+    on_facts = head.read if head else None
+    if envs.warm is None:
+        report = loop.check(1, on_facts=on_facts)
+    else:  # nothing is asked of a host whose environment is to be rebuilt
+        report = loop.check(1, on_facts=envs.warm.gate(on_facts), after_facts=envs.warm.ready)
+        if report.stopped:
+            return Stale(envs.warm, inv)
+    return Checked(loop, _stop_if_failed(report, opts, err), envs)
+
+
+def _stop_if_failed(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport:
+    """The checked hosts' report, where the launch may go on with it: a host that cannot be
+    reached stops it (exit 4), and so does a failed check (exit 3) unless --no-check."""
     if report.ok:
         return report
     checkview.render_plain(report, err)
@@ -73,91 +197,17 @@ def _judge(report: CheckReport, opts: LaunchOptions, err: TextIO) -> CheckReport
     return report  # --no-check: the problems are shown, the launch goes on
 
 
-def _environments(inv: Inventory, pool: Connections, home: Path, *, dry_run: bool,
-                  err: TextIO) -> Optional[EnvReport]:
-    """The hosts' `environment:` made the lock's before anything is checked or started (a dry
-    run only looks); a host that cannot hold it stops the launch (exit 3, 6 for a full disk)."""
-    if not any(h.environment for h in inv.hosts):
-        return None
-    from clusterrun.envs import sync as envsync
+def _show(plan: LaunchPlan, checked: Checked, *, out: TextIO) -> Result:
+    """--dry-run: the plan, and the hosts' environments where they have one."""
+    out.write("\n".join(planview.dry_run(plan, [h.name for h in checked.envs.inventory.spares]))
+              + "\n")
+    found = checked.envs.report
+    if found is not None:
+        from clusterrun.envs import view as envview  # loaded with envs/ (see _environments)
 
-    found = envsync.sync(inv, pool, home, build=not dry_run, say=_sayer(err))
-    if not dry_run:
-        found.raise_if_failed()
-    return found
-
-
-def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
-        out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> Result:
-    """Check the hosts, plan, and run the attempts (or, with --dry-run, print the plan)."""
-    err = err or sys.stderr
-    sources = EnvSources(extra=dict(opts.env), forward=opts.forward_env,
-                         env_file=Path(opts.env_file) if opts.env_file else None)
-    if sources.env_file is not None:  # a bad env file is refused before any host is contacted
-        environment.read_env_file(sources.env_file)
-    if opts.master_port is not None:
-        inv = dataclasses.replace(inv, master_port=opts.master_port)
-    # One connection per host, opened by preflight and reused by sync and the supervisors.
-    with Connections(ssh) as pool:
-        warm = _warm(inv, pool, home, err)
-        envs: Optional[EnvReport] = None
-        if warm is not None:
-            from clusterrun.envs.warm import NotWarm
-
-            try:
-                return _checked(warm.inventory(inv), job, warm.report(), pool, sources,
-                                opts=opts, home=home, out=out, err=err, warm=warm)
-            except NotWarm:  # a host's environment is not the lock's: the sync as without
-                envs = warm.rest(build=not opts.dry_run)
-                if not opts.dry_run:
-                    envs.raise_if_failed()
-        else:
-            envs = _environments(inv, pool, home, dry_run=opts.dry_run, err=err)
-        if envs is not None:
-            inv = envs.inventory(inv)  # each host's `python:`: its environment's interpreter
-        return _checked(inv, job, envs, pool, sources, opts=opts, home=home, out=out, err=err)
-
-
-def _warm(inv: Inventory, pool: Connections, home: Path, err: TextIO) -> Optional[Warm]:
-    """Where every `environment:` host's workdir is known, its environment is judged from
-    preflight's probe, run in that environment's interpreter (envs/warm.py): a warm launch
-    asks no status of its own."""
-    if not any(h.environment for h in inv.hosts):
-        return None
-    from clusterrun.envs.warm import Warm
-
-    return Warm.of(inv, pool, home, say=_sayer(err))
-
-
-def _checked(inv: Inventory, job: Job, envs: Optional[EnvReport], pool: Connections,
-             sources: EnvSources, *, opts: LaunchOptions, home: Path, out: Optional[TextIO],
-             err: TextIO, warm: Optional[Warm] = None) -> Result:
-    """Preflight of ``inv`` (each host's `python:` its environment's interpreter), the plan,
-    and the attempts (or, with --dry-run, the plan printed). ``warm``: preflight stops after
-    the facts where a host's environment is not the lock's (envs/warm.NotWarm)."""
-    slots = Slots.initial(inv, opts.min_nodes)
-    # Each host's manifest of the code is read as soon as its facts are in (read only;
-    # a dry run copies nothing and needs none).
-    head = None if opts.dry_run or not opts.sync else HeadStart(
-        job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
-    loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out or sys.stdout,
-                       err, head)
-    loop.environment = envs.lock if envs is not None else None
-    on_facts = head.read if head else None
-    checked = loop.check(1, on_facts=warm.gate(on_facts) if warm else on_facts,
-                         after_facts=warm.after_facts if warm else None)
-    report = _judge(checked, opts, err)
-    plan = loop.plan(1, report, None)
-    if opts.dry_run:
-        loop.out.write("\n".join(planview.dry_run(plan, [h.name for h in inv.spares])) + "\n")
-        if envs is not None:
-            from clusterrun.envs import view as envview
-
-            loop.out.write("\nenvironments (`environment:`, built by launch where not "
-                           "ready):\n")
-            envview.render_plain(envs, loop.out)
-        return Result()
-    return loop.run(plan, report, home)
+        out.write("\nenvironments (`environment:`, built by launch where not ready):\n")
+        envview.render_plain(found, out)
+    return Result()
 
 
 def execute(job: Job, plan: LaunchPlan, inv: Inventory, report: CheckReport,

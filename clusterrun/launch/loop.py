@@ -70,7 +70,7 @@ class AttemptLoop:
 
     def check(self, attempt: int, *,
               on_facts: Optional[Callable[[HostReport], None]] = None,
-              after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None
+              after_facts: Optional[Callable[[Sequence[HostReport]], bool]] = None
               ) -> CheckReport:
         """Preflight of the attempt's hosts, failing hosts replaced where spares allow."""
         return spares.check(self.inv, self.pool, self.slots, attempt=attempt,

@@ -50,15 +50,16 @@ class _Master:
 def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth: bool = False,
         allow_busy_gpus: bool = False, torch_needed: bool = True,
         on_facts: Optional[Callable[[HostReport], None]] = None,
-        after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None) -> CheckReport:
+        after_facts: Optional[Callable[[Sequence[HostReport]], bool]] = None) -> CheckReport:
     """Probe every host; never raises for a host's failure (it is in the report).
     ``bandwidth``: also measure each worker's throughput to the master (`check --bandwidth`);
     ``allow_busy_gpus``: GPU problems are warnings, not failures; ``torch_needed``: False
     where nothing runs torchrun (`launch --no-torchrun`); ``on_facts(report)``: called
     as each host's facts are in, while the others' and the cluster-wide checks go on (launch
     reads the code's manifest there meanwhile); ``after_facts(reports)``: called once every
-    host's facts are in, before the cluster-wide checks; what it raises ends preflight there
-    (launch: a host whose environment is not the lock's, envs/warm.py)."""
+    host's facts are in, before the cluster-wide checks, says whether preflight goes on: where
+    it does not, the report is the facts' alone, ``stopped`` (launch: a host whose
+    environment is not the lock's, envs/warm.py)."""
     ordered = ranks.in_rank_order(inv.hosts)
     reports = [HostReport(h, rank) for rank, h in enumerate(ordered)]
     sessions: dict[str, ProbeSession] = {}
@@ -66,8 +67,8 @@ def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth:
     try:
         _facts(reports, pool, sessions, allow_busy_gpus=allow_busy_gpus,
                torch_needed=torch_needed, on_facts=on_facts)
-        if after_facts is not None:
-            after_facts(reports)
+        if after_facts is not None and not after_facts(reports):
+            return CheckReport(reports, None, None, stopped=True)
         twins.judge(reports)
         master = _master(inv, reports[0], sessions.get(ordered[0].name), pool,
                          data_path=data_path)

@@ -148,6 +148,9 @@ class CheckReport:
     lifeline_port: Optional[int] = None
     # The all-pairs test (preflight/mesh.py): None when fewer than two hosts got that far.
     pairs: Optional[Pairs] = None
+    # Preflight ended after the facts, as the caller asked (checks.run's ``after_facts``): no
+    # cluster-wide check ran, and no host is to be replaced for what the facts showed.
+    stopped: bool = False
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ def problem(host: HostReport) -> str:
 def check(inv: Inventory, pool: Connections, slots: Slots, *, attempt: int, data_path: bool,
           allow_busy_gpus: bool, say: Callable[[str], None], torch_needed: bool = True,
           on_facts: Optional[Callable[[HostReport], None]] = None,
-          after_facts: Optional[Callable[[Sequence[HostReport]], None]] = None) -> CheckReport:
+          after_facts: Optional[Callable[[Sequence[HostReport]], bool]] = None) -> CheckReport:
     """Preflight of the attempt's hosts. A host that fails is replaced and the new set checked
     again; when nothing can replace it, the failing report is returned, as a launch without
     spares would see it (``slots.quarantined`` lists the hosts left out). ``torch_needed``,
@@ -36,7 +36,7 @@ def check(inv: Inventory, pool: Connections, slots: Slots, *, attempt: int, data
                                after_facts=after_facts)
         # Without the checks (--no-check), only a host that cannot be reached is left out.
         bad = [h for h in report.hosts if (not h.ok if data_path else not h.reached)]
-        if not bad or not slots.replaceable:
+        if report.stopped or not bad or not slots.replaceable:
             return report
         try:
             for host in bad:
