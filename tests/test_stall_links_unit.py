@@ -11,12 +11,13 @@ from typing import Any, Optional
 
 import pytest
 
+from clusterrun import wire
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote.node import linkwatch
-from clusterrun.remote.shared import linkrule, stallreport
+from clusterrun.remote.node import linkwatch, stallhub, stallreach
+from clusterrun.remote.shared import linkrule, protocol, stallreport
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import links, watchdog
+from clusterrun.stacks import links, stallview
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.transport import SshOptions
 
@@ -77,24 +78,76 @@ def test_a_host_that_could_not_be_tested_is_said_and_not_blamed() -> None:
     assert lines[-1] == "stall: links of node3 not tested: node3: no answer within 20 s"
 
 
+class AttachedMaster:
+    """The master's supervisor of an attached run as its stall decider (remote/node/stallhub.py)
+    sees it: its events (for the controller) and its own failure."""
+
+    def __init__(self, rundir: Path) -> None:
+        self.name = "node1"
+        self.rundir = str(rundir)
+        self.hub = self.peer = None
+        self.events: list[wire.Event] = []
+        self.failed: list[tuple[int, str]] = []
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.events.append(wire.parse({protocol.KIND: kind, protocol.ELAPSED: 0.0, **fields}))
+
+    def roots(self) -> list[int]:
+        return []
+
+    def running(self) -> bool:
+        return True
+
+    def state(self, **fields: Any) -> None:
+        pass
+
+    def fail(self, code: int, detail: str, cause: str, force: bool = False) -> None:
+        self.failed.append((code, detail))
+
+
 def fire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranks: list[RankStack],
          blocked: list[Blocked]) -> tuple[list[tuple[Optional[str], dict[str, Any]]], list[str],
                                           list[str]]:
-    """One stall of a stopping watchdog: what it sent to which node, said, and re-tested."""
+    """One stall of a stopping attached run, decided by the master's supervisor and shown by
+    the controller (stacks/stallview.py), which collects the stacks and re-tests the links for
+    it: what was decided (the report, then the stop, to which node: None is the master, which
+    fails itself), said, and re-tested."""
     retested: list[str] = []
-    monkeypatch.setattr(watchdog, "collect", lambda run, ssh: Collected("r", ranks))
+    monkeypatch.setattr(stallview, "collect", lambda run, ssh: Collected("r", ranks))
 
     def retest(run: RunDir, ssh: SshOptions) -> links.Links:
         retested.append("yes")
         return links.Links(HOSTS, blocked, ADDRESSES)
 
     monkeypatch.setattr(links, "retest", retest)
+    master = AttachedMaster(tmp_path)
+    req = {"stall_timeout": 8, "on_stall": protocol.STALL_STOP, "stall_nodes": HOSTS}
+    decider = stallhub.Decider(master, req, stallreach.ByController(master, 8, HOSTS))
+    decider.progress.quiet = lambda now: 9.0  # type: ignore[method-assign]
     sent: list[tuple[Optional[str], dict[str, Any]]] = []
     said: list[str] = []
-    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
-                            to_node=lambda node, op: sent.append((node, op)), say=said.append,
-                            stop_run=True, record=lambda found: None)
-    dog._fire()
+
+    def send(node: str, op: dict[str, Any]) -> None:
+        if op[protocol.OP] == protocol.Lifeline.STALL:
+            sent.append((node, op))
+        else:
+            decider.on_op(op)
+
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=send, say=said.append, record=lambda found: None)
+    for host in HOSTS[1:]:
+        view.progress(host, 9.0)
+    for _turn in range(5):
+        decider.turn(time.monotonic())
+        events, master.events = master.events, []
+        for ev in events:
+            if isinstance(ev, wire.StallAsk):
+                view.ask(ev.what).join(10)
+            elif isinstance(ev, wire.Stalled):
+                sent.insert(0, (None, {"lines": list(ev.lines), "report": ev.report}))
+                view.stalled(ev)
+    sent.extend((None, {"fail": True, "detail": detail.split(": ", 1)[1]})
+                for _code, detail in master.failed)
     return sent, said, retested
 
 
@@ -144,7 +197,7 @@ def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
 
 
 class HubNode:
-    """The master's supervisor as the hub's watchdog (remote/node/stallwatch.py) sees it: what it
+    """The master's supervisor as the hub's decider (remote/node/stallhub.py) sees it: what it
     records, sends to its peers and fails with."""
 
     def __init__(self, rundir: Path) -> None:
@@ -184,9 +237,6 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     detail: the controller sends the stop there, and the hub, given the same report, stops
     the same host with the same detail (an odd rank's host is told over the gang, a host whose
     links fail is recorded as failed by the hub, neither: the master fails itself)."""
-    from clusterrun.remote.node import stallwatch as hub_watchdog
-    from clusterrun.remote.shared import protocol
-
     ranks, blocked, host = STOPS[case]
     sent, _said, _ = fire(monkeypatch, tmp_path, ranks, blocked)
     node, stop = sent[-1]
@@ -194,8 +244,9 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     lines, report = sent[0][1]["lines"], sent[0][1]["report"]
     assert stallreport.stop(lines, report) == (host, stop["detail"])  # type: ignore[no-untyped-call]
     master = HubNode(tmp_path)
-    hub = hub_watchdog.Watch(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP})
-    hub.stall_here(lines, report)
+    hub = stallhub.Decider(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP},
+                           stallreach.ByGang(master, 8))
+    hub.stalled(lines, report)
     told = {peer: box for peer, box in master.hub.outbox.items() if box}
     if case == "odd rank":
         assert told == {"node3": [{protocol.OP: protocol.Gang.STALL_STOP,
@@ -295,6 +346,10 @@ class FakeHub:
         for conn in self.conns.values():
             conn.send(msg)
 
+    def tell(self, peer: str, msg: dict[str, Any]) -> bool:
+        self.conns[peer].send(msg)
+        return True
+
 
 class FakePeerLink:
     """A peer's gang link: its socket's own address, and what it sends to the hub."""
@@ -375,8 +430,9 @@ def test_a_blind_stall_stops_at_the_master_and_blames_no_host(
 
 def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The report is made on its own thread: when the attempt ends while the stacks are still
-    being collected, nothing of it is printed, recorded or sent afterwards."""
+    """The stacks the master's decider asked for are collected on a thread of their own: when
+    the attempt ends while they are still being collected, nothing is printed, recorded or sent
+    afterwards."""
     import threading
 
     collecting, release = threading.Event(), threading.Event()
@@ -386,18 +442,15 @@ def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
         release.wait(10)
         return Collected("r", [waiting(r, HOSTS[r // 2]) for r in range(6)])
 
-    monkeypatch.setattr(watchdog, "collect", slow_collect)
+    monkeypatch.setattr(stallview, "collect", slow_collect)
     monkeypatch.setattr(links, "retest", lambda run, ssh: links.Links(HOSTS, [], ADDRESSES))
     heard: list[object] = []
-    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
-                            to_node=lambda node, op: heard.append(op), say=heard.append,
-                            stop_run=True, record=heard.append)
-    for host in HOSTS:
-        dog.update(host, 9.0, 0.0)
-    dog.tick(0.5)
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=lambda node, op: heard.append(op), say=heard.append,
+                               record=heard.append)
+    busy = view.ask(protocol.Lifeline.STACKS)
     assert collecting.wait(10)
-    dog.close()  # the attempt ended
+    view.close()  # the attempt ended
     release.set()
-    assert dog.busy is not None
-    dog.busy.join(10)
-    assert not dog.busy.is_alive() and heard == []
+    busy.join(10)
+    assert not busy.is_alive() and heard == []
