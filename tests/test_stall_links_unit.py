@@ -105,6 +105,25 @@ class AttachedMaster:
         self.failed.append((code, detail))
 
 
+def turns(decider: stallhub.Decider, master: AttachedMaster,
+          view: stallview.StallView) -> list[wire.Event]:
+    """A few turns of the master's loop, its events handled by the controller's view at once
+    (as launch/watchers.py ``Stalls`` does): the events."""
+    seen: list[wire.Event] = []
+    for _turn in range(5):
+        decider.turn(time.monotonic())
+        events, master.events = master.events, []
+        for ev in events:
+            seen.append(ev)
+            if isinstance(ev, wire.StallAsk):
+                view.ask(ev.what).join(10)
+            elif isinstance(ev, wire.Stalled):
+                view.stalled(ev)
+            elif isinstance(ev, wire.Resumed):
+                view.resumed()
+    return seen
+
+
 def fire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranks: list[RankStack],
          blocked: list[Blocked]) -> tuple[list[tuple[Optional[str], dict[str, Any]]], list[str],
                                           list[str]]:
@@ -137,18 +156,54 @@ def fire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranks: list[RankStack]
                                send=send, say=said.append, record=lambda found: None)
     for host in HOSTS[1:]:
         view.progress(host, 9.0)
-    for _turn in range(5):
-        decider.turn(time.monotonic())
-        events, master.events = master.events, []
-        for ev in events:
-            if isinstance(ev, wire.StallAsk):
-                view.ask(ev.what).join(10)
-            elif isinstance(ev, wire.Stalled):
-                sent.insert(0, (None, {"lines": list(ev.lines), "report": ev.report}))
-                view.stalled(ev)
+    for ev in turns(decider, master, view):
+        if isinstance(ev, wire.Stalled):
+            sent.insert(0, (None, {"lines": list(ev.lines), "report": ev.report}))
     sent.extend((None, {"fail": True, "detail": detail.split(": ", 1)[1]})
                 for _code, detail in master.failed)
     return sent, said, retested
+
+
+def test_an_attached_report_is_shown_and_the_run_moving_again_ends_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--on-stall report on an attached run: the master decides, the controller prints and
+    records its report and stops nothing; once a node moves again the master says so, and the
+    controller prints "stall over" and records that the run runs again."""
+    main = Thread("MainThread", (Frame("<module>", "/job/train.py", 44),
+                                 Frame("load_batch", "/job/data.py", 30)))
+    ranks = [*(waiting(r, HOSTS[r // 2]) for r in range(5)),
+             RankStack(5, "node3", 1005, (main,), last_line="rank 5 step 2")]
+    monkeypatch.setattr(stallview, "collect", lambda run, ssh: Collected("r", ranks))
+    master = AttachedMaster(tmp_path)
+    req = {"stall_timeout": 8, "on_stall": protocol.STALL_REPORT, "stall_nodes": HOSTS}
+    decider = stallhub.Decider(master, req, stallreach.ByController(master, 8, HOSTS))
+    quiet = [9.0]
+    decider.progress.quiet = lambda now: quiet[0]  # type: ignore[method-assign]
+    stops: list[tuple[str, dict[str, Any]]] = []
+    said: list[str] = []
+    recorded: list[Optional[dict[str, Any]]] = []
+
+    def send(node: str, op: dict[str, Any]) -> None:
+        if op[protocol.OP] == protocol.Lifeline.STALL:
+            stops.append((node, op))
+        else:
+            decider.on_op(op)
+
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=send, say=said.append, record=recorded.append)
+    for host in HOSTS[1:]:
+        view.progress(host, 9.0)
+    turns(decider, master, view)
+    assert said[0] == "stall: no rank made progress for 8 s; 6 ranks, 2 different stacks", said
+    assert "stall: odd one out: rank 5 on node3 (pid 1005)" in said[1], said
+    assert len(recorded) == 1 and recorded[0] is not None
+    assert [r["rank"] for r in recorded[0]["odd"]] == [5]
+    assert [r["rank"] for r in recorded[0]["stacks"]] == list(range(6))  # the controller's
+    assert not stops and not master.failed
+    quiet[0] = 0.5  # the master's ranks move again
+    turns(decider, master, view)
+    assert said[-1] == "stall over: the run moves again" and recorded[-1] is None
+    assert len(said) == 4 and len(recorded) == 2, (said, recorded)
 
 
 def test_no_odd_rank_and_a_cut_host_stops_that_host_not_the_master(
