@@ -19,7 +19,7 @@ from clusterrun.errors import ExitStatus
 from clusterrun.remote.shared import protocol, stallreport
 from clusterrun.transport import Process
 
-# A stall report's line (remote/node/stallwatch.py).
+# A stall report's line (remote/shared/stallreport.py).
 _ODD = re.compile(r"odd one out: rank (\d+) on ")
 
 
@@ -50,7 +50,7 @@ class RootCause:
     @property
     def stalled(self) -> bool:
         """A stall that `--on-stall stop` ended: the blamed node's own failure, with the stall
-        status and no rank (remote/node/stallwatch.py records it so; a rank that exits 7 has a
+        status and no rank (remote/node/stallhub.py decides it so; a rank that exits 7 has a
         rank)."""
         return (self.rank is None and self.code == ExitStatus.STALLED
                 and self.detail.partition(": ")[2].startswith("stalled"))
@@ -154,6 +154,34 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class StallAsk:
+    """An attached run's stall decider (the master's supervisor) asks its controller for what
+    it cannot fetch itself: every rank's stacks, or the links' re-test (``what``)."""
+
+    elapsed: float
+    what: str
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """The stall decider's decision: the report's lines and record, and the node the controller
+    is to stop (--on-stall stop; None: none, or the master, which stops itself)."""
+
+    elapsed: float
+    lines: tuple[str, ...]
+    report: dict[str, Any]
+    stop: Optional[str] = None
+    detail: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A stalled run moves again, by its stall decider."""
+
+    elapsed: float
+
+
+@dataclass(frozen=True)
 class End:
     """A program's final event. Runs: state is succeeded/failed/stopped/lost (or missing,
     unknown for `logs -f` of a run that is not there); exec: exited/timeout/stopped/lost."""
@@ -184,7 +212,7 @@ class StopResult:
 
 
 Event = Union[Started, RankExit, NodeFailure, TorchrunExit, NcclReport, Heartbeat, End, Status,
-              StopResult, Progress]
+              StopResult, Progress, StallAsk, Stalled, Resumed]
 
 
 def root_cause(raw: Any) -> Optional[RootCause]:
@@ -219,6 +247,18 @@ def nccl_report(ev: dict[str, Any]) -> NcclReport:
         version=ev.get("version"))
 
 
+def stall_event(ev: dict[str, Any]) -> Event:
+    """An attached run's stall decider to its controller (remote/node/stallreach.py)."""
+    kind = ev.get(protocol.KIND)
+    if kind == protocol.STALL_ASK:
+        return StallAsk(_float(ev), str(ev["what"]))
+    if kind == protocol.STALLED:
+        return Stalled(_float(ev), tuple(str(x) for x in ev.get("lines") or ()),
+                       dict(ev.get("report") or {}), stop=ev.get("stop"),
+                       detail=ev.get("detail"))
+    return Resumed(_float(ev))
+
+
 def parse(ev: dict[str, Any]) -> Event:
     """One event frame's JSON as its typed event."""
     kind = ev.get(protocol.KIND)
@@ -249,6 +289,8 @@ def parse(ev: dict[str, Any]) -> Event:
             return Status(ev.get("state"))
         if kind == protocol.PROGRESS:
             return Progress(_float(ev), float(ev["quiet"]))
+        if kind in (protocol.STALL_ASK, protocol.STALLED, protocol.RESUMED):
+            return stall_event(ev)
         if kind == protocol.STOPPED:
             return StopResult(bool(ev.get("found")), ev.get("was"), ev.get("state"))
     except (KeyError, TypeError, ValueError) as exc:

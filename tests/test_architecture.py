@@ -266,35 +266,13 @@ def test_no_room_is_over_its_size() -> None:
     assert not {name: lines for name, lines in sizes.items() if lines > MAX_ROOM_LINES}, sizes
 
 
-# Calls into untyped code the controller makes under a `no-untyped-call` ignore, per file, until
-# their owner removes them (typed shared/ made these unused). Lower a count (or drop the entry)
-# when they go; test_untyped_call_allowances_are_still_needed says when.
-UNTYPED_CALL_IGNORES: dict[str, int] = {"clusterrun/stacks/watchdog.py": 3}
-
-
-def untyped_call_ignores() -> dict[str, int]:
-    found: dict[str, int] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        count = path.read_text().count("no-untyped-call")
-        if count:
-            found[str(path.relative_to(REPO))] = count
-    return found
-
-
 def test_no_call_into_untyped_code_is_ignored() -> None:
     """What the controller calls is typed (remote/shared/ too, in annotations the hosts' Python
     reads; an untyped library through a typed Protocol): mypy checks every call, none is waved
     through with `type: ignore[no-untyped-call]`."""
-    over = {rel: n for rel, n in untyped_call_ignores().items()
-            if n > UNTYPED_CALL_IGNORES.get(rel, 0)}
-    assert not over, f"no-untyped-call ignored (type the callee instead): {over}"
-
-
-def test_untyped_call_allowances_are_still_needed() -> None:
-    found = untyped_call_ignores()
-    stale = {rel: found.get(rel, 0) for rel, n in UNTYPED_CALL_IGNORES.items()
-             if found.get(rel, 0) < n}
-    assert not stale, f"fewer no-untyped-call ignores than UNTYPED_CALL_IGNORES allows: {stale}"
+    found = {str(path.relative_to(REPO)) for path in sorted(PACKAGE.rglob("*.py"))
+             if "no-untyped-call" in path.read_text()}
+    assert not found, f"no-untyped-call ignored (type the callee instead): {sorted(found)}"
 
 
 NODESTATE = REMOTE / "shared" / "nodestate.py"

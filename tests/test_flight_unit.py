@@ -21,13 +21,19 @@ import pytest
 
 from clusterrun.plan.environment import flight_recorder
 from clusterrun.remote.hostlib import flightpipe, pystack
-from clusterrun.remote.node import progress, stallwatch
+from clusterrun.remote.node import progress, stallreach, stallwatch
 from clusterrun.remote.shared import flight, stallreport, stallrule
-from clusterrun.stacks import view
-from clusterrun.stacks import watchdog as controller
+from clusterrun.stacks import model, stallview, view
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from tests.clocks import seconds
 from tests.conftest import REPO
+
+
+def attached_report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
+    """An attached run's report: the stacks its controller collected, as it sends them to the
+    master's decider (stacks/stallview.py), and the report made of them there."""
+    return stallreach.collected(stallview.stacks_op(found), timeout)  # type: ignore[no-any-return,no-untyped-call]
+
 
 RECORDED = REPO / "tests" / "fakes" / "flight-recorder"
 
@@ -273,10 +279,10 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
     records = flight.flight(str(rundir(tmp_path)))
     nodes = {"0": "gpu-a", "1": "gpu-a", "2": "gpu-b"}
     ranks = [same_place(n, nodes[str(n)]) for n in (0, 1, 2)]
-    lines, record = controller.report(Collected("r", ranks), 8)
+    lines, record = attached_report(Collected("r", ranks), 8)
     assert record["odd"] == [] and record["waiting"]["ranks"] == [0, 1, 2]
     with_flight = Collected("r", ranks, flight=[dict(r, node=nodes[r["rank"]]) for r in records])
-    lines, record = controller.report(with_flight, 8)
+    lines, record = attached_report(with_flight, 8)
     assert lines[1] == ("stall: odd one out: rank 2 on gpu-b (pid 1002) in train_step "
                         "(train.py:33); last line: 'rank 2 step 4'")
     assert lines[2] == ("stall:   flight recorder: rank 2 is behind in default_pg: it last "
@@ -291,7 +297,7 @@ def test_the_rank_behind_is_the_stalls_odd_one_out(tmp_path: Path) -> None:
         folder.mkdir()
         for n in numbers:
             shutil.copy(RECORDED / f"flight-rank-{n}", folder / f"flight-rank-{n}")
-        found = [dict(controller.as_sent(r), node=None) for r in ranks if r.rank in numbers]
+        found = [dict(model.as_sent(r), node=None) for r in ranks if r.rank in numbers]
         progress.attach_flight(found, str(folder))  # type: ignore[no-untyped-call]
         sent[node] = progress.compact(found)  # type: ignore[no-untyped-call]
     hub_lines, hub = stallwatch.report(sent, 8)  # type: ignore[no-untyped-call]
@@ -303,7 +309,7 @@ def test_a_group_all_in_the_same_open_collective_names_nobody(tmp_path: Path) ->
     named (the links are tested next, as for Gloo)."""
     even = [dict(flight.flight(str(rundir(tmp_path)))[0], rank=str(n), node="gpu-a")
             for n in (0, 1, 2)]
-    lines, record = controller.report(
+    lines, record = attached_report(
         Collected("r", [same_place(n, "gpu-a") for n in (0, 1, 2)], flight=even), 8)
     assert record["odd"] == []
     assert lines[1] == "stall: ranks 0-2 (gpu-a) wait in train_step (train.py:33)"

@@ -14,11 +14,17 @@ from clusterrun.inventory import HostSpec
 from clusterrun.preflight import stacks as stack_checks
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.report import Check
+from clusterrun.remote.node import stallreach
 from clusterrun.remote.shared import stallreport, stallrule
-from clusterrun.stacks import view
+from clusterrun.stacks import stallview, view
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
-from clusterrun.stacks.watchdog import report
 from tests.conftest import host_spec
+
+
+def report(found: Collected, timeout: float) -> tuple[list[str], dict[str, Any]]:
+    """An attached run's report: the stacks its controller collected, as it sends them to the
+    master's decider (stacks/stallview.py), and the report made of them there."""
+    return stallreach.collected(stallview.stacks_op(found), timeout)  # type: ignore[no-any-return,no-untyped-call]
 
 
 def host_checks(spec: HostSpec, facts: dict[str, Any]) -> list[Check]:

@@ -11,12 +11,14 @@ from typing import Any, Optional
 
 import pytest
 
+from clusterrun import wire
+from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked, Pairs
-from clusterrun.remote.node import linkwatch
-from clusterrun.remote.shared import linkrule, stallreport
+from clusterrun.remote.node import linkwatch, stallhub, stallreach
+from clusterrun.remote.shared import linkrule, protocol, stallreport
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import links, watchdog
+from clusterrun.stacks import links, stallview
 from clusterrun.stacks.model import Collected, Frame, RankStack, Thread
 from clusterrun.transport import SshOptions
 
@@ -36,6 +38,12 @@ def waiting(number: int, node: str) -> RankStack:
     return RankStack(number, node, 1000 + number, (main,), last_line=f"rank {number} step 2")
 
 
+def judge(found: links.Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
+    """linkrule's judgement of what the controller's re-test found, host names folded by
+    ClusterShell's NodeSet: the words a hub, which folds by its own rule, must match."""
+    return linkrule.judge(found.hosts, found.blocked, found.addresses, found.untested, fold=fold)
+
+
 def cut(host: str) -> list[Blocked]:
     """Every pair into and out of ``host`` times out, as when its data path is cut."""
     others = [h for h in HOSTS if h != host]
@@ -44,7 +52,7 @@ def cut(host: str) -> list[Blocked]:
 
 
 def test_failing_pairs_put_the_stall_on_the_host_nobody_reaches() -> None:
-    lines, record, blamed = links.judge(links.Links(HOSTS, cut("node2"), ADDRESSES))
+    lines, record, blamed = judge(links.Links(HOSTS, cut("node2"), ADDRESSES))
     assert blamed == "node2"
     assert lines == ["stall: root cause: node2's links fail: node[1,3] cannot connect to node2 "
                      "(10.79.0.2) on an ephemeral port: timed out after 5 s; node2 cannot "
@@ -58,12 +66,12 @@ def test_failing_pairs_put_the_stall_on_the_host_nobody_reaches() -> None:
 def test_one_host_that_reaches_nobody_is_blamed_not_its_peers() -> None:
     """Only node3's egress is cut: nobody else fails, so the pairs it opened are its own."""
     out = [Blocked("node3", o, "timed out after 5 s") for o in ("node1", "node2")]
-    _lines, _record, blamed = links.judge(links.Links(HOSTS, out, ADDRESSES))
+    _lines, _record, blamed = judge(links.Links(HOSTS, out, ADDRESSES))
     assert blamed == "node3"
 
 
 def test_every_pair_connecting_says_the_links_are_fine() -> None:
-    lines, record, blamed = links.judge(links.Links(HOSTS, [], ADDRESSES))
+    lines, record, blamed = judge(links.Links(HOSTS, [], ADDRESSES))
     assert blamed is None and record["fine"]
     assert lines == ["stall: links fine: every pair of the run's 3 hosts connects on an "
                      "ephemeral port of the run's addresses, so no host's data path is the "
@@ -72,30 +80,137 @@ def test_every_pair_connecting_says_the_links_are_fine() -> None:
 
 def test_a_host_that_could_not_be_tested_is_said_and_not_blamed() -> None:
     found = links.Links(HOSTS[:2], [], ADDRESSES, {"node3": "node3: no answer within 20 s"})
-    lines, record, blamed = links.judge(found)
+    lines, record, blamed = judge(found)
     assert blamed is None and record["untested"] == {"node3": "node3: no answer within 20 s"}
     assert lines[-1] == "stall: links of node3 not tested: node3: no answer within 20 s"
+
+
+class AttachedMaster:
+    """The master's supervisor of an attached run as its stall decider (remote/node/stallhub.py)
+    sees it: its events (for the controller) and its own failure."""
+
+    def __init__(self, rundir: Path) -> None:
+        self.name = "node1"
+        self.rundir = str(rundir)
+        self.hub = self.peer = None
+        self.events: list[wire.Event] = []
+        self.failed: list[tuple[int, str]] = []
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.events.append(wire.parse({protocol.KIND: kind, protocol.ELAPSED: 0.0, **fields}))
+
+    def roots(self) -> list[int]:
+        return []
+
+    def running(self) -> bool:
+        return True
+
+    def state(self, **fields: Any) -> None:
+        pass
+
+    def fail(self, code: int, detail: str, cause: str, force: bool = False) -> None:
+        self.failed.append((code, detail))
+
+
+def turns(decider: stallhub.Decider, master: AttachedMaster,
+          view: stallview.StallView) -> list[wire.Event]:
+    """A few turns of the master's loop, its events handled by the controller's view at once
+    (as launch/watchers.py ``Stalls`` does): the events."""
+    seen: list[wire.Event] = []
+    for _turn in range(5):
+        decider.turn(time.monotonic())
+        events, master.events = master.events, []
+        for ev in events:
+            seen.append(ev)
+            if isinstance(ev, wire.StallAsk):
+                view.ask(ev.what).join(10)
+            elif isinstance(ev, wire.Stalled):
+                view.stalled(ev)
+            elif isinstance(ev, wire.Resumed):
+                view.resumed()
+    return seen
 
 
 def fire(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranks: list[RankStack],
          blocked: list[Blocked]) -> tuple[list[tuple[Optional[str], dict[str, Any]]], list[str],
                                           list[str]]:
-    """One stall of a stopping watchdog: what it sent to which node, said, and re-tested."""
+    """One stall of a stopping attached run, decided by the master's supervisor and shown by
+    the controller (stacks/stallview.py), which collects the stacks and re-tests the links for
+    it: what was decided (the report, then the stop, to which node: None is the master, which
+    fails itself), said, and re-tested."""
     retested: list[str] = []
-    monkeypatch.setattr(watchdog, "collect", lambda run, ssh: Collected("r", ranks))
+    monkeypatch.setattr(stallview, "collect", lambda run, ssh: Collected("r", ranks))
 
     def retest(run: RunDir, ssh: SshOptions) -> links.Links:
         retested.append("yes")
         return links.Links(HOSTS, blocked, ADDRESSES)
 
     monkeypatch.setattr(links, "retest", retest)
+    master = AttachedMaster(tmp_path)
+    req = {"stall_timeout": 8, "on_stall": protocol.STALL_STOP, "stall_nodes": HOSTS}
+    decider = stallhub.Decider(master, req, stallreach.ByController(master, 8, HOSTS))
+    decider.progress.quiet = lambda now: 9.0  # type: ignore[method-assign]
     sent: list[tuple[Optional[str], dict[str, Any]]] = []
     said: list[str] = []
-    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
-                            to_node=lambda node, op: sent.append((node, op)), say=said.append,
-                            stop_run=True, record=lambda found: None)
-    dog._fire()
+
+    def send(node: str, op: dict[str, Any]) -> None:
+        if op[protocol.OP] == protocol.Lifeline.STALL:
+            sent.append((node, op))
+        else:
+            decider.on_op(op)
+
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=send, say=said.append, record=lambda found: None)
+    for host in HOSTS[1:]:
+        view.progress(host, 9.0)
+    for ev in turns(decider, master, view):
+        if isinstance(ev, wire.Stalled):
+            sent.insert(0, (None, {"lines": list(ev.lines), "report": ev.report}))
+    sent.extend((None, {"fail": True, "detail": detail.split(": ", 1)[1]})
+                for _code, detail in master.failed)
     return sent, said, retested
+
+
+def test_an_attached_report_is_shown_and_the_run_moving_again_ends_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--on-stall report on an attached run: the master decides, the controller prints and
+    records its report and stops nothing; once a node moves again the master says so, and the
+    controller prints "stall over" and records that the run runs again."""
+    main = Thread("MainThread", (Frame("<module>", "/job/train.py", 44),
+                                 Frame("load_batch", "/job/data.py", 30)))
+    ranks = [*(waiting(r, HOSTS[r // 2]) for r in range(5)),
+             RankStack(5, "node3", 1005, (main,), last_line="rank 5 step 2")]
+    monkeypatch.setattr(stallview, "collect", lambda run, ssh: Collected("r", ranks))
+    master = AttachedMaster(tmp_path)
+    req = {"stall_timeout": 8, "on_stall": protocol.STALL_REPORT, "stall_nodes": HOSTS}
+    decider = stallhub.Decider(master, req, stallreach.ByController(master, 8, HOSTS))
+    quiet = [9.0]
+    decider.progress.quiet = lambda now: quiet[0]  # type: ignore[method-assign]
+    stops: list[tuple[str, dict[str, Any]]] = []
+    said: list[str] = []
+    recorded: list[Optional[dict[str, Any]]] = []
+
+    def send(node: str, op: dict[str, Any]) -> None:
+        if op[protocol.OP] == protocol.Lifeline.STALL:
+            stops.append((node, op))
+        else:
+            decider.on_op(op)
+
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=send, say=said.append, record=recorded.append)
+    for host in HOSTS[1:]:
+        view.progress(host, 9.0)
+    turns(decider, master, view)
+    assert said[0] == "stall: no rank made progress for 8 s; 6 ranks, 2 different stacks", said
+    assert "stall: odd one out: rank 5 on node3 (pid 1005)" in said[1], said
+    assert len(recorded) == 1 and recorded[0] is not None
+    assert [r["rank"] for r in recorded[0]["odd"]] == [5]
+    assert [r["rank"] for r in recorded[0]["stacks"]] == list(range(6))  # the controller's
+    assert not stops and not master.failed
+    quiet[0] = 0.5  # the master's ranks move again
+    turns(decider, master, view)
+    assert said[-1] == "stall over: the run moves again" and recorded[-1] is None
+    assert len(said) == 4 and len(recorded) == 2, (said, recorded)
 
 
 def test_no_odd_rank_and_a_cut_host_stops_that_host_not_the_master(
@@ -144,7 +259,7 @@ def test_an_odd_rank_out_needs_no_link_test(monkeypatch: pytest.MonkeyPatch,
 
 
 class HubNode:
-    """The master's supervisor as the hub's watchdog (remote/node/stallwatch.py) sees it: what it
+    """The master's supervisor as the hub's decider (remote/node/stallhub.py) sees it: what it
     records, sends to its peers and fails with."""
 
     def __init__(self, rundir: Path) -> None:
@@ -184,9 +299,6 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     detail: the controller sends the stop there, and the hub, given the same report, stops
     the same host with the same detail (an odd rank's host is told over the gang, a host whose
     links fail is recorded as failed by the hub, neither: the master fails itself)."""
-    from clusterrun.remote.node import stallwatch as hub_watchdog
-    from clusterrun.remote.shared import protocol
-
     ranks, blocked, host = STOPS[case]
     sent, _said, _ = fire(monkeypatch, tmp_path, ranks, blocked)
     node, stop = sent[-1]
@@ -194,8 +306,9 @@ def test_the_hub_stops_the_host_the_controller_stops(case: str, monkeypatch: pyt
     lines, report = sent[0][1]["lines"], sent[0][1]["report"]
     assert stallreport.stop(lines, report) == (host, stop["detail"])
     master = HubNode(tmp_path)
-    hub = hub_watchdog.Watch(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP})
-    hub.stall_here(lines, report)
+    hub = stallhub.Decider(master, {"stall_timeout": 8, "on_stall": protocol.STALL_STOP},
+                           stallreach.ByGang(master, 8))
+    hub.stalled(lines, report)
     told = {peer: box for peer, box in master.hub.outbox.items() if box}
     if case == "odd rank":
         assert told == {"node3": [{protocol.OP: protocol.Gang.STALL_STOP,
@@ -229,7 +342,7 @@ def test_the_hosts_really_connect_and_one_that_cannot_listen_is_untested(
                                               "c": UNBINDABLE}), SshOptions())
     assert (found.hosts, found.blocked) == (["a", "b"], [])
     assert found.untested["c"].startswith(f"c: cannot listen on an ephemeral port of {UNBINDABLE}:")
-    lines, _record, blamed = links.judge(found)
+    lines, _record, blamed = judge(found)
     assert blamed is None
     assert lines[0].startswith("stall: links fine: every pair of the run's 2 hosts"), lines
 
@@ -259,7 +372,7 @@ def test_the_hubs_rule_is_checks_rule(blocked: list[Blocked]) -> None:
     other hosts folded alike (``node[1,3]``), the same record."""
     triples = [(b.source, b.target, b.error) for b in blocked]
     assert linkrule.blamed(HOSTS, triples) == mesh.blamed(Pairs(HOSTS, blocked, {}))
-    controller = links.judge(links.Links(HOSTS, blocked, ADDRESSES))
+    controller = judge(links.Links(HOSTS, blocked, ADDRESSES))
     assert hub_judges(blocked, {}) == controller
     assert controller[0], controller  # a root cause or "links fine": never nothing
 
@@ -268,7 +381,7 @@ def test_the_hub_and_the_controller_say_an_untested_host_alike() -> None:
     untested = {"node3": "cannot listen on an ephemeral port of 10.79.0.3: refused"}
     blocked = [Blocked("node1", "node2", "timed out after 5 s"),
                Blocked("node2", "node1", "timed out after 5 s")]
-    controller = links.judge(links.Links(HOSTS[:2], blocked, ADDRESSES, untested))
+    controller = judge(links.Links(HOSTS[:2], blocked, ADDRESSES, untested))
     assert hub_judges(blocked, untested) == controller
     assert controller[0][-1] == ("stall: links of node3 not tested: cannot listen on an "
                                  "ephemeral port of 10.79.0.3: refused"), controller
@@ -294,6 +407,10 @@ class FakeHub:
     def broadcast(self, msg: dict[str, Any]) -> None:
         for conn in self.conns.values():
             conn.send(msg)
+
+    def tell(self, peer: str, msg: dict[str, Any]) -> bool:
+        self.conns[peer].send(msg)
+        return True
 
 
 class FakePeerLink:
@@ -375,8 +492,9 @@ def test_a_blind_stall_stops_at_the_master_and_blames_no_host(
 
 def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The report is made on its own thread: when the attempt ends while the stacks are still
-    being collected, nothing of it is printed, recorded or sent afterwards."""
+    """The stacks the master's decider asked for are collected on a thread of their own: when
+    the attempt ends while they are still being collected, nothing is printed, recorded or sent
+    afterwards."""
     import threading
 
     collecting, release = threading.Event(), threading.Event()
@@ -386,18 +504,15 @@ def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
         release.wait(10)
         return Collected("r", [waiting(r, HOSTS[r // 2]) for r in range(6)])
 
-    monkeypatch.setattr(watchdog, "collect", slow_collect)
+    monkeypatch.setattr(stallview, "collect", slow_collect)
     monkeypatch.setattr(links, "retest", lambda run, ssh: links.Links(HOSTS, [], ADDRESSES))
     heard: list[object] = []
-    dog = watchdog.Watchdog(RunDir(tmp_path), HOSTS, 8, SshOptions(),
-                            to_node=lambda node, op: heard.append(op), say=heard.append,
-                            stop_run=True, record=heard.append)
-    for host in HOSTS:
-        dog.update(host, 9.0, 0.0)
-    dog.tick(0.5)
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=lambda node, op: heard.append(op), say=heard.append,
+                               record=heard.append)
+    busy = view.ask(protocol.Lifeline.STACKS)
     assert collecting.wait(10)
-    dog.close()  # the attempt ended
+    view.close()  # the attempt ended
     release.set()
-    assert dog.busy is not None
-    dog.busy.join(10)
-    assert not dog.busy.is_alive() and heard == []
+    busy.join(10)
+    assert not busy.is_alive() and heard == []

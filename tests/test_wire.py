@@ -131,7 +131,8 @@ TYPED = {protocol.HEARTBEAT: wire.Heartbeat, protocol.STARTED: wire.Started,
          protocol.RANK_EXIT: wire.RankExit, protocol.FAILURE: wire.NodeFailure,
          protocol.TORCHRUN_EXIT: wire.TorchrunExit, protocol.NCCL: wire.NcclReport,
          protocol.END: wire.End, protocol.STATUS: wire.Status, protocol.STOPPED: wire.StopResult,
-         protocol.PROGRESS: wire.Progress}
+         protocol.PROGRESS: wire.Progress, protocol.STALL_ASK: wire.StallAsk,
+         protocol.STALLED: wire.Stalled, protocol.RESUMED: wire.Resumed}
 
 
 def test_the_hosts_encoders_write_the_frames_the_controller_reads() -> None:
@@ -201,8 +202,8 @@ NAMESPACES = {"Lifeline": protocol.Lifeline, "Gang": protocol.Gang, "Probe": pro
 # heartbeat needs no handler of its own.
 HEARD_ANYWAY = {protocol.Lifeline.HEARTBEAT, protocol.Gang.HEARTBEAT}
 
-# The gang's own messages; the others it hands to the stall watchdog (Watch.on_gang), which hands
-# the link test's to linkwatch.py.
+# The gang's own messages; the others it hands to the stall watchdog (on_gang of stallreach.py's
+# ByGang on the hub, stallpeer.py's Peer on a peer), which hands the link test's to linkwatch.py.
 GANG_OWN = {protocol.Gang.HELLO, protocol.Gang.AUTH, protocol.Gang.WELCOME,
             protocol.Gang.HEARTBEAT, protocol.Gang.STOP, protocol.Gang.FAILED, protocol.Gang.ENDED}
 ALL_PROBE = {v for n, v in vars(protocol.Probe).items() if n.isupper() and isinstance(v, str)}
@@ -232,27 +233,31 @@ CHANNELS = [
     Channel("the controller to a run's supervisors", "Lifeline",
             frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
                        protocol.Lifeline.KILL, protocol.Lifeline.STALL,
-                       protocol.Lifeline.RESUMED}),
-            (("launch/session.py", None), ("stacks/watchdog.py", None)),
-            (("remote/node/run.py", "Supervisor.on_op"), ("remote/node/stallwatch.py", "Watch")),
-            (("remote/node/stallwatch.py", "Watch.on_op"),), frozenset({protocol.Lifeline.STALL})),
+                       protocol.Lifeline.PROGRESS, protocol.Lifeline.STACKS,
+                       protocol.Lifeline.LINKS}),
+            (("launch/session.py", None), ("stacks/stallview.py", None)),
+            (("remote/node/run.py", "Supervisor.on_op"), ("remote/node/stallpeer.py", "Reporter"),
+             ("remote/node/stallreach.py", "ByController")),
+            (("remote/node/stallpeer.py", "Reporter.on_op"),
+             ("remote/node/stallreach.py", "ByController.on_op")),
+            frozenset({protocol.Lifeline.PROGRESS, protocol.Lifeline.STACKS,
+                       protocol.Lifeline.LINKS})),
     Channel("the controller to exec's supervisors", "Lifeline",
             frozenset({protocol.Lifeline.HEARTBEAT, protocol.Lifeline.STOP,
                        protocol.Lifeline.KILL}),
             (("exec.py", None),), (("remote/tools/command.py", "Exec.on_op"),)),
     Channel("a peer to its hub", "Gang", frozenset(protocol.Gang.TO_HUB),
             (("remote/node/gang.py", "Peer"), ("remote/node/run.py", "Supervisor._failed"),
-             ("remote/node/stallwatch.py", "Watch.tick"), ("remote/node/linkwatch.py", "PeerSide")),
+             ("remote/node/stallpeer.py", "Peer"), ("remote/node/linkwatch.py", "PeerSide")),
             (("remote/node/gang.py", "Hub._message"), ("remote/node/gang.py", "Hub._auth")),
-            (("remote/node/stallwatch.py", "Watch.on_gang"),
+            (("remote/node/stallreach.py", "ByGang.on_gang"),
              ("remote/node/linkwatch.py", "HubTest.on_message")),
             frozenset(protocol.Gang.TO_HUB) - GANG_OWN),
     Channel("a hub to its peers", "Gang", frozenset(protocol.Gang.TO_PEER),
-            (("remote/node/gang.py", "Hub"), ("remote/node/stallwatch.py", "Watch._hub"),
-             ("remote/node/stallwatch.py", "Watch.stall_here"),
+            (("remote/node/gang.py", "Hub"), ("remote/node/stallreach.py", "ByGang"),
              ("remote/node/linkwatch.py", "HubTest")),
             (("remote/node/gang.py", "Peer._message"),),
-            (("remote/node/stallwatch.py", "Watch.on_gang"),
+            (("remote/node/stallpeer.py", "Peer.on_gang"),
              ("remote/node/linkwatch.py", "PeerSide.on_message")),
             frozenset(protocol.Gang.TO_PEER) - GANG_OWN),
     Channel("the controller to a probe", "Probe",

@@ -69,6 +69,8 @@ def request(plan: LaunchPlan, node: NodePlan,
         req["python"] = node.python
     if gang is not None:
         req["gang"] = gang
+    if not plan.detach and node.node_rank == 0:  # the stall decider (remote/node/stallhub.py)
+        req["stall_nodes"] = [n.name for n in plan.nodes]
     return req
 
 
@@ -96,6 +98,7 @@ class Session:
         self.on_interrupt: Callable[[int, bool], None] = lambda signum, first: None
         self.threads: dict[str, threading.Thread] = {}  # each node's reader, the heartbeats
         self.over = threading.Event()  # the watch has ended
+        self.writing: dict[str, threading.Lock] = {}  # per node: send()'s
         self.watchers: list[Watcher] = []
         for watcher in watchers.standard(self):
             self.add(watcher)
@@ -113,6 +116,7 @@ class Session:
         started = start(self.transports[spec.name], spec, "run.py",
                         request(self.plan, node, gang), site=False)
         proc, self.stderr[spec.name] = started.proc, started.stderr
+        self.writing[spec.name] = threading.Lock()
         self.procs[spec.name] = proc
         self.last_frame[spec.name] = time.monotonic()
         self._thread(spec.name, f"clusterrun-read-{spec.name}", self._read, spec.name, proc)
@@ -184,8 +188,10 @@ class Session:
         proc = self.procs.get(name)
         if proc is None:
             return
-        # If the write fails, the stream's end tells us what happened to that host.
-        with contextlib.suppress(OSError, EOFError):
+        # If the write fails, the stream's end tells us what happened to that host. One line at
+        # a time: the heartbeats' thread and the stall view's (stacks/stallview.py) both send,
+        # and a long line goes out in several writes.
+        with self.writing[name], contextlib.suppress(OSError, EOFError):
             proc.write(json.dumps(op).encode() + b"\n")
 
     # -- watching ------------------------------------------------------------------------

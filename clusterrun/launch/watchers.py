@@ -25,7 +25,7 @@ from clusterrun.plan.model import LaunchPlan
 from clusterrun.remote.shared import layout, timing
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
-from clusterrun.stacks import watchdog as stall_watchdog
+from clusterrun.stacks import stallview
 from clusterrun.transport import SshOptions
 
 START_SECONDS = 60.0
@@ -266,25 +266,27 @@ class Logs(Watcher):
 
 
 class Stalls(Watcher):
-    """The stall watchdog of an attached run (stacks/watchdog.py), until the nodes are being
-    stopped."""
+    """An attached run's stalls (stacks/stallview.py): the nodes' quiet times passed on to the
+    master's supervisor, which decides; what it asks for fetched, and what it decided shown."""
 
-    listens = (wire.Progress,)
+    listens = (wire.Progress, wire.StallAsk, wire.Stalled, wire.Resumed)
 
-    def __init__(self, run: Run, dog: stall_watchdog.Watchdog) -> None:
+    def __init__(self, run: Run, view: stallview.StallView) -> None:
         self.run = run
-        self.dog = dog
+        self.view = view
 
     def event(self, name: str, ev: wire.Event, arrived: float) -> None:
         if isinstance(ev, wire.Progress):
-            self.dog.update(name, ev.quiet, arrived)
-
-    def tick(self, now: float) -> None:
-        if self.run.stopping_since is None:
-            self.dog.tick(now)
+            self.view.progress(name, ev.quiet)
+        elif isinstance(ev, wire.StallAsk):
+            self.view.ask(ev.what)
+        elif isinstance(ev, wire.Stalled):
+            self.view.stalled(ev)
+        elif isinstance(ev, wire.Resumed):
+            self.view.resumed()
 
     def finish(self) -> None:
-        self.dog.close()  # a report still being made when the attempt ended stays unsaid
+        self.view.close()  # what is still being fetched when the attempt ended stays unsaid
 
 
 def standard(run: Run) -> list[Watcher]:
@@ -295,7 +297,7 @@ def standard(run: Run) -> list[Watcher]:
 
 def watch_stalls(run: Run, folder: RunDir, journal: Journal, ssh: SshOptions, *,
                  say: Callable[[str], None]) -> None:
-    """The attempt's stall watchdog, where it has one (--stall-timeout, attached)."""
-    dog = stall_watchdog.for_session(run.plan, folder, journal, run.send, ssh, say=say)
-    if dog is not None:
-        run.add(Stalls(run, dog))
+    """The attempt's stall view, where it has one (--stall-timeout, attached)."""
+    view = stallview.for_session(run.plan, folder, journal, run.send, ssh, say=say)
+    if view is not None:
+        run.add(Stalls(run, view))

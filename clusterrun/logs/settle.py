@@ -81,8 +81,8 @@ def _journal(run: RunDir, given: Optional[Journal], say: Say) -> Iterator[Journa
 
 
 def record_stall(journal: Journal, k: int, states: Iterable[NodeState]) -> None:
-    """Attempt k is stalled while a host's state says so (a detached run's hub keeps its
-    report there: remote/node/stallwatch.py, with the report), and running again once none does."""
+    """Attempt k is stalled while a host's state says so (the master's supervisor keeps
+    its report there: remote/node/stallhub.py), and running again once none does."""
     found = [s.stall or {} for s in states if s.run_state is RunState.STALLED]
     if found:
         journal.stalled(k, dict(found[0]))

@@ -206,7 +206,7 @@ class Watch:
         recorded = lifecycle.recorded(self.run)
         state = recorded.value if recorded is not None else "unknown"
         if state == "running" and any(h.node_state == "stalled" for h in hosts):
-            state = "stalled"  # a detached run's hub found the stall (remote/node/stallwatch.py)
+            state = "stalled"  # the master's supervisor found it (remote/node/stallhub.py)
         return Frame(run=self.run.id, run_state=state, interval=self.interval, hosts=hosts,
                      ranks=ranks)
 

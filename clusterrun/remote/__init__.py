@@ -12,8 +12,8 @@ library only), and the rules both ends share. Each room is a folder:
   stdout writer (hostio), processes (procs), cgroups, the selectors loop (mainloop), the ranks'
   processes and py-spy stacks (pystack), asking the Flight Recorder for dumps (flightpipe).
 - ``node/``: the supervisor, program ``run.py``, and what only it uses: the gang, how ranks are
-  started (spawn), and its watchers (watchbase, lineup: progress, stallwatch, flightwatch,
-  linkwatch, nccllog, diskwatch).
+  started (spawn), and its watchers (watchbase, lineup: progress, stallwatch and its roles
+  stallhub, stallreach, stallpeer, flightwatch, linkwatch, nccllog, diskwatch).
 - ``probe/``: preflight's facts: programs ``probe.py`` and ``files.py`` (the copy's manifest),
   and the facts they read (sysinfo, nvidia, meshtest, throughput, pathcheck, envstate,
   sitedirs).

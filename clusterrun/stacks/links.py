@@ -5,10 +5,11 @@ would throw the wrong host out on a restart. The likeliest cause left is a host 
 broke while its SSH stayed up (a NIC or switch port that flaps): Gloo and NCCL then wait on
 peer sockets that carry nothing. So every host listens on an ephemeral port of the address its
 ranks use and connects to every other host's (preflight's all-pairs test,
-remote/tools/linkcheck.py), all at once, in seconds. A failed pair is put on one host by `check`'s
-rule (remote/shared/linkrule.py, which a detached run's hub applies too: a host nobody reaches, or
-one that reaches nobody): that host is the stall's root cause. When every pair connects, the report
-says the links are fine.
+remote/tools/linkcheck.py), all at once, in seconds. For an attached run the controller runs the
+test when the master's decider asks (stacks/stallview.py) and sends it what it found; the master
+puts a failed pair on one host by `check`'s rule (remote/shared/linkrule.py: a host nobody
+reaches, or one that reaches nobody), and that host is the stall's root cause. When every pair
+connects, the report says the links are fine.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.inventory.ranges import fold
 from clusterrun.preflight import mesh
 from clusterrun.preflight.report import Blocked
-from clusterrun.remote.shared import linkrule, protocol
+from clusterrun.remote.shared import protocol
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode, PlanRecord
@@ -144,9 +144,3 @@ def retest(run: RunDir, ssh: SshOptions, seconds: float = PAIR_SECONDS) -> Links
                 out.blocked.append(Blocked(source, target, str(result.get("error"))))
     return out
 
-
-def judge(links: Links) -> tuple[list[str], dict[str, Any], Optional[str]]:
-    """The report's lines, its record and the host the stall is put on (None: no link failed),
-    by the hub's rule and words (remote/shared/linkrule.py); host names folded by NodeSet here."""
-    return linkrule.judge(
-        links.hosts, links.blocked, links.addresses, links.untested, fold=fold)

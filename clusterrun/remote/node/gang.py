@@ -158,7 +158,7 @@ class Hub:
             conn.close()
             if msg.get("cause") == "signal":  # someone stopped that node: stop them all
                 self.sup.gang_stop(None, "%s was stopped" % peer)
-        elif op in (G.PROGRESS, G.STACKS, G.LINKS_PORT, G.LINKS_PAIRS):  # remote/node/stallwatch.py
+        elif op in (G.PROGRESS, G.STACKS, G.LINKS_PORT, G.LINKS_PAIRS):  # remote/node/stallreach.py
             self.sup.on_gang(conn.peer, msg)
 
     def _auth(self, conn, msg):
@@ -205,6 +205,22 @@ class Hub:
     def broadcast(self, msg):
         for conn in list(self.conns.values()):
             conn.send(msg)
+
+    def tell(self, peer, msg):
+        """One message for one connected peer; whether it is connected."""
+        conn = self.conns.get(peer)
+        if conn is None:
+            return False
+        conn.send(msg)
+        return True
+
+    def connected(self):
+        """The peers connected now."""
+        return {p for p, s in self.peers.items() if s == "connected"}
+
+    def address(self):
+        """The address the hub listens on (master_addr)."""
+        return self.listener.getsockname()[0]
 
     def tick(self):
         now = time.monotonic()

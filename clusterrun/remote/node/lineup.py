@@ -6,7 +6,7 @@ returns and knows none of them: a new concern of a running node is a watcher add
 import time
 
 from clusterrun.remote.hostlib import hostio
-from clusterrun.remote.node import diskwatch, nccllog, stallwatch, watchbase
+from clusterrun.remote.node import diskwatch, nccllog, stallhub, stallpeer, stallreach, watchbase
 from clusterrun.remote.shared import diskfloor, protocol
 
 
@@ -58,6 +58,23 @@ class Gang(watchbase.Watcher):
                 link.tick()
 
 
+def stall_role(node, req):
+    """This node's part in the stall watchdog: the master's supervisor decides for the run
+    (stallhub.py), reaching the others over the gang (detached) or through the controller
+    (attached: ``stall_nodes``, the run's nodes, in the master's request only); every other
+    node reports to it (stallpeer.py)."""
+    link = req.get("gang") or {}
+    timeout = float(req.get("stall_timeout") or 0)
+    if link.get("role") == "hub":
+        return stallhub.Decider(node, req, stallreach.ByGang(node, timeout))
+    if link:
+        return stallpeer.Peer(node, req)
+    if req.get("stall_nodes"):
+        return stallhub.Decider(node, req, stallreach.ByController(node, timeout,
+                                                                    req["stall_nodes"]))
+    return stallpeer.Reporter(node, req)
+
+
 def standard(node, req):
     """Every supervisor's watchers, for the run ``req`` asks for."""
-    return [Nccl(node, req), Disk(node), stallwatch.Watch(node, req), Gang(node)]
+    return [Nccl(node, req), Disk(node), stall_role(node, req), Gang(node)]

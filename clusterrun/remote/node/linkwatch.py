@@ -1,5 +1,5 @@
 """A detached run's stall with no odd rank out: the hub tests the hosts' links again (stdlib
-only, Python 3.6+; an attached run's controller does the same with clusterrun/stacks/links.py).
+only, Python 3.6+; an attached run's controller runs it with clusterrun/stacks/links.py).
 
 Over the gang, in the supervisors' loop: the hub asks every connected peer to listen on an
 ephemeral port of the address its gang connection uses (``links_listen``; the hub listens on

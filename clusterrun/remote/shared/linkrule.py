@@ -1,8 +1,8 @@
 """The verdict of an all-pairs link test (stdlib only, Python 3.6+): which host each failed
 pair is put on, and the words. One rule for `check`'s pairs (preflight/mesh.py) and for the
-stall watchdog's re-test of a stalled run's links, on an attached run's controller
-(stacks/links.py) and on a detached run's hub (linkwatch.py, shipped with the supervisor), so
-the three blame the same host and the two deciders print the same lines.
+stall watchdog's re-test of a stalled run's links, judged by the master's supervisor whether
+an attached run's controller ran the test (stacks/links.py) or a detached run's hub did
+(linkwatch.py, shipped with the supervisor), so `check` and the stall blame the same host.
 
 A failed pair is a ``(source, target, error)`` triple (preflight's ``Blocked`` is one):
 ``source`` could not connect to an ephemeral port of ``target``.

@@ -50,6 +50,12 @@ END = "end"  # a program's final event
 STATUS = "status"  # status.py's one answer (`ps`)
 STOPPED = "stopped"  # stop.py's one answer
 PROGRESS = "progress"  # the stall watchdog: how long no rank of the node has made progress
+# An attached run's stall decider (the master's supervisor, remote/node/stallhub.py) to its
+# controller: what to fetch for it (``what``: Lifeline.STACKS or Lifeline.LINKS), what it decided
+# (the report to show and record, and the node the controller is to stop), the run moves again.
+STALL_ASK = "stall_ask"
+STALLED = "stalled"
+RESUMED = "resumed"
 
 # The one answer of the programs that are not supervisors (common.reply), and the last event of a
 # chained program (transport/shell.py: its interpreter now waits for the next one).
@@ -73,6 +79,9 @@ FIELDS = {
     STATUS: ("state",),
     STOPPED: ("found", "was", "state"),
     PROGRESS: ("quiet",),
+    STALL_ASK: ("what",),
+    STALLED: ("lines", "report", "stop", "detail"),
+    RESUMED: (),
 }
 
 # The fields of a detached run's root cause (an END's root_cause), as its hub recorded it.
@@ -91,14 +100,18 @@ class Lifeline:
     HEARTBEAT = "hb"
     STOP = "stop"  # may carry a "reason"
     KILL = "kill"  # stop without the grace period (a second Ctrl-C)
-    STALL = "stall"  # the controller's stall watchdog: the report, or "fail" (--on-stall stop)
-    RESUMED = "resumed"  # the run moves again after a stall
+    STALL = "stall"  # "fail": the stall decider stops this node (--on-stall stop)
+    # To an attached run's stall decider (the master): another node's quiet time, and what the
+    # decider asked for (STALL_ASK): every rank's stacks, the links' re-test.
+    PROGRESS = "progress"
+    STACKS = "stacks"
+    LINKS = "links"
 
 
 class Gang:
     """A detached run's hub and its peers (gang.py), over their TCP connections; the stall
-    watchdog (stallwatch.py) and its link test (linkwatch.py) ride on them. Any line is heard as
-    a sign of life; HEARTBEAT says nothing more."""
+    watchdog (stallreach.py, stallpeer.py) and its link test (linkwatch.py) ride on them. Any
+    line is heard as a sign of life; HEARTBEAT says nothing more."""
 
     HELLO = "hello"  # hub: the challenge
     AUTH = "auth"  # peer: its answer, and its own challenge

@@ -1,8 +1,8 @@
 """The stall report: who is the odd rank out, and the words (stdlib only, Python 3.6+).
 
-One rule and one builder for both deciders: an attached run's controller
-(clusterrun/stacks/watchdog.py, which turns its typed stacks into these dicts) and a detached
-run's hub on the master (remote/node/stallwatch.py, with the dicts its peers sent over the gang). A
+One rule and one builder, used by the run's one stall decider, the master's supervisor
+(remote/node/stallhub.py), with the dicts its peers sent over the gang (detached) or the ones an
+attached run's controller collected (clusterrun/stacks/stallview.py); `stacks` groups alike. A
 rank is the dict remote/hostlib/pystack.py ``dump_all`` gives (``rank``, ``pid``, ``threads``,
 ``state``,
 ``error``, ``last_line``, ``where``) plus its ``node``.

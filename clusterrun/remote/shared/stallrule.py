@@ -13,10 +13,10 @@ for half the timeout, and whose collective sequence numbers then stand still wit
 open, is stuck: its CPU is NCCL's spinning, no progress (remote/node/flightwatch.py).
 
 Each supervisor measures its own node (``Progress``, remote/node/progress.py) and reports how long
-it has been quiet: to the controller (a "progress" event) or, detached, to the hub over the gang
-connection. The one decision is ``stalled``, used by the controller (clusterrun/stacks/watchdog.py)
-and by the hub (remote/node/stallwatch.py ``Watch``), which then gathers every rank's stack from the
-peers.
+it has been quiet: to the controller (a "progress" event, passed on to the master) or, detached, to
+the hub over the gang connection. The one decision is ``stalled``, made by the master's supervisor
+(remote/node/stallhub.py ``Decider``) for attached and detached runs alike, which then gathers every
+rank's stack.
 """
 
 from typing import Mapping, Optional

@@ -2,8 +2,8 @@
 
 py-spy is the one: ``<workdir>/runs/.tools/py-spy-<sha>`` (the first 16 hex digits of its
 SHA-256), for every run of that workdir. `clusterrun stacks` ships it when a host has none
-(stackdump.py), and `launch` does so before a run whose stall watchdog is on, so that a detached
-run's hub can read its ranks' stacks from the start (the supervisors look there:
+(stackdump.py), and `launch` does so before a run whose stall watchdog is on, so that the
+supervisors can read their ranks' stacks from the start (the supervisors look there:
 remote/node/stallwatch.py ``shipped``).
 
 As a program: the request ``{"path", "size"}``, then ``size`` bytes on stdin; the answer says
