@@ -516,3 +516,29 @@ def test_a_report_still_being_made_when_the_attempt_ends_stays_unsaid(
     release.set()
     busy.join(10)
     assert not busy.is_alive() and heard == []
+
+
+def test_the_decider_gets_an_answer_when_the_controller_cannot_ask_the_hosts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The master's decider waits for the stacks and the link test it asked the controller
+    for: when the controller cannot ask the hosts (the run's folder unreadable, say), the answer
+    says so, and the report made of it is blind and the links untested, never a wait forever."""
+    def unreadable(run: RunDir, ssh: SshOptions) -> Collected:
+        raise OSError(13, "Permission denied", str(tmp_path / "plan.json"))
+
+    monkeypatch.setattr(stallview, "collect", unreadable)
+    monkeypatch.setattr(links, "retest", unreadable)
+    sent: list[dict[str, Any]] = []
+    view = stallview.StallView(RunDir(tmp_path), HOSTS, 8, SshOptions(), master="node1",
+                               send=lambda node, op: sent.append(op), say=print,
+                               record=print)
+    for what in (protocol.Lifeline.STACKS, protocol.Lifeline.LINKS):
+        busy = view.ask(what)
+        busy.join(10)
+        assert not busy.is_alive()
+    stacks, tested = sent
+    lines, record = stallreach.collected(stacks, 8)
+    assert record.get("blind") and "Permission denied" in stacks["problems"]["node2"], lines
+    more, _record, blamed = judge(links.Links(tested["hosts"], tested["blocked"],
+                                              untested=tested["untested"]))
+    assert blamed is None and "Permission denied" in more[-1], more

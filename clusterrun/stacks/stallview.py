@@ -20,6 +20,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from clusterrun import wire
+from clusterrun.errors import ClusterrunError
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.remote.shared.protocol import OP, Lifeline
 from clusterrun.runs.journal import Journal
@@ -92,12 +93,23 @@ class StallView:
     def ask(self, what: str) -> threading.Thread:
         """Fetch what the master asked for, on a thread, and send it there."""
         def fetch() -> None:
-            if what == Lifeline.STACKS:
-                found = collect(self.run, self.ssh)
-                self.found = found
-                self._send(self.master, stacks_op(found))
-            elif what == Lifeline.LINKS:
-                self._send(self.master, links_op(links.retest(self.run, self.ssh)))
+            try:
+                if what == Lifeline.STACKS:
+                    found = collect(self.run, self.ssh)
+                    self.found = found
+                    self._send(self.master, stacks_op(found))
+                elif what == Lifeline.LINKS:
+                    self._send(self.master, links_op(links.retest(self.run, self.ssh)))
+            except (ClusterrunError, OSError) as exc:
+                # The decider waits for an answer: one that says what could not be seen keeps
+                # it deciding (a blind report, links untested) instead of waiting forever.
+                why = f"the controller could not ask the hosts: {exc}"
+                if what == Lifeline.STACKS:
+                    self._send(self.master, stacks_op(Collected(
+                        self.run.id, problems=dict.fromkeys(self.seen, why))))
+                else:
+                    self._send(self.master, links_op(links.Links(
+                        [], [], untested=dict.fromkeys(self.seen, why))))
 
         busy = threading.Thread(target=fetch, daemon=True, name="clusterrun-stall")
         busy.start()
