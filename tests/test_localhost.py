@@ -69,6 +69,10 @@ def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None
     assert re.search(r"stall: ranks 0-1 \(node\[0-1\]\) wait in <module> \(job\.py:3\)",
                      cp.stderr), cp.stderr
     assert "Traceback" not in cp.stderr
+    # Said once, by the controller: the master that decided keeps it out of its node.log,
+    # whose lines the console shows too.
+    assert cp.stderr.count("stall: no rank made progress") == 1, cp.stderr
+    assert "stall:" not in cp.stdout, cp.stdout
     # Recorded as a stall, not as a rank that exits 7: no rank stood out, so no host is blamed
     # (the master only ended the run), and the record says why.
     ps = run_cli("ps", "--json")
