@@ -69,8 +69,8 @@ def test_a_stall_ended_by_on_stall_stop_is_7(home: Path, tmp_path: Path) -> None
     assert re.search(r"stall: ranks 0-1 \(node\[0-1\]\) wait in <module> \(job\.py:3\)",
                      cp.stderr), cp.stderr
     assert "Traceback" not in cp.stderr
-    # Said once, by the controller: the master that decided keeps it out of its node.log,
-    # whose lines the console shows too.
+    # Said once on the console, by the controller: the master's copy in its node.log (which
+    # `logs` shows) is left out of the console's view of node.log.
     assert cp.stderr.count("stall: no rank made progress") == 1, cp.stderr
     assert "stall:" not in cp.stdout, cp.stdout
     # Recorded as a stall, not as a rank that exits 7: no rank stood out, so no host is blamed

@@ -22,7 +22,7 @@ from clusterrun.launch.nccl import NcclWatch
 from clusterrun.launch.outcome import NodeOutcome, failures
 from clusterrun.logs.view import LogView
 from clusterrun.plan.model import LaunchPlan
-from clusterrun.remote.shared import layout, timing
+from clusterrun.remote.shared import layout, stallreport, timing
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks import stallview
@@ -214,6 +214,8 @@ class Fold:
         *lines, rest = text.split(b"\n")
         shown = []
         for line in lines:
+            if stallreport.is_note(line):
+                continue  # the master's copy of a stall report the controller prints itself
             if node not in self.quiet and TEARDOWN_OUTPUT.search(line):
                 self.quiet.add(node)
             if node in self.quiet:

@@ -16,8 +16,8 @@ from clusterrun.remote.shared import stallreport, stallrule
 
 
 class Decider(stallwatch.Watch):
-    """The master's role: decides, keeps the report (state.json; node.log when the reach does
-    not show it elsewhere), and stops the blamed node with --on-stall stop."""
+    """The master's role: decides, keeps the report (node.log, state.json), and stops the
+    blamed node with --on-stall stop."""
 
     def __init__(self, node, req, reach):
         super().__init__(node, req)
@@ -67,8 +67,7 @@ class Decider(stallwatch.Watch):
 
     def stalled(self, lines, report, still=True):
         self.fired = True
-        if self.reach.notes:
-            stallwatch.note(self.node.rundir, lines)
+        stallwatch.note(self.node.rundir, lines)
         self.node.state(state="stalled", stall=dict(report, lines=lines, at=time.time()))
         # The host to stop and its failure's detail (stallreport.stop): the odd rank's host, or
         # the one whose links failed; neither (None): the master, whose failure's detail says
@@ -82,7 +81,6 @@ class Decider(stallwatch.Watch):
     def resumed(self):
         if self.fired:
             self.fired = False
-            if self.reach.notes:
-                stallwatch.note(self.node.rundir, ["the run moves again: running"])
+            stallwatch.note(self.node.rundir, [stallreport.MOVES_AGAIN])
             self.node.state(state="running")
             self.reach.resumed()

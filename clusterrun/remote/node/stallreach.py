@@ -34,7 +34,6 @@ class ByGang:
 
     ops = ()
     gang = (G.PROGRESS, G.STACKS, *G.LINKS)
-    notes = True  # the report goes into node.log: `logs` shows it, nobody else prints it
 
     def __init__(self, node, timeout):
         self.node = node
@@ -139,9 +138,6 @@ class ByController:
 
     ops = (L.PROGRESS, L.STACKS, L.LINKS)
     gang = ()
-    # Not into node.log: the controller prints the report, and node.log streams to its console,
-    # which would show every line twice.
-    notes = False
 
     def __init__(self, node, timeout, nodes):
         self.node = node

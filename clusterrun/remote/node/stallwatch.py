@@ -42,9 +42,10 @@ def shipped(rundir):
 
 def note(rundir, lines):
     """Into node.log, so `logs` shows the report with the run's other lines."""
-    text = "".join("clusterrun: %s\n" % line for line in lines)
+    text = stallreport.noted(lines)
     try:
-        fd = os.open(os.path.join(rundir, "node.log"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(rundir, layout.NODE_LOG),
+                     os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         try:
             os.write(fd, text.encode("utf-8", "replace"))
         finally:

@@ -34,6 +34,20 @@ BLIND = "no rank's stack could be read, so no rank or host can be named as the c
 # report's line that names such a host (``LINKS_ROOT % host``).
 LINKS_FAIL = "its links fail: "
 LINKS_ROOT = "stall: root cause: %s's links fail: "
+# How the decider keeps a report's lines, and the run moving again, in the master's node.log,
+# so that `logs` shows them with the run's other lines (``noted``). An attached run's console,
+# on which the controller prints the report itself, leaves these lines out (``is_note``).
+NOTE = "clusterrun: %s\n"
+MOVES_AGAIN = "the run moves again: running"
+
+
+def noted(lines: Sequence[str]) -> str:
+    return "".join(NOTE % line for line in lines)
+
+
+def is_note(line: bytes) -> bool:
+    """Whether a line of node.log is one the decider wrote there (``noted``)."""
+    return line.startswith(b"clusterrun: stall: ") or line == (NOTE % MOVES_AGAIN)[:-1].encode()
 
 
 def spans(numbers: Iterable[int]) -> str:
