@@ -45,9 +45,15 @@ def noted(lines: Sequence[str]) -> str:
     return "".join(NOTE % line for line in lines)
 
 
+# The two kinds of line ``noted`` writes, as node.log holds them (bytes, no newline): made once,
+# since the console asks of every line of node.log.
+_STALL_NOTE = (NOTE % "stall: ")[:-1].encode()
+_MOVES_NOTE = (NOTE % MOVES_AGAIN)[:-1].encode()
+
+
 def is_note(line: bytes) -> bool:
     """Whether a line of node.log is one the decider wrote there (``noted``)."""
-    return line.startswith(b"clusterrun: stall: ") or line == (NOTE % MOVES_AGAIN)[:-1].encode()
+    return line.startswith(_STALL_NOTE) or line == _MOVES_NOTE
 
 
 def spans(numbers: Iterable[int]) -> str:
