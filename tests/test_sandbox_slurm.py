@@ -109,6 +109,12 @@ def test_scancel_ends_every_step_on_every_node(cluster: Cluster,
         assert wait_no_job_processes(cluster, [A, B, D], 10) == {}
         for proc in steps:
             proc.wait(timeout=10)
+    # COMPLETING is Slurm's own step between scancel and gone: slurmctld holds the job until
+    # every node's slurmd has said its steps ended, which takes a moment on a loaded machine.
+    deadline = time.monotonic() + 30
+    while (left := sandbox_slurm.squeue(slurm_nodes)) and time.monotonic() < deadline:
+        assert all(j["state"] == "COMPLETING" for j in left), left
+        time.sleep(0.2)
     assert sandbox_slurm.squeue(slurm_nodes) == []
 
 
