@@ -4,6 +4,8 @@ hosts at once."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Optional
 
 from clusterrun.inventory import HostSpec
 from clusterrun.transport.base import ConnectError, Process, SshOptions, Transport
@@ -12,7 +14,7 @@ from clusterrun.transport.srun import SrunTransport
 from clusterrun.transport.ssh import SshTransport
 
 __all__ = ["ConnectError", "LocalTransport", "Process", "SshOptions", "SshTransport", "Transport",
-           "connect"]
+           "connect", "direct", "route"]
 
 
 # SSH handshakes at once in this process, whatever the callers' fan-out: the key exchange (in
@@ -22,7 +24,19 @@ HANDSHAKES = 64
 _handshakes = threading.BoundedSemaphore(HANDSHAKES)
 
 
-def connect(spec: HostSpec, options: SshOptions) -> SshTransport | LocalTransport | SrunTransport:
+# How a command reaches its hosts when the warm session is on (clusterrun.session.client's
+# connector, set by the command line); None: directly, as ``direct`` does.
+route: Optional[Callable[[HostSpec, SshOptions], Transport]] = None
+
+
+def connect(spec: HostSpec, options: SshOptions) -> Transport:
+    if route is not None:
+        return route(spec, options)
+    return direct(spec, options)
+
+
+def direct(spec: HostSpec, options: SshOptions) -> SshTransport | LocalTransport | SrunTransport:
+    """A connection of this process's own: SSH, srun, or none for a local host."""
     transport: SshTransport | LocalTransport | SrunTransport
     if spec.transport == "srun":
         transport = SrunTransport(spec)
