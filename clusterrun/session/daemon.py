@@ -225,6 +225,12 @@ class Daemon:
         if uid != self.uid:
             log.warning("refused a client of uid %d (this session is uid %d's)", uid, self.uid)
             client.error(0, Outcome.LOCAL_FILES, "this clusterrun session belongs to another user")
+            # What it sent unread would turn the close into a reset, losing the answer.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(2)
+                while sock.recv(65536):
+                    pass
             sock.close()
             return
         with self._lock:
