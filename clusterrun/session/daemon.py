@@ -11,6 +11,7 @@ that drops."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -46,6 +47,57 @@ def peer_uid(sock: socket.socket) -> int:
     return int(struct.unpack("3i", creds)[1])
 
 
+class Outbox:
+    """What goes to one client, written by a thread of its own: a client that stops reading
+    (a stopped CLI) holds up only itself, never an agent's channel that other commands share.
+    Past LIMIT bytes queued it is cut off, as a client that died."""
+
+    LIMIT = 256 * 1024 * 1024
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.closed = False
+        self.cond = threading.Condition()
+        threading.Thread(target=self._write, daemon=True, name="outbox").start()
+
+    def put(self, data: bytes) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            if self.size + len(data) > self.LIMIT:
+                self.closed = True
+                with contextlib.suppress(OSError):  # its reader sees the end, ends its requests
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                self.cond.notify_all()
+                return
+            self.queue.append(data)
+            self.size += len(data)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def _write(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    break
+                data = self.queue.popleft()
+                self.size -= len(data)
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.close()
+                break
+        self.sock.close()
+
+
 class Client:
     """One connection from a command: the host it is bound to, its open requests."""
 
@@ -57,16 +109,12 @@ class Client:
         self.fields: dict[str, Any] = {}
         self.options = SshOptions()
         self.open: dict[int, tuple[HostLink, int]] = {}  # client id -> (link, agent id)
-        self._send = threading.Lock()
+        self.outbox = Outbox(sock)
 
     def deliver(self, kind: int, rid: int, payload: bytes) -> None:
         if kind in (frames.EXIT, frames.ERROR):
             self.open.pop(rid, None)
-        try:
-            with self._send:
-                self.sock.sendall(frames.encode(kind, rid, payload))
-        except OSError:
-            pass  # it is gone: its reader ends its requests
+        self.outbox.put(frames.encode(kind, rid, payload))
 
     def error(self, rid: int, outcome: Outcome, message: str) -> None:
         self.deliver(frames.ERROR, rid, json.dumps(
@@ -85,7 +133,7 @@ class Client:
             for link, rid in list(self.open.values()):
                 link.end(rid)
             self.open.clear()
-            self.sock.close()
+            self.outbox.close()  # what is queued still goes: a `session` answer, say
 
     def on_frame(self, kind: int, rid: int, payload: bytes) -> None:
         if kind == frames.RUN:
@@ -204,7 +252,8 @@ class Daemon:
 
     def serve(self) -> None:
         threading.Thread(target=self._ping, daemon=True, name="ping").start()
-        self.listener.settimeout(1.0)
+        with contextlib.suppress(OSError):  # stopped before it began: the loop ends at once
+            self.listener.settimeout(1.0)
         while not self.stopping.is_set():
             try:
                 sock, _ = self.listener.accept()
@@ -221,10 +270,12 @@ class Daemon:
 
     def _serve(self, sock: socket.socket) -> None:
         uid = peer_uid(sock)
-        client = Client(self, sock)
         if uid != self.uid:
             log.warning("refused a client of uid %d (this session is uid %d's)", uid, self.uid)
-            client.error(0, Outcome.LOCAL_FILES, "this clusterrun session belongs to another user")
+            with contextlib.suppress(OSError):
+                sock.sendall(frames.encode_json(frames.ERROR, 0, {
+                    "outcome": Outcome.LOCAL_FILES.name,
+                    "message": "this clusterrun session belongs to another user"}))
             # What it sent unread would turn the close into a reset, losing the answer.
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_WR)
@@ -233,6 +284,7 @@ class Daemon:
                     pass
             sock.close()
             return
+        client = Client(self, sock)
         with self._lock:
             self.clients += 1
         try:
