@@ -5,6 +5,7 @@ idle exit, and the connection key."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ from clusterrun import transport
 from clusterrun.remote.shared import frames
 from clusterrun.session import client, daemon, hostlink, paths
 from clusterrun.transport.base import ConnectError, SshOptions
-from tests.conftest import REPO, host_spec
+from tests.conftest import REPO, host_spec, run_cli
 
 LOCAL = host_spec("localhost", "here")
 
@@ -216,3 +217,22 @@ def test_the_socket_is_not_open_to_others(served: Served) -> None:
     sock.connect(str(paths.socket_path()))
     assert daemon.peer_uid(sock) == os.getuid()
     sock.close()
+
+
+def test_the_session_command_shows_and_stops_the_daemon(served: Served) -> None:
+    made = connected()
+    cp = run_cli("session", "--json")
+    assert cp.returncode == 0, cp.stderr
+    status = json.loads(cp.stdout)
+    assert status["running"] and status["pid"] == os.getpid()  # served from this process
+    assert [(h["name"], h["agent_pid"]) for h in status["hosts"]] == [("here", made.agent_pid)]
+    cp = run_cli("session")
+    assert f"agent pid {made.agent_pid}" in cp.stdout, cp.stdout + cp.stderr
+    made.close()
+    cp = run_cli("session", "stop")
+    assert cp.returncode == 0 and "session stopped" in cp.stdout, cp.stdout + cp.stderr
+    served.thread.join(5)
+    assert not served.thread.is_alive()
+    cp = run_cli("session", "--json")
+    assert json.loads(cp.stdout) == {"running": False}
+    assert "no session running" in run_cli("session", "stop").stdout

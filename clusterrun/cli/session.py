@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import click
@@ -48,17 +47,8 @@ def stop() -> None:
     if status is None or client.ask("stop") is None:
         click.echo("no session running")
         return
+    # The daemon closes every host's channel before it stops listening.
     gone = time.monotonic() + 10
-    while time.monotonic() < gone and _alive(int(status["pid"])):
+    while time.monotonic() < gone and client.ask("status") is not None:
         time.sleep(0.05)
     click.echo(f"session stopped (daemon pid {status['pid']})")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -308,7 +308,11 @@ def ask(op: str) -> Optional[dict[str, Any]]:
     if sock is None:
         return None
     channel = _Channel(sock, "control")
-    proc = channel.request({"op": op})
+    try:
+        proc = channel.request({"op": op})
+    except OSError:  # it stopped listening just now
+        channel.close()
+        return None
     proc.done.wait(30)
     out = bytearray()
     while True:
