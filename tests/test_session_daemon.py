@@ -87,6 +87,21 @@ def test_commands_run_through_the_daemon_on_one_agent(served: Served) -> None:
     second.close()
 
 
+def test_pings_keep_the_agent(session_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(daemon, "PING_EVERY", 0.1)
+    served = Served()
+    try:
+        made = connected()
+        time.sleep(0.6)
+        assert made.run("exit 0").wait(10) == 0
+        status = client.ask("status")
+        assert status is not None
+        assert [(h["agent_pid"], h["alive"]) for h in status["hosts"]] == [(made.agent_pid, True)]
+        made.close()
+    finally:
+        served.stop()
+
+
 def test_a_closed_client_ends_its_commands_stdin(served: Served, tmp_path: Path) -> None:
     mark = tmp_path / "saw-eof"
     made = connected()

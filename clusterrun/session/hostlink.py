@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -18,6 +19,8 @@ from clusterrun.remote.shared import frames
 from clusterrun.session.client import SPEC_FIELDS
 from clusterrun.transport import programs, shell
 from clusterrun.transport.base import ConnectError, SshOptions, Transport
+
+log = logging.getLogger("clusterrun.session")
 
 AGENT = "hostagent.py"
 PING_EVERY = 10.0  # seconds between the daemon's pings of each agent
@@ -153,6 +156,8 @@ class HostLink:
             pass
         self.dead = True
         self._hello.set()
+        said = self._stderr.decode("utf-8", "replace").strip()[-2000:]
+        log.info("%s: the agent's channel ended%s", self.spec.name, ": " + said if said else "")
         with self._lock:
             lost, self._routes = list(self._routes.values()), {}
         # As a broken SSH connection looks to a channel: both streams end, no exit status.
@@ -163,7 +168,7 @@ class HostLink:
 
     def _route(self, kind: int, rid: int, payload: bytes) -> None:
         if kind == frames.PONG:
-            if rid == 0:
+            if rid == 0 and payload:  # the agent's hello (a ping's answer is empty)
                 self.agent_pid = int(frames.loads(payload).get("pid") or 0) or None
                 self._hello.set()
             return
