@@ -21,6 +21,8 @@ from tests.conftest import Cluster, Reader, _cmdline, copy_payload, run_cli, sta
 pytestmark = pytest.mark.cluster
 
 HOSTS = [f"node{k}" for k in range(8, 16)]  # clear of the container hosts
+# Longer than any wait below: a run must end by its lifeline's EOF, not by a missed lease.
+LEASE = 60
 
 
 @pytest.fixture
@@ -89,20 +91,35 @@ def test_a_ddp_launch_runs_through_the_session(cluster: Cluster, tmp_path: Path,
                                                session_on: None) -> None:
     names = HOSTS[:3]
     inv = str(cluster.inventory(tmp_path / "inv.yaml", names))
-    script = copy_payload(tmp_path, "ddp_ticker.py", "ddp")
-    cp = run_cli("launch", "--nproc-per-node", "1", "--env", "STEPS=3", inv, str(script))
+    (tmp_path / "ddp").mkdir()
+    script = tmp_path / "ddp" / "tiny.py"
+    script.write_text(TINY_DDP)
+    cp = run_cli("launch", "--nproc-per-node", "1", inv, str(script))
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.count("sum 3.0") == 3, cp.stdout
     assert set(agents()) == set(names)
-    again = logins(cluster, names, ok("launch", "--nproc-per-node", "1", "--env", "STEPS=3",
-                                      inv, str(script)))
+    again = logins(cluster, names, ok("launch", "--nproc-per-node", "1", inv, str(script)))
     assert again == dict.fromkeys(names, 0)
     assert left_but_the_session(cluster, names, agents(), 10) == {}
+
+
+TINY_DDP = """import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+for _ in range(3):
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+total = torch.ones(1)
+dist.all_reduce(total)
+print("rank", dist.get_rank(), "sum", float(total), flush=True)
+dist.destroy_process_group()
+"""
 
 
 def start_attached(cluster: Cluster, tmp_path: Path, names: list[str]) -> tuple[Any, Reader]:
     inv = cluster.inventory(tmp_path / "inv.yaml", names)
     payload = copy_payload(tmp_path, "faulty.py")
-    proc = start_cli("launch", "--nproc-per-node", "1", "--grace", "3", "--lease", "10",
+    proc = start_cli("launch", "--nproc-per-node", "1", "--grace", "3", "--lease", str(LEASE),
                      "--env", f"TEST_DIR=/tmp/clusterrun-faulty/{tmp_path.name}", str(inv),
                      str(payload), start_new_session=True)
     out = Reader(proc.stdout)  # type: ignore[arg-type]
@@ -119,7 +136,7 @@ def test_a_killed_cli_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Pat
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     # The daemon ends the dead client's requests (EOF): each supervisor ends its node.
-    assert left_but_the_session(cluster, names, held, 20) == {}
+    assert left_but_the_session(cluster, names, held, 15) == {}
     assert agents() == held
 
 
@@ -131,7 +148,7 @@ def test_a_killed_daemon_ends_the_run_it_carried(cluster: Cluster, tmp_path: Pat
     os.kill(daemon, signal.SIGKILL)
     # Its connections drop: each agent sees EOF and exits, and so every supervisor's stdin
     # ends. Nothing stays, the agents included.
-    assert left_but_the_session(cluster, names, {}, 25) == {}
+    assert left_but_the_session(cluster, names, {}, 15) == {}
     with contextlib.suppress(Exception):
         proc.wait(30)
     if proc.poll() is None:
