@@ -167,3 +167,17 @@ def test_session_stop_leaves_no_agent(cluster: Cluster, tmp_path: Path,
     started = time.monotonic()
     ok("exec", inv, "--", "true")()  # a new daemon on demand
     assert time.monotonic() - started < 60
+
+
+def test_a_killed_agent_is_replaced_on_the_next_command(cluster: Cluster, tmp_path: Path,
+                                                        session_on: None) -> None:
+    names = HOSTS[:2]
+    inv = str(cluster.inventory(tmp_path / "inv.yaml", names))
+    ok("exec", inv, "--", "true")()
+    held = agents()
+    cluster.run_on(names[0], "kill", "-KILL", str(held[names[0]]))
+    cp = run_cli("exec", inv, "--", "hostname")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stderr and "session" not in cp.stderr, cp.stderr
+    now = agents()
+    assert now[names[0]] != held[names[0]] and now[names[1]] == held[names[1]]

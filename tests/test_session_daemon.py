@@ -34,7 +34,7 @@ def session_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="crs-") as folder:
         monkeypatch.setenv("CLUSTERRUN_HOME", folder)
         yield Path(folder)
-        client.ask("stop")
+        client.ask(frames.STOP)
 
 
 class Served:
@@ -81,7 +81,7 @@ def test_commands_run_through_the_daemon_on_one_agent(served: Served) -> None:
     second = connected()  # another command: the same connection and agent
     assert second.agent_pid == first.agent_pid
     assert second.run("exit 0").wait(10) == 0
-    status = client.ask("status")
+    status = client.ask(frames.STATUS)
     assert status is not None and [h["agent_pid"] for h in status["hosts"]] == [first.agent_pid]
     first.close()
     second.close()
@@ -94,7 +94,7 @@ def test_pings_keep_the_agent(session_home: Path, monkeypatch: pytest.MonkeyPatc
         made = connected()
         time.sleep(0.6)
         assert made.run("exit 0").wait(10) == 0
-        status = client.ask("status")
+        status = client.ask(frames.STATUS)
         assert status is not None
         assert [(h["agent_pid"], h["alive"]) for h in status["hosts"]] == [(made.agent_pid, True)]
         made.close()
@@ -141,7 +141,7 @@ def test_a_killed_daemon_ends_its_commands_stdin(session_home: Path, tmp_path: P
     made = connected()
     mark = tmp_path / "saw-eof"
     made.run(f"cat >/dev/null; touch {mark}")
-    status = client.ask("status")
+    status = client.ask(frames.STATUS)
     assert status is not None
     os.kill(status["pid"], signal.SIGKILL)
     assert wait_for(mark), "the command outlived its daemon's lifeline"
@@ -173,7 +173,7 @@ def test_another_user_gets_nothing_even_past_the_folder(session_home: Path) -> N
         probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
                  "s.sendall(bytes.fromhex(sys.argv[2]))\n"
                  "print(repr(s.recv(4096)))\nprint(repr(s.recv(4096)))\n")
-        ask = frames.encode_json(frames.RUN, 1, {"op": "status"}).hex()
+        ask = frames.encode_json(frames.RUN, 1, {frames.CONTROL: frames.STATUS}).hex()
         out = subprocess.run(["/usr/bin/python3", "-S", "-c", probe, path, ask],
                              capture_output=True, text=True, timeout=30, check=False,
                              user=65534, group=65534)

@@ -8,6 +8,7 @@ import time
 import click
 
 from clusterrun.cli.common import CONTEXT
+from clusterrun.remote.shared import frames
 from clusterrun.session import client, paths
 
 
@@ -20,7 +21,7 @@ def session(ctx: click.Context, as_json: bool) -> None:
     it has been idle, and the hosts it holds with their agent's pid."""
     if ctx.invoked_subcommand is not None:
         return
-    status = client.ask("status")
+    status = client.ask(frames.STATUS)
     if as_json:
         click.echo(json.dumps({"running": status is not None, **(status or {})}))
         return
@@ -43,12 +44,12 @@ def session(ctx: click.Context, as_json: bool) -> None:
 @session.command(context_settings=CONTEXT)
 def stop() -> None:
     """End the session now: its agents exit (EOF on their channel), connections close."""
-    status = client.ask("status")
-    if status is None or client.ask("stop") is None:
+    status = client.ask(frames.STATUS)
+    if status is None or client.ask(frames.STOP) is None:
         click.echo("no session running")
         return
     # The daemon closes every host's channel before it stops listening.
     gone = time.monotonic() + 10
-    while time.monotonic() < gone and client.ask("status") is not None:
+    while time.monotonic() < gone and client.ask(frames.STATUS) is not None:
         time.sleep(0.05)
     click.echo(f"session stopped (daemon pid {status['pid']})")

@@ -302,14 +302,14 @@ def _try_connect(path: str) -> Optional[socket.socket]:
     return sock
 
 
-def ask(op: str) -> Optional[dict[str, Any]]:
+def ask(asked: str) -> Optional[dict[str, Any]]:
     """A request to the running daemon itself (``status``, ``stop``); None when none runs."""
     sock = _try_connect(str(paths.socket_path()))
     if sock is None:
         return None
     channel = _Channel(sock, "control")
     try:
-        proc = channel.request({"op": op})
+        proc = channel.request({frames.CONTROL: asked})
     except OSError:  # it stopped listening just now
         channel.close()
         return None

@@ -153,9 +153,9 @@ class Client:
                 link.send(kind, agent_rid, payload)
 
     def on_run(self, rid: int, request: dict[str, Any]) -> None:
-        op = request.get("op")
-        if op is not None:
-            self.daemon.control(self, rid, str(op))
+        asked = request.get(frames.CONTROL)
+        if asked is not None:
+            self.daemon.control(self, rid, str(asked))
             return
         try:
             if "host" in request:
@@ -230,15 +230,15 @@ class Daemon:
                 self.links[key] = made
             return made
 
-    def control(self, client: Client, rid: int, op: str) -> None:
-        if op == "status":
+    def control(self, client: Client, rid: int, asked: str) -> None:
+        if asked == frames.STATUS:
             client.deliver(frames.STDOUT, rid, json.dumps(self.status()).encode())
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
-        elif op == "stop":
+        elif asked == frames.STOP:
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
             self.stop("asked to stop")
         else:
-            client.error(rid, Outcome.USAGE, f"unknown request {op!r}")
+            client.error(rid, Outcome.USAGE, f"unknown request {asked!r}")
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -8,7 +8,7 @@ asked; the daemon maps a client's ids to its own on the agent's channel.
 
 - RUN, payload JSON ``{"command": str}``: start ``/bin/sh -c command``. On the client's leg the
   first RUN of a connection names the host instead (``{"host": ..., "options": ...}``, see
-  clusterrun/session/), and ``{"op": "status"|"stop"}`` asks the daemon itself.
+  clusterrun/session/), and ``{"control": "status"|"stop"}`` asks the daemon itself.
 - STDIN (bytes), EOF (close the command's stdin), CLOSE (the asker closed its end: close the
   command's stdin and stop relaying its output; the command is not killed, as with sshd).
 - STDOUT, STDERR (bytes; an empty payload is that stream's end), EXIT (JSON ``{"status": int}``,
@@ -34,6 +34,11 @@ EXIT = 7
 ERROR = 8
 PING = 9
 PONG = 10
+
+# A client's RUN that asks the daemon itself: {CONTROL: STATUS} or {CONTROL: STOP}.
+CONTROL = "control"
+STATUS = "status"
+STOP = "stop"
 
 NAMES = {RUN: "RUN", STDIN: "STDIN", EOF: "EOF", CLOSE: "CLOSE", STDOUT: "STDOUT",
          STDERR: "STDERR", EXIT: "EXIT", ERROR: "ERROR", PING: "PING", PONG: "PONG"}
