@@ -218,7 +218,9 @@ class Daemon:
         with gate:  # two clients of one host wait for one handshake
             with self._lock:
                 found = self.links.get(key)
-            if found is not None and not found.dead:
+            # Each command's first word with a host checks that its agent still answers, so a
+            # cut network or a rebooted host shows within the command's connect timeout.
+            if found is not None and not found.dead and found.answers(options.connect_timeout):
                 return found
             if found is not None:
                 log.info("%s: the agent or its connection ended; connecting again",

@@ -91,6 +91,8 @@ class HostLink:
         self._routes: dict[int, tuple[Peer, int]] = {}
         self._ids = itertools.count(1)
         self._hello = threading.Event()
+        self._pings = itertools.count(1 << 31)  # ids of its own: never a request's
+        self._pongs: dict[int, threading.Event] = {}
         try:
             self.proc = self.transport.run(agent_command(spec))
         except ConnectError:
@@ -142,6 +144,24 @@ class HostLink:
             except OSError:
                 return
 
+    def answers(self, timeout: float) -> bool:
+        """Whether the agent answers a ping within ``timeout``: a connection that a network
+        cut or a rebooted host left half-open looks alive until something crosses it."""
+        with self._lock:
+            rid = next(self._pings)
+            answered = self._pongs[rid] = threading.Event()
+        try:
+            self.send(frames.PING, rid)
+            ok = answered.wait(timeout)
+        except OSError:
+            ok = False
+        finally:
+            with self._lock:
+                self._pongs.pop(rid, None)
+        if not ok:
+            self.dead = True
+        return ok
+
     def open_requests(self) -> int:
         with self._lock:
             return len(self._routes)
@@ -171,6 +191,10 @@ class HostLink:
             if rid == 0 and payload:  # the agent's hello (a ping's answer is empty)
                 self.agent_pid = int(frames.loads(payload).get("pid") or 0) or None
                 self._hello.set()
+            with self._lock:
+                answered = self._pongs.get(rid)
+            if answered is not None:
+                answered.set()
             return
         with self._lock:
             route = self._routes.get(rid)
