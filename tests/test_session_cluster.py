@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -183,3 +184,21 @@ def test_a_killed_agent_is_replaced_on_the_next_command(cluster: Cluster, tmp_pa
     assert "Traceback" not in cp.stderr and "session" not in cp.stderr, cp.stderr
     now = agents()
     assert now[names[0]] != held[names[0]] and now[names[1]] == held[names[1]]
+
+
+def test_a_network_cut_between_two_commands_shows_within_the_connect_timeout(
+        cluster: Cluster, tmp_path: Path, session_on: None, partitioned: list[str]) -> None:
+    """The held connection looks alive until something crosses it: the next command's ping
+    finds out within its connect timeout, and the host is reported as without the session."""
+    names = HOSTS[:2]
+    inv = str(cluster.inventory(tmp_path / "inv.yaml", names))
+    ok("exec", inv, "--", "true")()
+    sandbox.partition(cluster.sb, names[0])
+    partitioned.append(names[0])
+    started = time.monotonic()
+    cp = run_cli("exec", "--connect-timeout", "1", inv, "--", "hostname", timeout=60)
+    assert time.monotonic() - started < 8, cp.stderr
+    assert cp.returncode == 4, cp.stderr
+    assert cp.stdout.splitlines() == [f"{names[1]}: {names[1]}"], cp.stdout
+    assert re.search(rf"^{names[0]}: timeout: no SSH answer within 1 s", cp.stderr, re.M), \
+        cp.stderr
