@@ -214,12 +214,12 @@ class Bench:
         local_before = resident.before() if resident else {}
         sample = common.measure(argv, env=env)
         time.sleep(SETTLE)
-        local = resident.used(local_before) if resident else 0.0
+        local = resident.used(local_before) if resident else float("nan")  # "-": none
         sample.remote_cpu = common.hosts_cpu_live(self.sb, self.background) - host_before
         counts = [sandbox.logins(self.sb, h) - b for h, b in zip(hosts, logins_before)]
         sample.extra.update(resident_cpu=local,
                             logins=float(max(counts)), logins_mean=sum(counts) / len(counts))
-        sample.extra["controller_cpu"] = sample.cpu + sample.extra["resident_cpu"]
+        sample.extra["controller_cpu"] = sample.cpu + (local if resident else 0.0)
         check(sample.stdout)
         return sample
 
@@ -279,7 +279,8 @@ def candidates(b: Bench, expire_after: float) -> dict[str, Callable[[], Sample]]
         raise SystemExit("clush is not installed (pip install clustershell)")
     addrs = ",".join(h.address for h in b.sb.hosts)
     opts = " ".join(ssh_argv(b.sb)[1:])
-    persist = (f"{opts} -oControlMaster=auto -oControlPath={b.cp_dir}/%C "
+    # clush reads -o through its configuration parser, where a literal % is written %%.
+    persist = (f"{opts} -oControlMaster=auto -oControlPath={b.cp_dir}/%%C "
                "-oControlPersist=10m")
     every = lines(len(b.sb.hosts), "clush")
     found[CLUSH] = lambda: b.measured([clush, "-f", "64", "-o", opts, "-w", addrs, "hostname"],
