@@ -34,7 +34,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 # themselves marks the results "dirty" (a change to the docs does not).
 CODE = ("clusterrun", "benchmarks", "payloads", "pyproject.toml")
 RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json",
-           "benchmarks/environments")
+           "benchmarks/environments", "benchmarks/session.md", "benchmarks/session.json")
 
 
 def _git(*args: str) -> str:
@@ -148,6 +148,58 @@ def hosts_cpu(sb: sandbox.Sandbox) -> float:
             fields = Path(f"/proc/{host.sshd_pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[14]) + int(fields[15])
     return total / TICK
+
+
+def proc_cpu(pid: int, *, own: bool = True) -> float:
+    """CPU seconds of a live process: its own (``own``) and its reaped children's; 0.0 when it
+    is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    ticks = int(fields[13]) + int(fields[14])  # cutime, cstime
+    if own:
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / TICK
+
+
+def _net_namespace(pid: int | str) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def host_processes(sb: sandbox.Sandbox) -> dict[int, str]:
+    """Every process living in a sandbox host, listeners included: {pid: host name}. One pass
+    over /proc (each host is a network namespace), not one `ip netns pids` per host."""
+    spaces = {_net_namespace(h.sshd_pid): h.name for h in sb.hosts}
+    spaces.pop(None, None)
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            host = spaces.get(_net_namespace(entry))
+            if host is not None:
+                found[int(entry)] = host
+    return found
+
+
+def hosts_cpu_live(sb: sandbox.Sandbox, background: frozenset[int] = frozenset()) -> float:
+    """CPU seconds spent so far on the hosts' side, long-lived processes included: what
+    ``hosts_cpu`` reads (the listeners' reaped children) plus every live process in a host (a
+    resident agent, the sshd session above it, a ControlPersist master's session), which no
+    listener has reaped yet. A process that ends between two readings moves from the second
+    sum to the first, so the difference of two readings is what ran in between. For
+    ``background`` pids (a run started before the measurement) only what they reaped counts,
+    not their own steady work."""
+    listeners = {h.sshd_pid for h in sb.hosts}
+    total = 0.0
+    for pid in host_processes(sb):
+        if pid in listeners or pid in background:
+            total += proc_cpu(pid, own=False)
+        else:
+            total += proc_cpu(pid)
+    return total
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import envs, failure, hosts, launch, observe, runs, sandbox, stacks
+from clusterrun.cli import envs, failure, hosts, launch, observe, runs, sandbox, session, stacks
 from clusterrun.cli.common import CONTEXT
 from clusterrun.cli.failure import Failure
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, exit_status
@@ -30,10 +30,20 @@ def cli() -> None:
     clusterrun launch INVENTORY SCRIPT  run SCRIPT with torchrun on every host
     clusterrun logs -f                  follow the latest run's logs
     """
+    from clusterrun import transport
+    from clusterrun.session import paths
+
+    # With the warm session on, every command reaches its SSH hosts through the daemon.
+    if paths.enabled():
+        from clusterrun.session import client
+
+        transport.route = client.connector
+    else:
+        transport.route = None
 
 
 for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
-                runs.stop, stacks.stacks, observe.top, envs.env, sandbox.sandbox):
+                runs.stop, stacks.stacks, observe.top, envs.env, sandbox.sandbox, session.session):
     cli.add_command(command)
 
 

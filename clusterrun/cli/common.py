@@ -3,6 +3,7 @@ and the SSH options."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -76,7 +77,18 @@ def allow_busy_gpus_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                              "warnings, not failures.")(fn)
 
 
+def _no_session(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        from clusterrun import transport
+
+        os.environ["CLUSTERRUN_SESSION"] = "0"  # what this command starts goes direct too
+        transport.route = None
+
+
 def ssh_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--no-session", is_flag=True, expose_value=False, callback=_no_session,
+                      help="Reach the hosts directly, not through the warm session "
+                           "(CLUSTERRUN_SESSION=0: always).")(fn)
     fn = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=10.0,
                       show_default=True, metavar="SECONDS",
                       help="TCP connect, SSH banner and auth timeout per host.")(fn)

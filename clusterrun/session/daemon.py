@@ -1,0 +1,369 @@
+"""The session daemon: one per user, started on demand by the first command that reaches an
+SSH host (``python -m clusterrun.session.daemon``; see client.py). It listens on a Unix socket
+in a mode-0700 folder, serves only peers of its own uid (SO_PEERCRED), holds one HostLink per
+connection key, relays frames between the clients and the agents, and exits after a while
+with no client.
+
+It never makes a heartbeat of its own: a run's lifeline is its command's stdin, and what the
+CLI writes there is relayed as it comes. A client whose socket closes (the CLI exited or was
+killed) has every open request ended for it, EOF then CLOSE, as sshd does for a connection
+that drops."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from clusterrun.errors import Outcome
+from clusterrun.remote.shared import frames
+from clusterrun.session import paths
+from clusterrun.session.hostlink import (
+    PING_EVERY,
+    AgentUnavailable,
+    Connector,
+    HostLink,
+    connection_key,
+    spec_from,
+)
+from clusterrun.transport.base import ConnectError, SshOptions
+
+log = logging.getLogger("clusterrun.session")
+AGENT = "AGENT"  # an ERROR's outcome when the host has no agent: the client goes direct
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (Linux: SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+class Outbox:
+    """What goes to one client, written by a thread of its own: a client that stops reading
+    (a stopped CLI) holds up only itself, never an agent's channel that other commands share.
+    Past LIMIT bytes queued it is cut off, as a client that died."""
+
+    LIMIT = 256 * 1024 * 1024
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.closed = False
+        self.cond = threading.Condition()
+        threading.Thread(target=self._write, daemon=True, name="outbox").start()
+
+    def put(self, data: bytes) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            if self.size + len(data) > self.LIMIT:
+                self.closed = True
+                with contextlib.suppress(OSError):  # its reader sees the end, ends its requests
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                self.cond.notify_all()
+                return
+            self.queue.append(data)
+            self.size += len(data)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def _write(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    break
+                data = self.queue.popleft()
+                self.size -= len(data)
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.close()
+                break
+        self.sock.close()
+
+
+class Client:
+    """One connection from a command: the host it is bound to, its open requests."""
+
+    def __init__(self, daemon: Daemon, sock: socket.socket) -> None:
+        self.daemon = daemon
+        self.sock = sock
+        self.link: Optional[HostLink] = None
+        self.key = ""
+        self.fields: dict[str, Any] = {}
+        self.options = SshOptions()
+        self.open: dict[int, tuple[HostLink, int]] = {}  # client id -> (link, agent id)
+        self.outbox = Outbox(sock)
+
+    def deliver(self, kind: int, rid: int, payload: bytes) -> None:
+        if kind in (frames.EXIT, frames.ERROR):
+            self.open.pop(rid, None)
+        self.outbox.put(frames.encode(kind, rid, payload))
+
+    def error(self, rid: int, outcome: Outcome, message: str) -> None:
+        self.deliver(frames.ERROR, rid, json.dumps(
+            {"outcome": outcome.name, "message": message}).encode())
+
+    def serve(self) -> None:
+        try:
+            while True:
+                frame = frames.read_frame(self.sock.recv)
+                if frame is None:
+                    return
+                self.on_frame(*frame)
+        except (OSError, frames.FrameError) as exc:
+            log.info("a client's connection failed: %s", exc)
+        finally:
+            for link, rid in list(self.open.values()):
+                link.end(rid)
+            self.open.clear()
+            self.outbox.close()  # what is queued still goes: a `session` answer, say
+
+    def on_frame(self, kind: int, rid: int, payload: bytes) -> None:
+        if kind == frames.RUN:
+            self.on_run(rid, frames.loads(payload))
+            return
+        found = self.open.get(rid)
+        if found is None:
+            return
+        link, agent_rid = found
+        if kind == frames.CLOSE:
+            self.open.pop(rid, None)
+            link.end(agent_rid)
+            return
+        if kind in (frames.STDIN, frames.EOF):
+            # A failure: the link's reader ends this request as a lost connection.
+            with contextlib.suppress(OSError):
+                link.send(kind, agent_rid, payload)
+
+    def on_run(self, rid: int, request: dict[str, Any]) -> None:
+        asked = request.get(frames.CONTROL)
+        if asked is not None:
+            self.daemon.control(self, rid, str(asked))
+            return
+        try:
+            if "host" in request:
+                self.fields = dict(request["host"])
+                self.options = SshOptions(**request.get("options", {}))
+                self.key = connection_key(self.fields, request.get("options", {}))
+                self.link = self.daemon.link(self.key, self.fields, self.options)
+                self.deliver(frames.EXIT, rid, json.dumps(
+                    {"status": 0, "address": self.link.address,
+                     "agent_pid": self.link.agent_pid}).encode())
+                return
+            if not self.key:
+                self.error(rid, Outcome.INTERNAL, "a command before its host was named")
+                return
+            self.start(rid, str(request.get("command", "")))
+        except ConnectError as exc:
+            outcome = AGENT if isinstance(exc, AgentUnavailable) else exc.outcome.name
+            self.deliver(frames.ERROR, rid, json.dumps(
+                {"outcome": outcome, "message": exc.message}).encode())
+
+    def start(self, rid: int, command: str) -> None:
+        """Run the command on this client's host; a host whose agent or connection died since
+        is connected again, once."""
+        for attempt in (1, 2):
+            link = self.link
+            if link is None or link.dead:
+                link = self.link = self.daemon.link(self.key, self.fields, self.options)
+            try:
+                agent_rid = link.start(self, rid, command)
+            except OSError:
+                if attempt == 2:
+                    raise ConnectError(Outcome.CONNECTION_LOST,
+                        f"{self.fields.get('name')}: the session lost its connection to the "
+                        "host and could not start the command.") from None
+                continue
+            self.open[rid] = (link, agent_rid)
+            self.deliver(frames.PONG, rid, b"")
+            return
+
+
+class Daemon:
+    def __init__(self, listener: socket.socket, connector: Connector, idle: float,
+                 uid: Optional[int] = None) -> None:
+        self.listener = listener
+        self.connector = connector
+        self.idle = idle
+        self.uid = os.getuid() if uid is None else uid
+        self.since = time.time()
+        self.last_client = time.monotonic()
+        self.clients = 0
+        self.links: dict[str, HostLink] = {}
+        self._lock = threading.Lock()
+        self._connecting: dict[str, threading.Lock] = {}
+        self.stopping = threading.Event()
+
+    def link(self, key: str, fields: dict[str, Any], options: SshOptions) -> HostLink:
+        """The live link for ``key``, made now when there is none (or it died)."""
+        with self._lock:
+            gate = self._connecting.setdefault(key, threading.Lock())
+        with gate:  # two clients of one host wait for one handshake
+            with self._lock:
+                found = self.links.get(key)
+            # Each command's first word with a host checks that its agent still answers, so a
+            # cut network or a rebooted host shows within the command's connect timeout.
+            if found is not None and not found.dead and found.answers(options.connect_timeout):
+                return found
+            if found is not None:
+                log.info("%s: the agent or its connection ended; connecting again",
+                         fields.get("name"))
+                found.close()
+            made = HostLink(spec_from(fields), options, self.connector)
+            log.info("%s: connected, agent pid %s", fields.get("name"), made.agent_pid)
+            with self._lock:
+                self.links[key] = made
+            return made
+
+    def control(self, client: Client, rid: int, asked: str) -> None:
+        if asked == frames.STATUS:
+            client.deliver(frames.STDOUT, rid, json.dumps(self.status()).encode())
+            client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
+        elif asked == frames.STOP:
+            client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
+            self.stop("asked to stop")
+        else:
+            client.error(rid, Outcome.USAGE, f"unknown request {asked!r}")
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            links = list(self.links.values())
+        idle = 0.0 if self.clients > 1 else time.monotonic() - self.last_client
+        return {"pid": os.getpid(), "since": self.since, "idle": round(idle, 1),
+                "idle_limit": self.idle, "hosts": [
+                    {"name": h.spec.name, "address": h.address, "agent_pid": h.agent_pid,
+                     "since": h.since, "alive": not h.dead, "requests": h.open_requests()}
+                    for h in sorted(links, key=lambda h: h.spec.name)]}
+
+    def serve(self) -> None:
+        threading.Thread(target=self._ping, daemon=True, name="ping").start()
+        with contextlib.suppress(OSError):  # stopped before it began: the loop ends at once
+            self.listener.settimeout(1.0)
+        while not self.stopping.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                if self.clients == 0 and time.monotonic() - self.last_client > self.idle:
+                    self.stop(f"idle for {self.idle:g} s")
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            sock.settimeout(None)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        uid = peer_uid(sock)
+        if uid != self.uid:
+            log.warning("refused a client of uid %d (this session is uid %d's)", uid, self.uid)
+            with contextlib.suppress(OSError):
+                sock.sendall(frames.encode_json(frames.ERROR, 0, {
+                    "outcome": Outcome.LOCAL_FILES.name,
+                    "message": "this clusterrun session belongs to another user"}))
+            # What it sent unread would turn the close into a reset, losing the answer.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(2)
+                while sock.recv(65536):
+                    pass
+            sock.close()
+            return
+        client = Client(self, sock)
+        with self._lock:
+            self.clients += 1
+        try:
+            client.serve()
+        finally:
+            with self._lock:
+                self.clients -= 1
+                self.last_client = time.monotonic()
+
+    def _ping(self) -> None:
+        while not self.stopping.wait(PING_EVERY):
+            with self._lock:
+                links = list(self.links.values())
+            for link in links:
+                with contextlib.suppress(OSError):  # dead: connected again on its next command
+                    link.send(frames.PING, 0)
+
+    def stop(self, why: str) -> None:
+        if self.stopping.is_set():
+            return
+        log.info("stopping: %s", why)
+        self.stopping.set()
+        with self._lock:
+            links, self.links = list(self.links.values()), {}
+        for link in links:
+            link.close()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+
+
+def listen(path: str) -> socket.socket:
+    """The daemon's socket, mode 0600 inside its 0700 folder; a stale one (a daemon that died)
+    is replaced: the caller holds the start lock."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def main() -> None:
+    """Double fork (the caller's Popen gave the first, in a session of its own), stdio to
+    /dev/null, the log under $CLUSTERRUN_HOME/session/. The first process exits 0 once the
+    socket listens, 1 when it could not."""
+    path = str(paths.socket_path())
+    ready_r, ready_w = os.pipe()
+    if os.fork():
+        os.close(ready_w)
+        os._exit(0 if os.read(ready_r, 1) == b"1" else 1)
+    os.close(ready_r)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    logging.basicConfig(filename=str(paths.log_path()), level=logging.INFO,
+                        format="%(asctime)s %(process)d %(message)s")
+    from clusterrun.transport import direct
+
+    listener = listen(path)
+    daemon = Daemon(listener, direct, paths.idle_seconds())
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop("SIGTERM"))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    log.info("listening on %s, idle limit %g s", path, daemon.idle)
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    try:
+        daemon.serve()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        log.info("exited")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Where the session lives on this machine, and whether a command uses it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from clusterrun.errors import ClusterrunError, Outcome
+from clusterrun.home import home
+
+IDLE = 600.0  # seconds without a client before the daemon exits ($CLUSTERRUN_SESSION_IDLE)
+_SOCKET_MAX = 100  # a Unix socket's path holds at most 107 bytes (Linux); keep clear of it
+
+
+def enabled() -> bool:
+    """``CLUSTERRUN_SESSION=1`` turns the session on; unset, 0 or ``--no-session`` leave it
+    off (today's direct connections)."""
+    return os.environ.get("CLUSTERRUN_SESSION", "0").strip().lower() in ("1", "yes", "on", "true")
+
+
+def idle_seconds() -> float:
+    value = os.environ.get("CLUSTERRUN_SESSION_IDLE")
+    try:
+        return max(1.0, float(value)) if value else IDLE
+    except ValueError:
+        return IDLE
+
+
+def folder() -> Path:
+    """$CLUSTERRUN_HOME/session: the daemon's log, lock and (when its path is short enough)
+    socket. Made mode 0700 and checked to be this user's: the socket's directory is the first
+    of the two locks on it (the daemon's uid check is the second)."""
+    return _private(home() / "session")
+
+
+def socket_path() -> Path:
+    path = folder() / "sock"
+    if len(str(path)) <= _SOCKET_MAX:
+        return path
+    # A deep $CLUSTERRUN_HOME: a short private folder of its own, one per home.
+    digest = hashlib.sha256(str(home()).encode()).hexdigest()[:12]
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return _private(Path(base) / f"clusterrun-{os.getuid()}-{digest}") / "sock"
+
+
+def lock_path() -> Path:
+    return folder() / "lock"
+
+
+def log_path() -> Path:
+    return folder() / "daemon.log"
+
+
+def _private(path: Path) -> Path:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+    except OSError as exc:
+        raise ClusterrunError(f"{path}: cannot create the session's folder ({exc.strerror}). "
+                              "Check $CLUSTERRUN_HOME, or run with --no-session.",
+                              outcome=Outcome.LOCAL_FILES) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        what = oct(st.st_mode & 0o777) if stat.S_ISDIR(st.st_mode) else "not a directory"
+        raise ClusterrunError(
+            f"{path}: the session's folder must be a directory of this user's with mode 0700 "
+            f"(it is {what}, owner uid {st.st_uid}). Remove it (a new one is made), or run "
+            "with --no-session.",
+            outcome=Outcome.LOCAL_FILES)
+    return path
