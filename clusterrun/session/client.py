@@ -134,12 +134,20 @@ class _Channel:
         self._open: dict[int, SessionProcess] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        threading.Thread(target=self._read, daemon=True, name=f"session-{name}").start()
+        # Started with the first request, not here: a daemon that refuses this client answers
+        # before reading anything, and a reader already running could take that answer (and
+        # the end of the socket) before the request it answers is registered, leaving it
+        # waiting for ever.
+        self._reader: Optional[threading.Thread] = threading.Thread(
+            target=self._read, daemon=True, name=f"session-{name}")
 
     def request(self, payload: dict[str, Any], rid: Optional[int] = None) -> SessionProcess:
         proc = SessionProcess(self, next(self._ids) if rid is None else rid)
         with self._lock:
             self._open[proc.rid] = proc
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.start()
         self.send(frames.RUN, proc.rid, json.dumps(payload).encode())
         return proc
 
@@ -302,9 +310,10 @@ def _try_connect(path: str) -> Optional[socket.socket]:
     return sock
 
 
-def ask(asked: str) -> Optional[dict[str, Any]]:
-    """A request to the running daemon itself (``status``, ``stop``); None when none runs."""
-    sock = _try_connect(str(paths.socket_path()))
+def ask(asked: str, path: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """A request to the running daemon itself (``status``, ``stop``): this code's, or the one
+    listening on ``path``; None when none runs."""
+    sock = _try_connect(path or str(paths.socket_path()))
     if sock is None:
         return None
     channel = _Channel(sock, "control")
