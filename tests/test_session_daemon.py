@@ -38,8 +38,9 @@ def session_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 class Served:
-    def __init__(self, idle: float = 600, uid: int | None = None) -> None:
-        listener = daemon.listen(str(paths.socket_path()))
+    def __init__(self, idle: float = 600, uid: int | None = None,
+                 path: Path | None = None) -> None:
+        listener = daemon.listen(str(path or paths.socket_path()))
         self.daemon = daemon.Daemon(listener, transport.direct, idle, uid=uid)
         self.thread = threading.Thread(target=self.daemon.serve, daemon=True)
         self.thread.start()
@@ -249,5 +250,22 @@ def test_the_session_command_shows_and_stops_the_daemon(served: Served) -> None:
     served.thread.join(5)
     assert not served.thread.is_alive()
     cp = run_cli("session", "--json")
-    assert json.loads(cp.stdout) == {"running": False}
+    assert json.loads(cp.stdout) == {"running": False, "other_daemons": []}
     assert "no session running" in run_cli("session", "stop").stdout
+
+
+def test_a_daemon_of_other_code_is_never_used_and_session_stop_ends_it(
+        session_home: Path) -> None:
+    """An upgrade (or an edit in a checkout) leaves the old daemon running: the socket is
+    named for the code, so commands start their own, and `session stop` ends both."""
+    assert paths.socket_path().name == f"sock-{paths.code_stamp()}"
+    old = Served(path=paths.socket_path().with_name("sock-0123456789"))
+    cp = run_cli("session", "--json")
+    assert json.loads(cp.stdout) == {"running": False, "other_daemons": [os.getpid()]}
+    assert "other clusterrun code also runs" in run_cli("session").stdout
+    assert client.ask(frames.STATUS) is None  # this code's socket: nobody there
+    cp = run_cli("session", "stop")
+    assert cp.returncode == 0 and f"daemon pid {os.getpid()}" in cp.stdout, cp.stdout + cp.stderr
+    old.thread.join(5)
+    assert not old.thread.is_alive()
+    assert json.loads(run_cli("session", "--json").stdout)["other_daemons"] == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any, Optional
 
 import click
 
@@ -22,9 +24,14 @@ def session(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     status = client.ask(frames.STATUS)
+    older = _older()
     if as_json:
-        click.echo(json.dumps({"running": status is not None, **(status or {})}))
+        click.echo(json.dumps({"running": status is not None, **(status or {}),
+                               "other_daemons": [o["pid"] for o in older]}))
         return
+    for other in older:
+        click.echo(f"a daemon of other clusterrun code also runs (pid {other['pid']}); "
+                   "`clusterrun session stop` ends it")
     if status is None:
         click.echo("no session running" + ("" if paths.enabled() else
                                            " (off: CLUSTERRUN_SESSION=1 turns it on)"))
@@ -43,13 +50,29 @@ def session(ctx: click.Context, as_json: bool) -> None:
 
 @session.command(context_settings=CONTEXT)
 def stop() -> None:
-    """End the session now: its agents exit (EOF on their channel), connections close."""
-    status = client.ask(frames.STATUS)
-    if status is None or client.ask(frames.STOP) is None:
+    """End the session now: its agents exit (EOF on their channel), connections close. A
+    daemon left by other clusterrun code (before an upgrade) is ended too."""
+    ended = [pid for pid in map(_stop_one, paths.sockets()) if pid is not None]
+    if not ended:
         click.echo("no session running")
         return
+    click.echo(f"session stopped (daemon pid {', '.join(map(str, ended))})")
+
+
+def _older() -> list[dict[str, Any]]:
+    """The daemons of other clusterrun code still listening in this home."""
+    mine = paths.socket_path()
+    found = (client.ask(frames.STATUS, str(p)) for p in paths.sockets() if p != mine)
+    return [status for status in found if status is not None]
+
+
+def _stop_one(path: Path) -> Optional[int]:
+    """Ends the daemon on ``path``; its pid, or None when none listened there."""
+    status = client.ask(frames.STATUS, str(path))
+    if status is None or client.ask(frames.STOP, str(path)) is None:
+        return None
     # The daemon closes every host's channel before it stops listening.
     gone = time.monotonic() + 10
-    while time.monotonic() < gone and client.ask(frames.STATUS) is not None:
+    while time.monotonic() < gone and client.ask(frames.STATUS, str(path)) is not None:
         time.sleep(0.05)
-    click.echo(f"session stopped (daemon pid {status['pid']})")
+    return int(status["pid"])

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
 import tempfile
 from pathlib import Path
 
+import clusterrun
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.home import home
 
 IDLE = 600.0  # seconds without a client before the daemon exits ($CLUSTERRUN_SESSION_IDLE)
 _SOCKET_MAX = 100  # a Unix socket's path holds at most 107 bytes (Linux); keep clear of it
+_PREFIX = "sock-"
 
 
 def enabled() -> bool:
@@ -36,14 +39,49 @@ def folder() -> Path:
     return _private(home() / "session")
 
 
+# What the daemon and its agents run: a change to any of it makes another daemon.
+_DAEMON_CODE = ("session", "transport", "remote/shared/frames.py", "remote/tools/hostagent.py",
+                "errors.py")
+
+
+@functools.cache
+def code_stamp() -> str:
+    """The daemon's code, as a short digest of clusterrun's version and of each of its files'
+    path, size and modification time (stat, no reads: well under a millisecond). The socket
+    carries it, so a command never talks to a daemon started from other code (an upgrade, an
+    edit in a checkout); that one idles out, or `session stop` ends it."""
+    root = Path(clusterrun.__file__).parent
+    digest = hashlib.sha256(clusterrun.__version__.encode())
+    for part in _DAEMON_CODE:
+        files = sorted((root / part).glob("*.py")) if (root / part).is_dir() else [root / part]
+        for path in files:
+            st = path.stat()
+            digest.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                          .encode())
+    return digest.hexdigest()[:10]
+
+
 def socket_path() -> Path:
-    path = folder() / "sock"
-    if len(str(path)) <= _SOCKET_MAX:
-        return path
+    """This code's daemon's socket (see ``code_stamp``)."""
+    return _socket_folder() / f"{_PREFIX}{code_stamp()}"
+
+
+def sockets() -> list[Path]:
+    """Every daemon socket of this home, this code's and others' (``session``/``session stop``
+    see them all)."""
+    found = {socket_path()}
+    for place in {folder(), _socket_folder()}:
+        found.update(p for p in place.glob(f"{_PREFIX}*") if p.is_socket())
+    return sorted(found, key=lambda p: (p != socket_path(), str(p)))
+
+
+def _socket_folder() -> Path:
+    if len(str(folder() / _PREFIX)) + 10 <= _SOCKET_MAX:
+        return folder()
     # A deep $CLUSTERRUN_HOME: a short private folder of its own, one per home.
     digest = hashlib.sha256(str(home()).encode()).hexdigest()[:12]
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return _private(Path(base) / f"clusterrun-{os.getuid()}-{digest}") / "sock"
+    return _private(Path(base) / f"clusterrun-{os.getuid()}-{digest}")
 
 
 def lock_path() -> Path:
