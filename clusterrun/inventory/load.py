@@ -219,6 +219,7 @@ def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:
 def load(path: Union[str, Path]) -> Inventory:
     """Read and validate an inventory (a YAML file, or a hostfile given directly); raise
     InventoryError listing every problem with its file and line."""
+    word = str(path)  # as given: Path() would make `./inv` the word `inv`
     path = Path(path)
     if str(path) == slurm.WORD and not path.exists():  # INVENTORY `slurm`: settings as a hostfile
         chk = _Checker(path)
@@ -227,8 +228,8 @@ def load(path: Union[str, Path]) -> Inventory:
         inv = _finish(chk, chk, path, items, defaults=dict(DEFAULTS), master_addr=AUTO,
                       master_port=None)
         return _in_job(inv, job, "srun")
-    if not path.exists() and adhoc.is_host_list(str(path)):  # `gpu[01-04]`, `a,b`, `localhost`
-        return from_hosts(str(path))
+    if not path.exists() and adhoc.is_host_list(word):  # `gpu[01-04]`, `a,b`, `localhost`
+        return from_hosts(word)
     toplevel.not_a_script(path)
     if hostfile.looks_like(path):  # SSH settings: ~/.ssh/config and the command line
         chk = _Checker(path)
