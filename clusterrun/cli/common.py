@@ -92,7 +92,8 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Leave out these hosts (names or addresses, NodeSet syntax).")(fn)
     return click.option("-w", "--hosts", "only_hosts", default=None, metavar="NODESET",
                         help="Only these hosts, by name or address in NodeSet syntax, e.g. "
-                             "gpu[01-04],10.0.0.12.")(fn)
+                             "gpu[01-04],10.0.0.12. Alone, with no INVENTORY: these hosts, "
+                             "each reached as ~/.ssh/config says.")(fn)
 
 
 def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
