@@ -294,13 +294,9 @@ def from_hosts(word: str, what: str = "INVENTORY") -> Inventory:
         why = "; ".join(re.sub(r"^hosts\[\d+\]\.host ", "", line.removeprefix(f"{path}:1: "))
                         .rstrip(".") for line in exc.message.splitlines())
         raise InventoryError(adhoc.neither(word, why, what)) from None
-    return _replace_inventory(inv, adhoc=True)
-
-
-def _replace_inventory(inv: Inventory, **changes: Any) -> Inventory:
     from dataclasses import replace
 
-    return replace(inv, **changes)
+    return replace(inv, adhoc=True)
 
 
 def _without_spare(chk: _Checker, loc: Located) -> Located:
