@@ -76,7 +76,8 @@ def test_an_existing_file_wins_over_a_host_of_its_name(here: Path) -> None:
 
 @pytest.mark.parametrize(("word", "why"), [
     ("a;b", "'a;b' is not allowed"),
-    ("root@gpu01", "a host list names hosts, not users"),
+    ("root@gpu01", "'@' has no place in a host list: a user belongs in ~/.ssh/config"),
+    ("@gpus", "NodeSet groups (@name) are not read"),
     ("gpu[1-", "is not a valid host range"),
     ("gpu[1-100000]", "more than 4096 hosts"),
     ("x..y", "empty label"),

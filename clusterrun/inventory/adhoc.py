@@ -47,9 +47,10 @@ def neither(word: str, why: str, what: str = "INVENTORY") -> str:
 def names(word: str, what: str = "INVENTORY") -> list[str]:
     """The hosts ``word`` names, in order (NodeSet syntax); InventoryError when it names none."""
     if "@" in word:  # also NodeSet's group syntax, which would read a groups file
-        raise InventoryError(neither(word, "a host list names hosts, not users: put the user in "
-                                     "~/.ssh/config (`Host NAME`, then `User USER`) or write an "
-                                     "inventory file with `user:`", what))
+        raise InventoryError(neither(word, "'@' has no place in a host list: a user belongs in "
+                                     "~/.ssh/config (`Host NAME`, then `User USER`) or in an "
+                                     "inventory's `user:`, and NodeSet groups (@name) are not "
+                                     "read", what))
     try:
         found = ranges.expand(word)
     except ValueError as exc:
