@@ -6,6 +6,7 @@ Through real sshd, with hosts known only from ~/.ssh/config: tests/test_adhoc_ho
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -233,3 +234,14 @@ def test_launch_with_w_keeps_an_inventory_file_as_inventory(
     code, _, err = run_main(capsys, "launch", "-w", "node0", "--dry-run", "missing.yaml",
                             "train.py")
     assert code == 2 and "missing.yaml: no such inventory file" in err, err
+
+
+def test_check_and_env_take_w_alone(here: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERRUN_HOME", str(here / "state"))
+    code, out, err = run_main(capsys, "check", "-w", "localhost", "--json")
+    report = json.loads(out)
+    assert [h["host"] for h in report["hosts"]] == ["localhost"], err
+    assert code in (0, 3), err  # this machine may lack what a check wants; it was checked
+    code, _, err = run_main(capsys, "env", "-w", "localhost")
+    assert code == 2 and "-w localhost: no host has an `environment:`" in err, err
