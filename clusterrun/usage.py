@@ -137,42 +137,63 @@ def check_launch_words(inventory: str, script: str, args: tuple[str, ...],
                          " clusterrun copies the directory the script is in to every host.")
 
 
-def _dashes_first(args: list[str], command: click.Command) -> bool:
-    """Whether ``--`` comes before the first word that is not an option (or an option's
-    value): everything after it, the first positional argument included, is then literal."""
+def _before_dashes(args: list[str], command: click.Command) -> Optional[int]:
+    """How many words that are not options (nor an option's value) come before ``--``; None
+    when there is no ``--``. Everything after it is literal."""
     words = iter(args)
+    count = 0
     for word in words:
         if word == "--":
-            return True
+            return count
         if not word.startswith("-") or word == "-":
-            return False
-        if "=" not in word and _takes_value(word, command):
+            count += 1
+        elif "=" not in word and _takes_value(word, command):
             next(words, None)
-    return False
+    return None
 
 
 class RemoteCommand(click.Command):
-    """A command of the form ``INVENTORY [--] CMD...``: notes, for its own usage errors,
-    whether ``--`` came before INVENTORY (``exec -w 'gpu[01-04]' -- hostname``, where the
-    command's first word was taken for INVENTORY)."""
+    """A command of the form ``[INVENTORY] [--] CMD...``: notes where ``--`` came, which tells
+    ``exec -w 'gpu[01-04]' -- hostname`` (no INVENTORY) from ``exec inv.yaml -- hostname``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta["clusterrun.dashes_first"] = _dashes_first(args, self)
+        before = _before_dashes(args, self)
+        ctx.meta["clusterrun.before_dashes"] = before
+        ctx.meta["clusterrun.dashes_first"] = before == 0
         return list(super().parse_args(ctx, args))
 
 
-def missing_command(ctx: click.Context, inventory: str, hosts: Optional[str]) -> UsageError:
-    """``exec`` given one word: the inventory with no command, or (more often) a command with
-    no inventory before it."""
-    path = ctx.command_path
-    from clusterrun.inventory.slurm import WORD as SLURM
+def exec_words(ctx: click.Context, first: Optional[str], rest: tuple[str, ...],
+               hosts: Optional[str]) -> tuple[Optional[str], tuple[str, ...]]:
+    """``exec``'s INVENTORY (None: -w alone names the hosts) and CMD. With -w, the words are
+    all CMD when ``--`` comes first, or when there is no ``--`` and the first word is not an
+    inventory file (an existing path, `slurm`, a name ending in .yaml/.yml/.txt or holding a
+    '/'); otherwise, and always without -w, the first word is INVENTORY."""
+    from clusterrun.inventory.adhoc import names_a_file
 
-    inventory_like = (os.path.exists(inventory) or inventory.endswith((".yaml", ".yml"))
-                      or inventory == SLURM)
-    if ctx.meta.get("clusterrun.dashes_first") or not inventory_like:
-        pick = f" -w {shlex.quote(hosts)}" if hosts else ""
-        return UsageError(f"exec needs an INVENTORY before the command ({inventory!r} was "
-                          f"taken for it): {path} INVENTORY{pick} -- {shlex.quote(inventory)}")
+    words = ((first,) if first is not None else ()) + rest
+    before = ctx.meta.get("clusterrun.before_dashes")
+    if hosts is not None and words and (
+            before == 0 or (before is None and not names_a_file(words[0]))):
+        return None, words
+    return (words[0], words[1:]) if words else (None, ())
+
+
+def missing_command(ctx: click.Context, inventory: Optional[str],
+                    hosts: Optional[str]) -> UsageError:
+    """``exec`` given one word or none: the inventory with no command, or (more often) a
+    command with no hosts before it."""
+    path = ctx.command_path
+    if inventory is None:
+        return UsageError(f"missing CMD: give the command to run: {path} INVENTORY -- CMD "
+                          f"[ARGS]..., or {path} -w HOSTS -- CMD [ARGS]...")
+    from clusterrun.inventory.adhoc import names_a_file
+
+    if ctx.meta.get("clusterrun.dashes_first") or not names_a_file(inventory):
+        return UsageError(f"exec needs the hosts before the command ({inventory!r} was taken "
+                          f"for them): {path} INVENTORY -- {shlex.quote(inventory)}, or {path} "
+                          f"-w HOSTS -- {shlex.quote(inventory)} (HOSTS: a NodeSet such as "
+                          "gpu[01-04], each reached as ~/.ssh/config says).")
     return UsageError(f"missing CMD: give the command to run after the inventory: {path} "
                       f"{inventory} -- CMD [ARGS]...")
 

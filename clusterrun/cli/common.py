@@ -10,7 +10,9 @@ from typing import Any, Callable, Optional, Union
 import click
 
 from clusterrun import inventory
+from clusterrun.errors import UsageError
 from clusterrun.home import home as state_home
+from clusterrun.inventory.adhoc import Overrides
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -41,21 +43,46 @@ def nproc_value(_ctx: click.Context, _param: click.Parameter,
                              "host's GPUs, else 1).")
 
 
-def load_inventory(path: str, hosts: Optional[str] = None,
-                   exclude: Optional[str] = None) -> inventory.Inventory:
-    """The inventory narrowed to -w/--hosts less -x/--exclude, its local nodes runnable here,
-    and every known_hosts file its hosts name readable, before any host is contacted."""
+NO_HOSTS = ("no hosts given: name them with INVENTORY (a YAML inventory, a hostfile, `slurm`, "
+            "or a host list such as gpu[01-04]) or with -w HOSTS.")
+
+
+def resolve_inventory(path: Optional[str], hosts: Optional[str] = None,
+                      exclude: Optional[str] = None,
+                      overrides: Optional[Overrides] = None) -> inventory.Inventory:
+    """INVENTORY (None: -w's hosts are the inventory) less what -w/-x leave out, with the
+    command line's settings; its notes said on stderr. Nothing is checked on this machine."""
     from clusterrun.inventory.subset import select
 
-    inv, notes = select(inventory.load(path), hosts, exclude)
+    if path is None:
+        if hosts is None:
+            raise UsageError(NO_HOSTS)
+        from clusterrun.inventory.load import from_hosts
+
+        inv, notes = select(from_hosts(hosts, "-w/--hosts"), None, exclude)
+    else:
+        inv, notes = select(inventory.load(path), hosts, exclude)
+    if overrides is not None:
+        inv, more = overrides.apply(inv)
+        notes += more
     for text in notes:
         note(text)
+    return inv
+
+
+def load_inventory(path: Optional[str], hosts: Optional[str] = None,
+                   exclude: Optional[str] = None,
+                   overrides: Optional[Overrides] = None) -> inventory.Inventory:
+    """The inventory narrowed to -w/--hosts less -x/--exclude (with no INVENTORY, -w's hosts
+    are the inventory), the command line's settings applied, its local nodes runnable here,
+    and every known_hosts file its hosts name readable, before any host is contacted."""
+    inv = resolve_inventory(path, hosts, exclude, overrides)
     # Only now: the transport brings paramiko and fabric (~0.1 s), which a mistyped inventory,
     # refused above, never needs.
     from clusterrun.transport import hostkeys
     from clusterrun.transport.local import require_linux
 
-    require_linux(inv.hosts, path)
+    require_linux(inv.hosts, path or str(hosts))
     hostkeys.check_files(h.known_hosts for h in inv.hosts)
     return inv
 
@@ -66,7 +93,22 @@ def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="Leave out these hosts (names or addresses, NodeSet syntax).")(fn)
     return click.option("-w", "--hosts", "only_hosts", default=None, metavar="NODESET",
                         help="Only these hosts, by name or address in NodeSet syntax, e.g. "
-                             "gpu[01-04],10.0.0.12.")(fn)
+                             "gpu[01-04],10.0.0.12. Alone, with no INVENTORY: these hosts, "
+                             "each reached as ~/.ssh/config says.")(fn)
+
+
+def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--python, --workdir and --master: what an inventory file would say, for every host (the
+    way to say it for hosts named on the command line; over a file's own settings otherwise)."""
+    fn = click.option("--master", default=None, metavar="HOST",
+                      help="This host (name or address) is the master, rank 0 (default: the "
+                           "inventory's `master: true`, else the first host).")(fn)
+    fn = click.option("--workdir", default=None, metavar="DIR",
+                      help="Working directory on every host (default: the inventory's, else "
+                           "~/clusterrun).")(fn)
+    return click.option("--python", default=None, metavar="PATH",
+                        help="Python interpreter on every host (default: the inventory's, "
+                             "else python3).")(fn)
 
 
 def allow_busy_gpus_option(fn: Callable[..., Any]) -> Callable[..., Any]:

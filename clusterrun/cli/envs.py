@@ -13,7 +13,7 @@ from clusterrun.errors import Result, UsageError
 
 
 @click.command("env", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
 @click.option("--check", "check_only", is_flag=True,
               help="Only report each host's drift from the lock, package by package; change "
                    "nothing.")
@@ -38,7 +38,7 @@ def env(target: Target, check_only: bool, prune: bool, as_json: bool) -> Result:
         raise UsageError("--check changes nothing and --prune removes environments: give one.")
     inv = target.inventory()
     if not any(h.environment for h in inv.hosts):
-        raise UsageError(f"{target.path}: no host has an `environment:`; add one (a lock "
+        raise UsageError(f"{target.named}: no host has an `environment:`; add one (a lock "
                          "file with == pins) to `defaults:` or to the hosts that need it.")
     from clusterrun.envs import sync as envsync
     from clusterrun.envs import view
@@ -62,7 +62,7 @@ def env(target: Target, check_only: bool, prune: bool, as_json: bool) -> Result:
         view.render_json(report, sys.stdout)
     else:  # what failed on stderr, once: a full disk's paragraph comes with its exit status
         view.render_plain(report, sys.stdout, None if disk_full else sys.stderr)
-        hint = view.what_to_do(report, target.path) if check_only else None
+        hint = view.what_to_do(report, target.named) if check_only else None
         if hint:
             click.echo(hint, err=True)
     if disk_full:

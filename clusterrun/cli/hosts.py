@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Optional
+from typing import Optional, Union
 
 import click
 
 from clusterrun import usage
-from clusterrun.cli.common import CONTEXT, allow_busy_gpus_option, home, note, selection_options
+from clusterrun.cli.common import (
+    CONTEXT,
+    allow_busy_gpus_option,
+    home,
+    host_options,
+    nproc_value,
+    resolve_inventory,
+    selection_options,
+)
 from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
-from clusterrun.inventory import HostSpec
-from clusterrun.inventory.subset import select
+from clusterrun.inventory import HostSpec, Inventory
+from clusterrun.inventory.adhoc import Overrides
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
@@ -53,7 +62,7 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 
             if not envs.ok:
                 envview.render_plain(envs, sys.stderr)
-                hint = envview.what_to_do(envs, target.path)
+                hint = envview.what_to_do(envs, target.named)
                 if hint:
                     click.echo(hint, err=True)
                 if as_json:  # still one JSON object on stdout, as for any failed check
@@ -83,7 +92,7 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 
 
 @click.command("exec", cls=usage.RemoteCommand, context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False)  # or -w alone
 @click.argument("cmd", nargs=-1)  # required: said below, with what was meant
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
@@ -99,19 +108,24 @@ def exec_(target: Target, cmd: tuple[str, ...], timeout: Optional[float],
 
     Every output line is prefixed with the host's name. The words of CMD are joined with spaces,
     as ssh does; quote it to keep shell syntax for the remote side:
-    clusterrun exec inv.yaml -- 'nvidia-smi | head -5'. Exits with the largest exit status of
-    the hosts, or 4 when a host could not be reached.
+    clusterrun exec inv.yaml -- 'nvidia-smi | head -5'. INVENTORY may be a host list, and -w
+    may stand alone: clusterrun exec -w 'gpu[01-04]' -- hostname. Exits with the largest exit
+    status of the hosts, or 4 when a host could not be reached.
     """
     from clusterrun import exec as fanout
     from clusterrun.console import Printer
     from clusterrun.transport.local import require_linux
 
+    ctx = click.get_current_context()
+    path, cmd = usage.exec_words(ctx, target.path, cmd, target.only_hosts)
     if not cmd:
-        raise usage.missing_command(click.get_current_context(), target.path, target.only_hosts)
+        raise usage.missing_command(ctx, path, target.only_hosts)
+    if path is None:  # -w alone: its hosts are the inventory
+        target = dataclasses.replace(target, path=None)
     if container is not None and on_host:
         raise UsageError("give either --container NAME or --on-host, not both.")
     inv = fanout.placed(target.inventory(), container, on_host=on_host)
-    require_linux(inv.hosts, target.path)  # --on-host: a local container host's own OS
+    require_linux(inv.hosts, target.named)  # --on-host: a local container host's own OS
     printer = Printer()
     results = fanout.run(inv, " ".join(cmd), target.ssh(), printer, timeout)
     lines, result = fanout.summarize(results)
@@ -129,27 +143,48 @@ def _reached(spec: HostSpec) -> str:
 
 
 @click.command("hosts", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of hosts.")
+@click.option("--yaml", "as_yaml", is_flag=True,
+              help="Print the hosts as an inventory file to keep (it loads back to the same "
+                   "hosts): clusterrun hosts 'gpu[01-04]' --yaml > inv.yaml.")
+@click.option("--nproc-per-node", callback=nproc_value, default=None, metavar="N|auto",
+              help="Processes per host (default: the inventory's, else `auto` = GPUs or 1).")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Environment for the ranks on every host; repeatable.")
 @selection_options
-def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
-          exclude_hosts: Optional[str]) -> None:
-    """Show the resolved host table (what a hostfile or a range turned into); no network.
+@host_options
+def hosts(inventory_path: Optional[str], as_json: bool, as_yaml: bool,
+          nproc_per_node: Union[int, str, None], env_pairs: tuple[str, ...],
+          only_hosts: Optional[str], exclude_hosts: Optional[str], python: Optional[str],
+          workdir: Optional[str], master: Optional[str]) -> None:
+    """Show the resolved host table (what a hostfile, a range or a host list turned into); no
+    network. INVENTORY may be a host list (gpu[01-04]), or -w may stand alone.
 
     Columns: source (file:line), name, address, user and port (`-`: from ~/.ssh/config, else the
     local user and 22), how the host is reached (ssh, `ssh via BASTION` with `proxy_jump:`, or
     local for this machine; `> NAME` when
     everything there runs in container NAME), nproc per node, the master, and the spares
-    (`spare: true`: held back for restarts).
+    (`spare: true`: held back for restarts). --yaml prints an inventory file instead, with
+    what ~/.ssh/config says of each host beside it.
     """
     import json
 
-    from clusterrun import inventory
+    if as_json and as_yaml:
+        raise UsageError("give either --json or --yaml, not both.")
+    from clusterrun.plan.build import parse_env
 
-    inv, notes = select(inventory.load(inventory_path), only_hosts, exclude_hosts)
-    for text in notes:
-        note(text)
-    rows = [{"source": f"{h.source or inv.path}:{h.line}", "name": h.name, "address": h.host,
+    if any("=" not in pair for pair in env_pairs):
+        raise UsageError("hosts --env takes NAME=VALUE: a value written into an inventory is "
+                         "no secret (pass secrets at launch, `launch --env NAME`).")
+    overrides = Overrides(python=python, workdir=workdir, nproc_per_node=nproc_per_node,
+                          env=tuple(parse_env(env_pairs).items()), master=master)
+    inv = resolve_inventory(inventory_path, only_hosts, exclude_hosts, overrides)
+    if as_yaml:
+        click.echo(inventory_yaml(inv, inventory_path, only_hosts), nl=False)
+        return
+    rows = [{"source": "command line" if inv.adhoc else f"{h.source or inv.path}:{h.line}",
+             "name": h.name, "address": h.host,
              "user": h.user, "port": h.port,
              "reached": _reached(h),
              "container": h.container, "nproc": h.nproc_per_node, "master": h.master,
@@ -167,3 +202,15 @@ def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def inventory_yaml(inv: Inventory, path: Optional[str], only_hosts: Optional[str]) -> str:
+    """``inv`` as a file to keep, each host with what ~/.ssh/config says of it now (read as the
+    connection reads it)."""
+    from clusterrun.inventory.adhoc import to_yaml
+    from clusterrun.transport.ssh import ssh_config_says
+
+    given = path if path is not None else f"-w {only_hosts}"
+    beside = {h.name: ssh_config_says(h.host) for h in inv.hosts
+              if h.transport == "ssh" and not h.local}
+    return to_yaml(inv, f"made from {given}", {k: v for k, v in beside.items() if v})

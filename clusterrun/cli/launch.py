@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import click
 
-from clusterrun import inventory, usage
+from clusterrun import usage
 from clusterrun.cli.common import (
     CONTEXT,
+    NO_HOSTS,
     allow_busy_gpus_option,
     home,
+    host_options,
     load_inventory,
     make_options,
     nproc_value,
@@ -19,13 +20,14 @@ from clusterrun.cli.common import (
     ssh_options,
 )
 from clusterrun.errors import Result, UsageError
+from clusterrun.inventory.adhoc import Overrides
 from clusterrun.launch.options import GRACE, LEASE, STALL_TIMEOUT
 from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False)  # or -w alone
 @click.argument("script", metavar="SCRIPT", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("-m", "--module", default=None, metavar="MODULE",
@@ -90,13 +92,16 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
               metavar="SECONDS",
               help="A host that hears nothing from this controller for this long ends the run.")
 @selection_options
+@host_options
 @ssh_options
-def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
+def launch(inventory_path: Optional[str], script: Optional[str], args: tuple[str, ...],
            **opt: Any) -> Result:
     """Run SCRIPT with torchrun on every host: check, sync, rank, launch, stream, tear down.
 
     Options go before INVENTORY; everything after SCRIPT is passed to the script untouched,
-    as with torchrun: clusterrun launch inv.yaml train.py --lr 0.1. The exact words
+    as with torchrun: clusterrun launch inv.yaml train.py --lr 0.1. INVENTORY may be a host
+    list (clusterrun launch 'gpu[01-04]' train.py), or -w may stand alone (clusterrun launch
+    -w 'gpu[01-04]' train.py): each host is then reached as ~/.ssh/config says. The exact words
     {node_rank}, {nnodes}, {master_addr}, {master_port} in the arguments (with --no-torchrun
     also {rank}, {local_rank}, {world_size}) are filled in per host or process; {{ is a
     literal {.
@@ -111,30 +116,40 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
     from clusterrun.plan.build import parse_env
 
     env_pairs = tuple(parse_env(opt["env_pairs"]).items())
+    if opt["only_hosts"] is not None and inventory_path is not None and _not_inventory(
+            inventory_path, module=opt["module"] is not None):
+        # -w alone: the first word is already the script's (or the module's first argument).
+        words = (inventory_path, script) if script is not None else (inventory_path,)
+        inventory_path, script, args = None, words[0], (*words[1:], *args)
+    if inventory_path is None and opt["only_hosts"] is None:
+        raise UsageError(NO_HOSTS)
     if opt["module"] is not None:
         # With -m there is no SCRIPT: the word after INVENTORY is the module's first argument.
-        usage.check_launch_words(inventory_path, "", (), click.get_current_context().command,
-                                 "clusterrun launch")
+        usage.check_launch_words(inventory_path or "", "", (),
+                                 click.get_current_context().command, "clusterrun launch")
         args = (script, *args) if script is not None else args
         script = None
     elif script is not None:
-        usage.check_launch_words(inventory_path, script, args,
+        usage.check_launch_words(inventory_path or "", script, args,
                                  click.get_current_context().command, "clusterrun launch")
     job = launching.job_for(script, args, module=opt["module"], torchrun=not opt["no_torchrun"],
                             local_rank_arg=opt["local_rank_arg"],
                             torchrun_args=opt["torchrun_args"])
     _check_restarts(opt["max_restarts"], opt["min_nodes"], detach=opt["detach"])
-    inv = load_inventory(inventory_path, opt["only_hosts"], opt["exclude_hosts"])
+    nproc = opt["nproc_per_node"]
+    overrides = Overrides(python=opt["python"], workdir=opt["workdir"], master=opt["master"],
+                          nproc_per_node=nproc)
+    inv = load_inventory(inventory_path, opt["only_hosts"], opt["exclude_hosts"], overrides)
     starts = len(inv.active)
     if opt["min_nodes"] is not None and opt["min_nodes"] > starts:
         raise UsageError(f"--min-nodes {opt['min_nodes']} is more than the {starts} "
                          f"host{'s' if starts != 1 else ''} a run starts on in {inv.path} "
                          "(spares not counted): give at most that many.")
-    nproc = opt["nproc_per_node"]
-    if nproc == inventory.AUTO:  # for every host, whatever the inventory says
-        inv = dataclasses.replace(inv, hosts=tuple(
-            dataclasses.replace(h, nproc_per_node=inventory.AUTO) for h in inv.hosts))
     launch_home = home(write=not opt["dry_run"])  # a dry run records nothing
+    if opt["dry_run"] and inv.adhoc:  # the inventory made here, before the plan: one to keep
+        from clusterrun.cli.hosts import inventory_yaml
+
+        click.echo(inventory_yaml(inv, inventory_path, opt["only_hosts"]))
     opts = launching.LaunchOptions(
         nproc_per_node=nproc if isinstance(nproc, int) else None,
         master_port=opt["master_port"], env=env_pairs,
@@ -146,6 +161,19 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
     return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
+
+
+def _not_inventory(word: str, *, module: bool) -> bool:
+    """With -w given, whether the first word is the script (or, with -m, the module's first
+    argument) rather than INVENTORY: a Python script, or a word that names no inventory file."""
+    from pathlib import Path
+
+    from clusterrun.inventory.adhoc import names_a_file
+    from clusterrun.inventory.toplevel import looks_like_script
+
+    if not module and looks_like_script(Path(word)):
+        return True
+    return not names_a_file(word)
 
 
 def _check_restarts(max_restarts: int, min_nodes: Optional[int], *, detach: bool) -> None:

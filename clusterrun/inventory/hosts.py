@@ -45,6 +45,15 @@ def local_workdir() -> str:
     return f"{home_setting()}/local-nodes"
 
 
+def where_it_runs(*, own: bool) -> tuple[str, str]:
+    """The python and workdir a host gets when nothing names them: a host that sees this
+    machine's files as they are (local, not in a container) runs clusterrun's own interpreter
+    and keeps its files under $CLUSTERRUN_HOME; any other host, python3 and ~/clusterrun."""
+    import sys
+
+    return (sys.executable, local_workdir()) if own else ("python3", REMOTE_WORKDIR)
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """One host as the inventory describes it, defaults applied."""
@@ -114,6 +123,7 @@ class Inventory:
     master_addr: str = AUTO  # or an IP address
     master_port: Optional[int] = None  # None: a free port checked on the master
     master_named: bool = False  # a host says `master: true` (not just the first one)
+    adhoc: bool = False  # hosts named on the command line (`gpu[01-04]`), no file
 
     @property
     def master(self) -> HostSpec:

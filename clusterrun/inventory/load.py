@@ -5,21 +5,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from clusterrun.inventory import hostfile, ranges, slurm, toplevel, values, yaml_lines
+from clusterrun.errors import InventoryError
+from clusterrun.inventory import adhoc, hostfile, ranges, slurm, toplevel, values, yaml_lines
 from clusterrun.inventory.checker import Checker as _Checker
 from clusterrun.inventory.checker import check_unique
 from clusterrun.inventory.hosts import (
     AUTO,
     DEFAULTS,
     LOCAL_HOSTS,
-    REMOTE_WORKDIR,
     HostSpec,
     Inventory,
-    local_workdir,
+    where_it_runs,
 )
 from clusterrun.inventory.toplevel import HOST_ONLY as _HOST_ONLY
 from clusterrun.inventory.toplevel import HOST_SETTINGS as _HOST_SETTINGS
@@ -160,11 +159,11 @@ def _where_it_runs(settings: dict[str, Any], *, local: bool) -> None:
     """Defaults that differ on this machine: local hosts run clusterrun's own interpreter and
     keep their files under $CLUSTERRUN_HOME. Inside a container, this machine's paths mean
     nothing: there the defaults are a remote host's."""
-    own = local and not settings.get("container")
+    python, workdir = where_it_runs(own=local and not settings.get("container"))
     if settings.get("python") is None:
-        settings["python"] = sys.executable if own else "python3"
+        settings["python"] = python
     if settings.get("workdir") is None:
-        settings["workdir"] = local_workdir() if own else REMOTE_WORKDIR
+        settings["workdir"] = workdir
 
 
 def _address(chk: _Checker, loc: Located, where: str) -> Optional[str]:
@@ -220,6 +219,7 @@ def _gpus(chk: _Checker, loc: Located, where: str) -> Optional[tuple[int, ...]]:
 def load(path: Union[str, Path]) -> Inventory:
     """Read and validate an inventory (a YAML file, or a hostfile given directly); raise
     InventoryError listing every problem with its file and line."""
+    word = str(path)  # as given: Path() would make `./inv` the word `inv`
     path = Path(path)
     if str(path) == slurm.WORD and not path.exists():  # INVENTORY `slurm`: settings as a hostfile
         chk = _Checker(path)
@@ -228,6 +228,8 @@ def load(path: Union[str, Path]) -> Inventory:
         inv = _finish(chk, chk, path, items, defaults=dict(DEFAULTS), master_addr=AUTO,
                       master_port=None)
         return _in_job(inv, job, "srun")
+    if not path.exists() and adhoc.is_host_list(word):  # `gpu[01-04]`, `a,b`, `localhost`
+        return from_hosts(word)
     toplevel.not_a_script(path)
     if hostfile.looks_like(path):  # SSH settings: ~/.ssh/config and the command line
         chk = _Checker(path)
@@ -275,6 +277,26 @@ def load(path: Union[str, Path]) -> Inventory:
     assert hosts_loc is not None
     return _finish(chk, chk, path, hosts_loc.value, defaults=defaults, master_addr=master_addr,
                    master_port=master_port)
+
+
+def from_hosts(word: str, what: str = "INVENTORY") -> Inventory:
+    """The hosts a NodeSet names (``gpu[01-04]``, ``a,b``), with the defaults every inventory
+    has: how each is reached is left to ~/.ssh/config, as for an inventory's host that names
+    no `user:`, `port:`, `identity_file:` or `proxy_jump:`. ``what``: where the word came from
+    (INVENTORY, or -w/--hosts given alone), for the message when it names no host."""
+    path = Path(word)
+    chk = _Checker(path)
+    items = [Located({"host": Located(name, 1)}, 1) for name in adhoc.names(word, what)]
+    try:
+        inv = _finish(chk, chk, path, items, defaults=dict(DEFAULTS), master_addr=AUTO,
+                      master_port=None)
+    except InventoryError as exc:  # each line is `WORD:1: hosts[i].host ...`: no file here
+        why = "; ".join(re.sub(r"^hosts\[\d+\]\.host ", "", line.removeprefix(f"{path}:1: "))
+                        .rstrip(".") for line in exc.message.splitlines())
+        raise InventoryError(adhoc.neither(word, why, what)) from None
+    from dataclasses import replace
+
+    return replace(inv, adhoc=True)
 
 
 def _without_spare(chk: _Checker, loc: Located) -> Located:

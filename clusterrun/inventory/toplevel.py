@@ -37,9 +37,8 @@ _PYTHON_RE = re.compile(r"^(#!.*python|import [A-Za-z_]|from [A-Za-z_.]+ import 
                         r"class [A-Za-z_]+[(:]|if __name__ ==)")
 
 
-def not_a_script(path: Path) -> None:
-    """`clusterrun launch train.py inv.yaml`: the arguments swapped, said as such rather than
-    as a hostfile or YAML problem in the script."""
+def looks_like_script(path: Path) -> bool:
+    """A Python script by its name or its first lines."""
     head: list[str] = []
     try:
         # A regular file only: reading a pipe (`<(...)`) here would take what the loader needs.
@@ -48,7 +47,13 @@ def not_a_script(path: Path) -> None:
                 head = handle.read(1 << 16).splitlines()[:50]
     except OSError:
         pass  # a missing or unreadable file: yaml_lines.load says which
-    if path.suffix == ".py" or any(_PYTHON_RE.match(line) for line in head):
+    return path.suffix == ".py" or any(_PYTHON_RE.match(line) for line in head)
+
+
+def not_a_script(path: Path) -> None:
+    """`clusterrun launch train.py inv.yaml`: the arguments swapped, said as such rather than
+    as a hostfile or YAML problem in the script."""
+    if looks_like_script(path):
         raise InventoryError(f"{path}: INVENTORY looks like a Python script: the order is "
                              f"`clusterrun launch INVENTORY SCRIPT` (e.g. `clusterrun launch "
                              f"inventory.yaml {path.name}`).")

@@ -245,6 +245,19 @@ def _fabric_config() -> fabric.Config:
         return config
 
 
+def ssh_config_says(host: str) -> str:
+    """What ~/.ssh/config (and /etc/ssh/ssh_config) give ``host``, as its connection reads
+    them, in OpenSSH's words: `HostName 10.0.0.5, User ops, Port 2222, ...`; empty if nothing."""
+    found = _fabric_config().base_ssh_config.lookup(host)
+    said = [f"HostName {found['hostname']}"] if found.get("hostname", host) != host else []
+    for key, word in (("user", "User"), ("port", "Port"), ("identityfile", "IdentityFile"),
+                      ("proxyjump", "ProxyJump")):
+        value = found.get(key)
+        if value:
+            said.append(f"{word} {' '.join(value) if isinstance(value, list) else value}")
+    return ", ".join(said)
+
+
 def _load_host_keys(client: paramiko.SSHClient, known_hosts: Path, host: str,
                     port: Optional[int]) -> None:
     """``hostkeys.load_into`` for one host: the entries that can match its name (plain ones
