@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from clusterrun.errors import ExitStatus, Outcome, Result, exit_status
 from clusterrun.exec import ExecResult, ExecRun
 from clusterrun.execview import Collected, document, gather, nodes, render_gathered, summarize
 from clusterrun.transport import parallel
-from tests.conftest import host_spec, run_cli, run_main
+from tests.conftest import Reader, host_spec, run_cli, run_main, start_cli
 
 Row = parallel.HostResult
 
@@ -162,3 +163,19 @@ def test_json_and_gather_from_the_command_line(home: Path) -> None:
     assert sorted(cp.stderr.splitlines()) == ["exit 3: node[0-1] (2)", "node0: to-err",
                                               "node1: to-err"]
     assert cp.stderr.splitlines()[-1] == "exit 3: node[0-1] (2)"
+
+
+def test_ctrl_c_under_fanout_stops_the_running_host_and_starts_no_other(home: Path) -> None:
+    proc = start_cli("exec", "-f", "1", "inventories/localhost.yaml", "--",
+                     "echo started; sleep 30")
+    assert proc.stdout is not None and proc.stderr is not None
+    out = Reader(proc.stdout)
+    out.wait_for("^node0: started$", timeout=60)
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(30) == 130, err
+    out.join()
+    assert out.text == "node0: started"
+    assert err.splitlines()[-2:] == [
+        "stopped (exit 143): node0",
+        "interrupted: node1: not started (interrupted before its turn)"], err
