@@ -1,4 +1,5 @@
-"""`clusterrun exec`: one shell command on every host at once, output prefixed per host.
+"""`clusterrun exec`: one shell command on every host at once, its output fed to a sink as it
+comes (prefixed lines by default; kept whole for `-b` and `--json`: execview.py).
 
 Each host's command runs under a small supervisor (clusterrun/remote/tools/command.py): its own
 session, stdin as the lifeline, heartbeats both ways. So `--timeout`, Ctrl-C, SIGTERM, a `kill -9`
@@ -17,13 +18,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from clusterrun import wire
 from clusterrun.console import Printer
-from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, UsageError
+from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, UsageError
 from clusterrun.inventory import HostSpec, Inventory
-from clusterrun.inventory.ranges import fold
 from clusterrun.inventory.values import CONTAINER_RE, CONTAINER_RULE
 from clusterrun.logs.view import LogView
 from clusterrun.remote.shared import protocol, timing
@@ -34,9 +34,20 @@ HEARTBEAT = 2.0
 LEASE = protocol.LEASE  # a host's command runs on this long without hearing this machine
 GRACE = 5.0  # between SIGTERM and SIGKILL when a command is stopped
 MARGIN = 10.0  # how long past its own deadline a host may take to confirm the end
-# Commands running at once. Handshakes have their own, smaller cap (transport.connect): a host
-# that has connected frees its handshake slot for the next one while its command runs.
+# Commands running at once unless -f/--fanout says fewer. Handshakes have their own, smaller cap
+# (transport.connect): a host that has connected frees its handshake slot for the next one while
+# its command runs.
 RUNNING = 512
+
+
+class Sink(Protocol):
+    """Where the hosts' output goes as it arrives: a LogView (prefixed lines) or a collector."""
+
+    def feed(self, node: str, name: str, data: bytes) -> None: ...
+
+    def close(self, node: Optional[str] = None) -> None: ...
+
+    def ticking(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class ExecResult:
     code: int  # the command's exit status: 128+N when killed by signal N, 124 timed out
     state: str = "exited"  # exited, timeout, stopped, lost (as the host's supervisor says)
     reason: Optional[str] = None
+    elapsed: Optional[float] = None  # seconds, as the host's supervisor counted them
 
 
 @dataclass
@@ -89,7 +101,7 @@ def _send(proc: Process, op: str) -> None:
 class _Host:
     """One host's supervised command, seen from here."""
 
-    def __init__(self, spec: HostSpec, proc: Process, view: LogView) -> None:
+    def __init__(self, spec: HostSpec, proc: Process, view: Sink) -> None:
         self.spec = spec
         self.proc = proc
         self.view = view
@@ -115,8 +127,11 @@ class _Host:
         self.finished.set()
 
 
-def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: LogView, control: _Control,
+def _one(spec: HostSpec, cmd: str, *, options: SshOptions, view: Sink, control: _Control,
          timeout: Optional[float]) -> ExecResult:
+    if control.interrupts:  # still waiting for a slot under -f when the user stopped it all
+        raise ClusterrunError(f"{spec.name}: not started (interrupted before its turn)",
+                              outcome=Outcome.INTERRUPTED)
     transport = connect(spec, options)
     try:
         proc = transport.run(shell.remote_python(spec, site=False))
@@ -170,9 +185,10 @@ def _result(host: _Host, proc: Process, stderr: bytearray,
                               + (": " + " | ".join(tail) if tail else ""),
                               outcome=Outcome.PROBE_FAILED)
     if end.state == "timeout":
-        return ExecResult(int(ExitStatus.TIMEOUT), "timeout", f"timed out after {timeout:g} s")
+        return ExecResult(int(ExitStatus.TIMEOUT), "timeout", f"timed out after {timeout:g} s",
+                          end.elapsed)
     code = end.exit_code if end.exit_code is not None else -1
-    return ExecResult(code, end.state, end.reason)
+    return ExecResult(code, end.state, end.reason, end.elapsed)
 
 
 class _Interrupts:
@@ -197,17 +213,22 @@ class _Interrupts:
             signal.signal(sig, old)
 
 
-def run(inv: Inventory, cmd: str, options: SshOptions, printer: Printer,
-        timeout: Optional[float] = None) -> ExecRun:
-    # pdsh's `host: line`; stdout and stderr are framed apart so their lines never mix.
-    view = LogView(printer, label=lambda node, _stream: f"{node}:")
+def prefixed(printer: Printer) -> LogView:
+    """pdsh's `host: line`; stdout and stderr are framed apart so their lines never mix."""
+    return LogView(printer, label=lambda node, _stream: f"{node}:")
+
+
+def run(inv: Inventory, cmd: str, options: SshOptions, view: Sink,
+        timeout: Optional[float] = None, *, fanout: int = RUNNING) -> ExecRun:
+    """``cmd`` on every host, at most ``fanout`` hosts at once (a host's slot is held from its
+    connection to its command's end), each host's output fed to ``view``."""
     control = _Control()
     box: dict[str, parallel.GroupResult[HostSpec, ExecResult]] = {}
 
     def every_host() -> None:
         box["results"] = parallel.run(
             lambda spec: _one(spec, cmd, options=options, view=view, control=control,
-                              timeout=timeout), list(inv.hosts), None, fanout=RUNNING)
+                              timeout=timeout), list(inv.hosts), None, fanout=fanout)
 
     worker = threading.Thread(target=every_host, daemon=True, name="clusterrun-exec")
     told = 0
@@ -228,31 +249,3 @@ def _announce(signum: int, first: bool) -> None:
             "to kill at once" if first else "killing the command on every host now")
     sys.stderr.write(f"clusterrun: {name}: {text}\n")
     sys.stderr.flush()
-
-
-def _text(result: ExecResult) -> str:
-    if result.state == "timeout":
-        return f"{result.reason} (exit {result.code})"
-    if result.state in ("stopped", "lost"):
-        return f"{result.state} (exit {result.code})"
-    return f"exit {result.code}" if result.code >= 0 else "exit status unknown"
-
-
-def summarize(run: ExecRun) -> tuple[list[str], Result]:
-    """Per-outcome summary lines (hosts folded) and what the command came to: the largest
-    remote exit status, as `pdsh -S` and `clush -S` report it (124 for a host that timed out,
-    a host's own failure's status), a host that could not be reached, the user's signal."""
-    by_outcome = run.results.failure_groups()
-    worst = 0
-    unreachable = False
-    for r in run.results:
-        if r.failure is not None:
-            unreachable = unreachable or not r.failure.outcome.reached
-            worst = max(worst, int(r.failure.outcome.status))
-            continue
-        assert r.value is not None
-        by_outcome.setdefault(_text(r.value), []).append(r.name)
-        code = r.value.code
-        worst = max(worst, code if code > 0 else (255 if code < 0 else 0))
-    lines = [f"{fold(names)}: {text}" for text, names in sorted(by_outcome.items())]
-    return lines, Result(interrupted=run.interrupted, unreachable=unreachable, code=worst)

@@ -309,7 +309,7 @@ def test_changed_host_key_is_refused_and_nothing_runs(cluster: Cluster, tmp_path
         cp = run_cli("exec", "--connect-timeout", "5", str(inv), "--", f"touch {marker}",
                      timeout=60)
         assert cp.returncode == 4
-        assert re.search(r"^node2: host key: .*CHANGED", cp.stderr, re.M), cp.stderr
+        assert re.search(r"^unreachable: node2: host key: .*CHANGED", cp.stderr, re.M), cp.stderr
         assert known.read_bytes() == before
         # The connections reached node2's sshd, and none was ever authenticated.
         attempts = log.read_bytes()[offset:].decode(errors="replace")

@@ -46,7 +46,7 @@ def test_exec_on_all_32_hosts_in_parallel(cluster: Cluster, tmp_path: Path) -> N
     prefixes = {line.split(": ", 1)[0] for line in lines}
     assert prefixes == set(names)
     assert all(line.count(" says hi") <= 1 for line in lines)
-    assert cp.stderr.strip() == "node[1-32]: exit 0"
+    assert cp.stderr.strip() == "exit 0: node[1-32] (32)"
     # Every host sleeps 1 s: one host after another takes at least 32 s.
     assert elapsed < 20, elapsed
 
@@ -60,7 +60,8 @@ def test_exec_failures_give_the_largest_status_and_a_folded_summary(
     assert cp.returncode == 7, cp.stdout + cp.stderr
     assert sorted(cp.stdout.splitlines()) == sorted(
         [f"node{k}: fine" for k in (1, 2, 5)] + ["node6: bad"])
-    assert cp.stderr.splitlines() == ["node[1-2,5]: exit 0", "node[3-4]: exit 3", "node6: exit 7"]
+    assert cp.stderr.splitlines() == [
+        "exit 0: node[1-2,5] (3)", "exit 3: node[3-4] (2)", "exit 7: node6"]
 
 
 def test_exec_names_an_unreachable_host(cluster: Cluster, tmp_path: Path,
@@ -74,8 +75,9 @@ def test_exec_names_an_unreachable_host(cluster: Cluster, tmp_path: Path,
     assert time.monotonic() - start < 5
     assert cp.returncode == 4, cp.stderr
     assert sorted(cp.stdout.splitlines()) == ["node7: node7", "node9: node9"]
-    assert "node[7,9]: exit 0" in cp.stderr.splitlines()
-    assert re.search(r"^node8: timeout: no SSH answer within 0.9 s", cp.stderr, re.M), cp.stderr
+    assert "exit 0: node[7,9] (2)" in cp.stderr.splitlines()
+    assert re.search(r"^unreachable: node8: timeout: no SSH answer within 0.9 s", cp.stderr,
+                     re.M), cp.stderr
 
 
 
@@ -106,7 +108,7 @@ def test_exec_timeout_ends_the_command_on_every_host(cluster: Cluster, tmp_path:
     assert time.monotonic() - start < 20
     assert cp.returncode == 124, cp.stderr
     assert sorted(cp.stdout.splitlines()) == [f"{n}: started" for n in SUPERVISED]
-    assert cp.stderr.splitlines() == ["node[10-12]: timed out after 2 s (exit 124)"]
+    assert cp.stderr.splitlines() == ["timed out after 2 s (exit 124): node[10-12] (3)"]
     assert cluster.wait_no_processes(SUPERVISED, 10) == {}
 
 
@@ -119,7 +121,7 @@ def test_ctrl_c_of_exec_ends_the_command_on_every_host(cluster: Cluster, tmp_pat
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "SIGINT: stopping the command on every host" in err
-    assert re.search(r"^node\[10-12\]: stopped \(exit 143\)$", err, re.M), err
+    assert re.search(r"^stopped \(exit 143\): node\[10-12\] \(3\)$", err, re.M), err
     assert cluster.wait_no_processes(SUPERVISED, 10) == {}
 
 

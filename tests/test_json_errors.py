@@ -20,7 +20,8 @@ from tests.conftest import run_cli
 
 # Every command that takes --json, as the options that make it print one document.
 JSON_COMMANDS = {"check": ["--json"], "hosts": ["--json"], "env": ["--json"], "ps": ["--json"],
-                 "stacks": ["--json"], "top": ["--once", "--json"], "session": ["--json"]}
+                 "stacks": ["--json"], "top": ["--once", "--json"], "session": ["--json"],
+                 "exec": ["--json"]}
 
 
 def test_every_command_with_json_is_listed_here() -> None:
@@ -68,6 +69,9 @@ INVENTORY_ERRORS = [  # (command, its arguments, the outcome)
     ("check", ["no-lock.yaml"], "inventory"),
     ("env", ["no-lock.yaml"], "inventory"),
     ("env", ["ok.yaml"], "usage"),  # no host has an `environment:`
+    ("exec", ["missing.yaml", "--", "true"], "inventory"),
+    ("exec", ["-w", "nodeX", "ok.yaml", "--", "true"], "usage"),
+    ("exec", ["-f", "0", "ok.yaml", "--", "true"], "usage"),
 ]
 
 

@@ -158,7 +158,7 @@ def test_exec_on_a_host_whose_setup_fails_is_3(home: Path, tmp_path: Path) -> No
                                                    "setup": "exit 1"}])
     cp = run_cli("exec", str(inv), "--", "touch", str(tmp_path / "ran"), timeout=60)
     assert cp.returncode == ExitStatus.PREFLIGHT, cp.stdout + cp.stderr
-    assert "n0: probe failed: could not run the command (exit status 1)" in cp.stderr
+    assert "probe failed: n0: could not run the command (exit status 1)" in cp.stderr
     assert not (tmp_path / "ran").exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from typing import Optional, Union
 
@@ -22,6 +23,7 @@ from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
 from clusterrun.inventory import HostSpec, Inventory
 from clusterrun.inventory.adhoc import Overrides
+from clusterrun.remote.shared import layout
 
 
 @click.command(context_settings=CONTEXT)
@@ -94,6 +96,13 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 @click.command("exec", cls=usage.RemoteCommand, context_settings=CONTEXT)
 @click.argument("inventory_path", metavar="[INVENTORY]", required=False)  # or -w alone
 @click.argument("cmd", nargs=-1)  # required: said below, with what was meant
+@click.option("-b", "--gather", is_flag=True,
+              help="Print each distinct output once, under the hosts that printed it "
+                   "(clush -b); stderr still comes as it arrives, prefixed, on stderr.")
+@click.option("-f", "--fanout", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Work on at most N hosts at once (default: all).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: per host its exit status, stdout, stderr and time.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
 @click.option("--container", "container", metavar="NAME", default=None,
@@ -102,17 +111,20 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 @click.option("--on-host", is_flag=True,
               help="Run it on the hosts themselves, not in the inventory's containers.")
 @target_options
-def exec_(target: Target, cmd: tuple[str, ...], timeout: Optional[float],
-          container: Optional[str], on_host: bool) -> Result:
+def exec_(target: Target, cmd: tuple[str, ...], gather: bool, fanout: Optional[int],
+          as_json: bool, timeout: Optional[float], container: Optional[str],
+          on_host: bool) -> Result:
     """Run a shell command on every host in parallel (after `setup:`), pdsh-style.
 
-    Every output line is prefixed with the host's name. The words of CMD are joined with spaces,
-    as ssh does; quote it to keep shell syntax for the remote side:
+    Every output line is prefixed with the host's name (-b: each distinct output once, under
+    its hosts); then the hosts grouped by exit status, on stderr. The words of CMD are joined
+    with spaces, as ssh does; quote it to keep shell syntax for the remote side:
     clusterrun exec inv.yaml -- 'nvidia-smi | head -5'. INVENTORY may be a host list, and -w
     may stand alone: clusterrun exec -w 'gpu[01-04]' -- hostname. Exits with the largest exit
     status of the hosts, or 4 when a host could not be reached.
     """
-    from clusterrun import exec as fanout
+    from clusterrun import exec as runner
+    from clusterrun import execview
     from clusterrun.console import Printer
     from clusterrun.transport.local import require_linux
 
@@ -124,11 +136,25 @@ def exec_(target: Target, cmd: tuple[str, ...], timeout: Optional[float],
         target = dataclasses.replace(target, path=None)
     if container is not None and on_host:
         raise UsageError("give either --container NAME or --on-host, not both.")
-    inv = fanout.placed(target.inventory(), container, on_host=on_host)
+    inv = runner.placed(target.inventory(), container, on_host=on_host)
     require_linux(inv.hosts, target.named)  # --on-host: a local container host's own OS
-    printer = Printer()
-    results = fanout.run(inv, " ".join(cmd), target.ssh(), printer, timeout)
-    lines, result = fanout.summarize(results)
+    collected = None
+    if as_json:  # stdout holds the document alone
+        collected = execview.Collected()
+    elif gather:  # stdout waits for the end; stderr comes as it arrives, as with clush -b
+        collected = execview.Collected(runner.prefixed(Printer(sys.stderr)),
+                                       frozenset({layout.EXEC_ERR}))
+    results = runner.run(inv, " ".join(cmd), target.ssh(),
+                         collected if collected is not None else runner.prefixed(Printer()),
+                         timeout, fanout=fanout or runner.RUNNING)
+    lines, result = execview.summarize(results)
+    if collected is not None and as_json:
+        click.echo(json.dumps(execview.document(results, collected, result, gathered=gather),
+                              indent=2))
+        return result
+    if collected is not None:
+        execview.render_gathered(execview.gather([r.name for r in results], collected),
+                                 sys.stdout)
     for line in lines:
         click.echo(line, err=True)
     return result
@@ -168,8 +194,6 @@ def hosts(inventory_path: Optional[str], as_json: bool, as_yaml: bool,
     (`spare: true`: held back for restarts). --yaml prints an inventory file instead, with
     what ~/.ssh/config says of each host beside it.
     """
-    import json
-
     if as_json and as_yaml:
         raise UsageError("give either --json or --yaml, not both.")
     from clusterrun.plan.build import parse_env
