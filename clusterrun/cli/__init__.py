@@ -125,7 +125,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         # hub, --notify, the warm session) keep the same one wherever they run.
         os.environ["CLUSTERRUN_HOME"] = home_setting()
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json, stream = failure.wants_json(cli, args), failure.is_stream(args)
+    as_json, stream = failure.wants_json(cli, args), failure.is_stream(cli, args)
     stdout = sys.stdout
     watched = failure.Watched(stdout)
     if as_json:

@@ -61,6 +61,10 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.option("--exclude-files", "excludes", multiple=True, metavar="PATTERN",
               help="Do not copy files matching PATTERN (besides .git, __pycache__, venvs).")
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan and start nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: with --dry-run the plan as one object; else the run's "
+                   "events as JSON lines, then a summary line (the ranks' lines stay in its "
+                   "logs: `clusterrun logs --json`).")
 @click.option("--detach", is_flag=True,
               help="Return once every host has started; the run goes on without this terminal.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
@@ -143,9 +147,16 @@ def launch(inventory_path: str, script: Optional[str], args: tuple[str, ...],
         name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
         allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
         min_nodes=opt["min_nodes"], notify=opt["notify"],
-        stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"])
+        stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"], as_json=opt["as_json"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
-    return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
+    if not opt["as_json"] or opt["dry_run"]:
+        return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
+    from clusterrun.launch.eventlines import EventLines
+
+    lines = EventLines()
+    result = launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home, listeners=(lines,))
+    lines.summary(result, launch_home)
+    return result
 
 
 def _check_restarts(max_restarts: int, min_nodes: Optional[int], *, detach: bool) -> None:
