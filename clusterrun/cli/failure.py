@@ -55,7 +55,8 @@ def _options(group: click.Group, argv: list[str]) -> tuple[Optional[str], list[s
         return None, []
     rest = words[words.index(name) + 1:]
     command = group.commands.get(name)
-    if command is None or command.allow_interspersed_args:
+    if command is None or command.context_settings.get("allow_interspersed_args",
+                                                        command.allow_interspersed_args):
         return name, rest
     valued = {opt for p in command.params if isinstance(p, click.Option) and not p.is_flag
               for opt in p.opts}
