@@ -8,6 +8,7 @@ from typing import Optional
 import click
 
 from clusterrun import usage
+from clusterrun.cli import complete
 from clusterrun.cli.common import CONTEXT, allow_busy_gpus_option, home, note, selection_options
 from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
@@ -16,7 +17,7 @@ from clusterrun.inventory.subset import select
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="INVENTORY", shell_complete=complete.inventories)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
@@ -83,7 +84,7 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 
 
 @click.command("exec", cls=usage.RemoteCommand, context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="INVENTORY", shell_complete=complete.inventories)
 @click.argument("cmd", nargs=-1)  # required: said below, with what was meant
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
               help="Give up on hosts still running after this long.")
@@ -129,7 +130,7 @@ def _reached(spec: HostSpec) -> str:
 
 
 @click.command("hosts", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="INVENTORY", shell_complete=complete.inventories)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of hosts.")
 @selection_options
 def hosts(inventory_path: str, as_json: bool, only_hosts: Optional[str],

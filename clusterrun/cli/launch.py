@@ -8,6 +8,7 @@ from typing import Any, Optional
 import click
 
 from clusterrun import inventory, usage
+from clusterrun.cli import complete
 from clusterrun.cli.common import (
     CONTEXT,
     allow_busy_gpus_option,
@@ -25,7 +26,7 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
-@click.argument("inventory_path", metavar="INVENTORY")
+@click.argument("inventory_path", metavar="INVENTORY", shell_complete=complete.inventories)
 @click.argument("script", metavar="SCRIPT", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("-m", "--module", default=None, metavar="MODULE",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 
-from clusterrun.cli import selectors
+from clusterrun.cli import complete, selectors
 from clusterrun.cli.common import (
     CONTEXT,
     home,
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` star
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("-f", "--follow", is_flag=True,
               help="Keep showing new lines until the run ends (also from a new shell).")
 @selectors.node_option
@@ -209,7 +209,7 @@ class _Told:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
