@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -153,10 +154,29 @@ def test_stop_json_when_nothing_runs_and_when_the_run_ended(
                                "message": f"run {RUN} already succeeded; nothing to stop"}
 
 
-def test_stop_json_names_the_host_it_could_not_reach(home: Path, tmp_path: Path) -> None:
-    from tests.test_json_errors import closed_port, running_run
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.2", 0))
+        return int(sock.getsockname()[1])
 
-    running_run(home, RUN, closed_port(), tmp_path / "kh")
+
+def running_run(home: Path, port: int, known_hosts: Path) -> None:
+    """A detached run this machine records as running, on one node at ``port`` on 127.0.0.2,
+    where nothing listens."""
+    run = home / "runs" / RUN
+    run.mkdir(parents=True)
+    node = {"name": "node1", "host": "127.0.0.2", "node_rank": 0, "nproc": 1, "ranks": [0, 0],
+            "rundir": "/tmp/clusterrun-nowhere/run",
+            "connection": {"port": port, "user": "nobody", "known_hosts": str(known_hosts)}}
+    (run / "plan.json").write_text(json.dumps({"run_id": RUN, "name": "tick",
+                                               "created": time.time(), "nnodes": 1,
+                                               "world_size": 1, "nodes": [node]}))
+    (run / "state.json").write_text(json.dumps({"id": RUN, "name": "tick", "state": "running",
+                                                "detached": True, "started_at": time.time()}))
+
+
+def test_stop_json_names_the_host_it_could_not_reach(home: Path, tmp_path: Path) -> None:
+    running_run(home, closed_port(), tmp_path / "kh")
     cp = run_cli("stop", "--json", "--connect-timeout", "2", RUN, timeout=60,
                  env={"CLUSTERRUN_HOME": str(home)})
     assert cp.returncode == 4, cp.stderr
