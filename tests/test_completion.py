@@ -82,6 +82,14 @@ def test_inventory_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert candidates("check", f"{tmp_path}/h") == [f"{tmp_path}/hostfile"]
 
 
+def test_a_script_and_its_arguments_are_left_to_the_shells_file_completion(home: Path) -> None:
+    comp = Bash(cli, {}, "clusterrun", COMPLETE_VAR)
+    for args, incomplete in [(["launch", "inv.yaml"], "tr"), (["launch", "inv.yaml", "t.py"], ""),
+                             (["launch", "--env-file"], "")]:
+        assert [(i.type, i.value) for i in comp.get_completions(args, incomplete)] == \
+            [("file", incomplete)]
+
+
 def test_commands_and_options_come_from_click(home: Path) -> None:
     assert "launch" in candidates("la") and candidates("la") == ["launch"]
     assert "--json" in candidates("logs", "--j")

@@ -135,6 +135,12 @@ def inventories(_ctx: click.Context, _param: click.Parameter,
             for name in _entries(Path(os.path.expanduser(shown or ".")), start)]
 
 
+def files(_ctx: click.Context, _param: click.Parameter,
+          incomplete: str) -> list[CompletionItem]:
+    """Any path: the shell's own file completion (a script, its arguments, an env file)."""
+    return [CompletionItem(incomplete, type="file")]
+
+
 def _entries(folder: Path, start: str) -> Iterator[str]:
     from clusterrun.inventory import hostfile
 

@@ -27,8 +27,9 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
 @click.argument("inventory_path", metavar="INVENTORY", shell_complete=complete.inventories)
-@click.argument("script", metavar="SCRIPT", required=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
+@click.argument("script", metavar="SCRIPT", required=False, shell_complete=complete.files)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...",
+                shell_complete=complete.files)
 @click.option("-m", "--module", default=None, metavar="MODULE",
               help="Run a module, as `python -m` does, instead of SCRIPT (its package, found "
                    "from here, is copied to every host).")
@@ -49,7 +50,7 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE|KEY",
               help="Extra environment for every rank; repeatable. Values arrive byte-exact. "
                    "KEY alone passes on KEY's value from this shell (for secrets).")
-@click.option("--env-file", default=None, metavar="PATH",
+@click.option("--env-file", default=None, metavar="PATH", shell_complete=complete.files,
               help="Environment for every rank from a dotenv file (NAME=value lines).")
 @click.option("--forward-env", multiple=True, metavar="GLOB",
               help="Also forward variables matching GLOB from this shell; repeatable (NCCL_*, "
