@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import threading
-from typing import Optional, TextIO
+from typing import Optional, TextIO, cast
 
 # Bright, distinguishable on dark and light terminals; red is kept for errors.
 _PALETTE = (36, 33, 35, 32, 34, 96, 93, 95, 92, 94)
@@ -31,11 +32,12 @@ class Printer:
         code = self._colors.setdefault(key, _PALETTE[len(self._colors) % len(_PALETTE)])
         return f"\033[{code}m{text}\033[0m"
 
-    def line(self, key: str, prefix: str, text: str) -> None:
-        """One output line: ``prefix`` (colored by ``key``) then ``text``."""
+    def line(self, key: str, prefix: str, text: str, at: Optional[float] = None) -> None:
+        """One output line: ``prefix`` (colored by ``key``) then ``text`` (``at``, when it
+        arrived, is not shown here)."""
         self.write(f"{self._paint(key, prefix)} {text}\n")
 
-    def block(self, key: str, prefix: str, text: str) -> None:
+    def block(self, key: str, prefix: str, text: str, at: Optional[float] = None) -> None:
         """Lines joined by ``\\n``, each with the prefix, in one write (see ``write``)."""
         head = f"{self._paint(key, prefix)} "
         self.write(head + text.replace("\n", "\n" + head) + "\n")
@@ -52,3 +54,14 @@ class Printer:
             except UnicodeEncodeError:
                 self.out.write(data.encode("ascii", "backslashreplace").decode())
                 self.out.flush()
+
+
+class _Discard(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def discard() -> TextIO:
+    """A text stream that keeps nothing: the console of `launch --json`, whose stdout holds the
+    run's events alone (its lines are in the run's logs)."""
+    return cast(TextIO, _Discard())

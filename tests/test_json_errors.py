@@ -21,7 +21,8 @@ from tests.conftest import run_cli
 # Every command that takes --json, as the options that make it print one document.
 JSON_COMMANDS = {"check": ["--json"], "hosts": ["--json"], "env": ["--json"], "ps": ["--json"],
                  "stacks": ["--json"], "top": ["--once", "--json"], "session": ["--json"],
-                 "exec": ["--json"]}
+                 "exec": ["--json"], "launch": ["--dry-run", "--json"], "logs": ["--json"],
+                 "stop": ["--json"]}
 
 
 def test_every_command_with_json_is_listed_here() -> None:

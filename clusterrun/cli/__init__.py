@@ -11,7 +11,18 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import envs, failure, hosts, launch, observe, runs, sandbox, session, stacks
+from clusterrun.cli import (
+    complete,
+    envs,
+    failure,
+    hosts,
+    launch,
+    observe,
+    runs,
+    sandbox,
+    session,
+    stacks,
+)
 from clusterrun.cli.common import CONTEXT
 from clusterrun.cli.failure import Failure
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, exit_status
@@ -125,6 +136,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the CLI and turn every outcome into an exit status: a command's Result
     through ``errors.exit_status`` (the one mapping), an error through its outcome. With
     --json, an error is also one JSON document on stdout (cli/failure.py)."""
+    if os.environ.get(complete.COMPLETE_VAR):  # the shell asks for candidates (or a script)
+        complete.run(cli)
     signal.signal(signal.SIGTERM, _terminated)
     # Ctrl-C too, where this process was started with SIGINT ignored (a script's background
     # job, some test runners' workers): a launch's watch takes it in any case (Interrupts), so
@@ -135,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         # hub, --notify, the warm session) keep the same one wherever they run.
         os.environ["CLUSTERRUN_HOME"] = home_setting()
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json, stream = failure.wants_json(cli, args), failure.is_stream(args)
+    as_json, stream = failure.wants_json(cli, args), failure.is_stream(cli, args)
     stdout = sys.stdout
     watched = failure.Watched(stdout)
     if as_json:

@@ -7,13 +7,15 @@ import sys
 
 import click
 
+from clusterrun.cli import complete
 from clusterrun.cli.common import CONTEXT, home, note
 from clusterrun.cli.target import Target, target_options
 from clusterrun.errors import Result, UsageError
 
 
 @click.command("env", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False,
+                shell_complete=complete.inventories)
 @click.option("--check", "check_only", is_flag=True,
               help="Only report each host's drift from the lock, package by package; change "
                    "nothing.")

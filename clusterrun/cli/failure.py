@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 import click
 
 # Commands whose --json output is a stream of JSON lines: an error ends the stream with one more
-# line, whatever came before it.
-STREAMS = {"top": "--once"}  # command: the option that makes it one document instead
+# line, whatever came before it. command: the option that makes it one document instead (None:
+# always a stream)
+STREAMS: dict[str, Optional[str]] = {"top": "--once", "logs": None, "launch": "--dry-run"}
 
 
 @dataclass(frozen=True)
@@ -32,18 +33,37 @@ class Failure:
 
 def wants_json(group: click.Group, argv: list[str]) -> bool:
     """Whether ``argv`` runs a command that takes --json, with --json (before any ``--``)."""
-    words = argv[:argv.index("--")] if "--" in argv else argv
-    name = next((w for w in words if not w.startswith("-")), None)
+    name, words = _options(group, argv)
     command = group.commands.get(name) if name is not None else None
     if command is None or not any("--json" in getattr(p, "opts", ()) for p in command.params):
         return False
-    return "--json" in words[words.index(str(name)) + 1:]
+    return "--json" in words
 
 
-def is_stream(argv: list[str]) -> bool:
+def is_stream(group: click.Group, argv: list[str]) -> bool:
+    name, words = _options(group, argv)
+    return name in STREAMS and STREAMS[name] not in words
+
+
+def _options(group: click.Group, argv: list[str]) -> tuple[Optional[str], list[str]]:
+    """The command's name and the words that may be its options: those before any ``--``, and
+    for a command whose options all come first (`launch`: the script's own arguments follow),
+    those before its first argument."""
     words = argv[:argv.index("--")] if "--" in argv else argv
     name = next((w for w in words if not w.startswith("-")), None)
-    return name in STREAMS and STREAMS[name] not in words
+    if name is None:
+        return None, []
+    rest = words[words.index(name) + 1:]
+    command = group.commands.get(name)
+    if command is None or command.context_settings.get("allow_interspersed_args",
+                                                        command.allow_interspersed_args):
+        return name, rest
+    valued = {opt for p in command.params if isinstance(p, click.Option) and not p.is_flag
+              for opt in p.opts}
+    for i, word in enumerate(rest):
+        if not word.startswith("-") and (i == 0 or rest[i - 1] not in valued):
+            return name, rest[:i]
+    return name, rest
 
 
 class Watched:

@@ -10,6 +10,7 @@ from typing import Optional, Union
 import click
 
 from clusterrun import usage
+from clusterrun.cli import complete
 from clusterrun.cli.common import (
     CONTEXT,
     allow_busy_gpus_option,
@@ -27,7 +28,8 @@ from clusterrun.remote.shared import layout
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False,
+                shell_complete=complete.inventories)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--smoke", is_flag=True,
               help="Also run a tiny all-reduce across all hosts on the chosen interfaces.")
@@ -94,7 +96,8 @@ def check(target: Target, as_json: bool, smoke: bool, bandwidth: bool,
 
 
 @click.command("exec", cls=usage.RemoteCommand, context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="[INVENTORY]", required=False)  # or -w alone
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False,
+                shell_complete=complete.inventories)  # or -w alone
 @click.argument("cmd", nargs=-1)  # required: said below, with what was meant
 @click.option("-b", "--gather", is_flag=True,
               help="Print each distinct output once, under the hosts that printed it "
@@ -169,7 +172,8 @@ def _reached(spec: HostSpec) -> str:
 
 
 @click.command("hosts", context_settings=CONTEXT)
-@click.argument("inventory_path", metavar="[INVENTORY]", required=False)
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False,
+                shell_complete=complete.inventories)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of hosts.")
 @click.option("--yaml", "as_yaml", is_flag=True,
               help="Print the hosts as an inventory file to keep (it loads back to the same "

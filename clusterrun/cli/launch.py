@@ -7,6 +7,7 @@ from typing import Any, Optional
 import click
 
 from clusterrun import usage
+from clusterrun.cli import complete
 from clusterrun.cli.common import (
     CONTEXT,
     NO_HOSTS,
@@ -27,9 +28,11 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
-@click.argument("inventory_path", metavar="[INVENTORY]", required=False)  # or -w alone
-@click.argument("script", metavar="SCRIPT", required=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
+@click.argument("inventory_path", metavar="[INVENTORY]", required=False,  # or -w alone
+                shell_complete=complete.inventories)
+@click.argument("script", metavar="SCRIPT", required=False, shell_complete=complete.files)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...",
+                shell_complete=complete.files)
 @click.option("-m", "--module", default=None, metavar="MODULE",
               help="Run a module, as `python -m` does, instead of SCRIPT (its package, found "
                    "from here, is copied to every host).")
@@ -50,7 +53,7 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE|KEY",
               help="Extra environment for every rank; repeatable. Values arrive byte-exact. "
                    "KEY alone passes on KEY's value from this shell (for secrets).")
-@click.option("--env-file", default=None, metavar="PATH",
+@click.option("--env-file", default=None, metavar="PATH", shell_complete=complete.files,
               help="Environment for every rank from a dotenv file (NAME=value lines).")
 @click.option("--forward-env", multiple=True, metavar="GLOB",
               help="Also forward variables matching GLOB from this shell; repeatable (NCCL_*, "
@@ -63,6 +66,10 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.option("--exclude-files", "excludes", multiple=True, metavar="PATTERN",
               help="Do not copy files matching PATTERN (besides .git, __pycache__, venvs).")
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan and start nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: with --dry-run the plan as one object; else the run's "
+                   "events as JSON lines, then a summary line (the ranks' lines stay in its "
+                   "logs: `clusterrun logs --json`).")
 @click.option("--detach", is_flag=True,
               help="Return once every host has started; the run goes on without this terminal.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
@@ -146,7 +153,9 @@ def launch(inventory_path: Optional[str], script: Optional[str], args: tuple[str
                          f"host{'s' if starts != 1 else ''} a run starts on in {inv.path} "
                          "(spares not counted): give at most that many.")
     launch_home = home(write=not opt["dry_run"])  # a dry run records nothing
-    if opt["dry_run"] and inv.adhoc:  # the inventory made here, before the plan: one to keep
+    # The inventory made here, before the plan: one to keep (--json: the plan's hosts say it,
+    # and stdout holds the one document).
+    if opt["dry_run"] and inv.adhoc and not opt["as_json"]:
         from clusterrun.cli.hosts import inventory_yaml
 
         click.echo(inventory_yaml(inv, inventory_path, opt["only_hosts"]))
@@ -158,9 +167,16 @@ def launch(inventory_path: Optional[str], script: Optional[str], args: tuple[str
         name=opt["name"], grace=opt["grace"], lease=opt["lease"], excludes=opt["excludes"],
         allow_busy_gpus=opt["allow_busy_gpus"], max_restarts=opt["max_restarts"],
         min_nodes=opt["min_nodes"], notify=opt["notify"],
-        stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"])
+        stall_timeout=opt["stall_timeout"], on_stall=opt["on_stall"], as_json=opt["as_json"])
     ssh = make_options(opt["connect_timeout"], opt["accept_new_host_keys"])
-    return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
+    if not opt["as_json"] or opt["dry_run"]:
+        return launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home)
+    from clusterrun.launch.eventlines import EventLines
+
+    lines = EventLines()
+    result = launching.run(inv, job, ssh=ssh, opts=opts, home=launch_home, listeners=(lines,))
+    lines.summary(result, launch_home)
+    return result
 
 
 def _not_inventory(word: str, *, module: bool) -> bool:

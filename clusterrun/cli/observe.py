@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
+from clusterrun.cli import complete
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
 from clusterrun.errors import Result, UsageError
 from clusterrun.runs import names
@@ -54,7 +55,7 @@ def quit_key() -> Iterator[threading.Event]:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
               metavar="SECONDS", help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="One sample, printed, then exit.")

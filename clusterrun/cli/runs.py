@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 
-from clusterrun.cli import selectors
+from clusterrun.cli import complete, selectors
 from clusterrun.cli.common import (
     CONTEXT,
     home,
@@ -15,14 +16,17 @@ from clusterrun.cli.common import (
     note,
     ssh_options,
 )
-from clusterrun.errors import ExitStatus, LocalFilesError, Result, UsageError
+from clusterrun.errors import ExitStatus, LocalFilesError, Result, UsageError, exit_status
 from clusterrun.launch.options import GRACE
 from clusterrun.runs import names
 from clusterrun.runs.store import RunDir
 
+if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` starts fast
+    from clusterrun.runs.remote import Stopped
+
 
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("-f", "--follow", is_flag=True,
               help="Keep showing new lines until the run ends (also from a new shell).")
 @selectors.node_option
@@ -33,9 +37,11 @@ from clusterrun.runs.store import RunDir
               help="Start with the last N lines.")
 @click.option("--attempt", type=click.IntRange(min=1), default=None, metavar="K",
               help="Attempt K of a restarted run (default: the current one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line: node, rank, stream, time, text (also with -f).")
 @ssh_options
 def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tuple[int, ...],
-         pattern: Optional[str], tail: Optional[int], attempt: Optional[int],
+         pattern: Optional[str], tail: Optional[int], attempt: Optional[int], as_json: bool,
          connect_timeout: float, accept_new_host_keys: bool) -> Result:
     """Aggregated logs of a run (the latest by default), every line prefixed [node rRANK].
 
@@ -48,7 +54,7 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
 
     from clusterrun.console import Printer
     from clusterrun.logs import show as logview_cmd
-    from clusterrun.logs.view import Filter
+    from clusterrun.logs.view import Filter, prefix
     from clusterrun.runs import attempts
     from clusterrun.runs.records import PlanRecord
 
@@ -79,9 +85,14 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
         raise UsageError(f"{of} has no rank {', '.join(map(str, missing))}; it has "
                          f"ranks 0-{world - 1}.")
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
+    printer, label = Printer(), prefix
+    if as_json:
+        from clusterrun.logs import jsonlines
+
+        printer, label = jsonlines.JsonLines(), jsonlines.label
     return logview_cmd.show(run, flt, tail=tail, follow=follow,
                             ssh=make_options(connect_timeout, accept_new_host_keys),
-                            printer=Printer(), attempt=attempt,
+                            printer=printer, attempt=attempt, label=label,
                             say=lambda text: click.echo(f"clusterrun: {text}", err=True))
 
 
@@ -100,7 +111,6 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
     hosts; hosts it quarantined are listed on a line under it, and the `environment:` lock's
     hash a run's ranks ran in too.
     """
-    import json
     import time
 
     from clusterrun.logs.settle import settle
@@ -140,7 +150,7 @@ def ps(as_json: bool, local_only: bool, connect_timeout: float,
             click.echo(listing.environment_line(row))
 
 
-def _only_running(state_home: Path) -> Optional[RunDir]:
+def _only_running(state_home: Path, say: Callable[[str], None]) -> Optional[RunDir]:
     """`stop` without RUN: the one run this machine last saw running; None (said) when none
     is; refused, with their ids, when several are."""
     from clusterrun.runs import lifecycle, store
@@ -156,20 +166,58 @@ def _only_running(state_home: Path) -> Optional[RunDir]:
         raise UsageError(f"{len(running)} runs are running: {listed}. Give the one to stop: "
                          "`clusterrun stop RUN`.")
     if not running:
-        click.echo("no run is running; nothing to stop")
+        say("no run is running; nothing to stop")
         return None
     note(f"stopping run {running[0].id}, the only one running")
     return running[0]
 
 
+class _Told:
+    """What `stop` tells: lines on stdout, or with --json one object at the end
+    (``{"ok", "run", "state", "message", "hosts": [...]}``, docs/commands.md)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.doc: dict[str, Any] = {"ok": True, "run": None, "state": None, "message": None,
+                                    "hosts": []}
+
+    def say(self, text: str) -> None:
+        """A line for stdout; the document's ``message`` (the last one said)."""
+        self.doc["message"] = text
+        if not self.as_json:
+            click.echo(text)
+
+    def host(self, name: str, result: Stopped) -> None:
+        final = result.state.state if result.state and result.state.state else None
+        self.doc["hosts"].append({"node": name, "ok": result.error is None,
+                                  "found": result.found, "was": result.was, "state": final,
+                                  "error": result.error})
+        if result.error is not None:
+            click.echo(f"{name}: {result.error}", err=True)
+        elif not self.as_json:
+            click.echo(f"{name}: {final or 'not found'}")
+
+    def end(self, run: Optional[RunDir], result: Result) -> Result:
+        if self.as_json:
+            from clusterrun.runs import lifecycle
+
+            recorded = lifecycle.recorded(run) if run is not None else None
+            self.doc.update(ok=exit_status(result) == 0, run=run.id if run else None,
+                            state=recorded.value if recorded is not None else None)
+            click.echo(json.dumps(self.doc, indent=2))
+        return result
+
+
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: the run, its state after the stop, and each host's.")
 @ssh_options
-def stop(run_id: Optional[str], grace: float, force: bool, connect_timeout: float,
-         accept_new_host_keys: bool) -> Result:
+def stop(run_id: Optional[str], grace: float, force: bool, as_json: bool,
+         connect_timeout: float, accept_new_host_keys: bool) -> Result:
     """End a run on every host (graceful, then forced), also after its controller died.
 
     Without RUN: the only run still running (several: they are listed, name one). Only this
@@ -181,17 +229,18 @@ def stop(run_id: Optional[str], grace: float, force: bool, connect_timeout: floa
     from clusterrun.runs import remote as remote_runs
     from clusterrun.runs.journal import Journal
 
+    told = _Told(as_json)
     if run_id is None:
-        only = _only_running(home(write=True))
+        only = _only_running(home(write=True), told.say)
         if only is None:
-            return Result()
+            return told.end(None, Result())
         run_id = only.id
     run = names.resolve(home(write=True), run_id, note=note, prefer=lifecycle.live)
     ended = lifecycle.recorded(run)
     if ended is not None and ended.final:
         # The one run-state rule: an ended run keeps the state it ended with.
-        click.echo(f"run {run.id} already {ended.value}; nothing to stop")
-        return Result()
+        told.say(f"run {run.id} already {ended.value}; nothing to stop")
+        return told.end(run, Result())
     ssh = make_options(connect_timeout, accept_new_host_keys)
     # The current attempt's hosts and rundirs: earlier attempts have ended (and some of their
     # hosts are quarantined, maybe unreachable).
@@ -201,24 +250,20 @@ def stop(run_id: Optional[str], grace: float, force: bool, connect_timeout: floa
                               f"({current.file('plan.json')}); nothing was contacted or "
                               "stopped.")
     results = remote_runs.stop(current, ssh, grace, force)
-    failed = []
     for name, result in results.items():
-        if result.error is not None:
-            failed.append(name)
-            click.echo(f"{name}: {result.error}", err=True)
-            continue
-        final = result.state.state if result.state and result.state.state else "not found"
-        click.echo(f"{name}: {final}")
+        told.host(name, result)
+    failed = [name for name, result in results.items() if result.error is not None]
     if failed:
-        click.echo(f"run {run.id}: NOT stopped on {', '.join(failed)}", err=True)
-        return Result(unreachable=True)
+        told.doc["message"] = f"run {run.id}: NOT stopped on {', '.join(failed)}"
+        click.echo(told.doc["message"], err=True)
+        return told.end(run, Result(unreachable=True))
     if lifecycle.watched(run):
-        click.echo(f"run {run.id}: stopped; its launch in another terminal records how it ended")
-        return Result()
+        told.say(f"run {run.id}: stopped; its launch in another terminal records how it ended")
+        return told.end(run, Result())
     with Journal.of(run, note) as journal:
         state = settle(run, ssh, journal=journal)
         if not state.final:  # every host answered that it stopped: nothing of it is left
             state = journal.ended(attempts.count(run), lifecycle.RunState.STOPPED,
                                   status=int(ExitStatus.SIGTERM))
-    click.echo(f"run {run.id} {state.value}")
-    return Result()
+    told.say(f"run {run.id} {state.value}")
+    return told.end(run, Result())

@@ -9,6 +9,8 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from clusterrun.cli import complete
+
 _RANKS = re.compile(r"(\d+)(?:-(\d+))?")
 # A typo such as --rank 0-100000000 must not build a list that size; no run has this many.
 MAX_RANKS = 1 << 20
@@ -72,5 +74,6 @@ def rank_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 def node_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--node NODESET, repeatable (the value arrives as ``nodes``, a tuple of names)."""
     return click.option("--node", "nodes", multiple=True, callback=nodes, metavar="NODESET",
+                        shell_complete=complete.node_names,
                         help="Only these nodes: a name or a NodeSet (node[1-4], a,b); "
                         "repeatable.")(fn)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from clusterrun.cli import selectors
+from clusterrun.cli import complete, selectors
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
 from clusterrun.errors import UnreachableError, UsageError
 from clusterrun.runs import names
@@ -29,8 +29,9 @@ def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("run_id", metavar="[RUN]", required=False)
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
 @click.option("--node", "node_set", default=None, metavar="NODESET",
+              shell_complete=complete.node_names,
               help="Only these nodes (NodeSet syntax, e.g. node[1-4]).")
 @selectors.rank_option
 @click.option("--json", "as_json", is_flag=True,

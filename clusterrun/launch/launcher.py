@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, TextIO, Union
 
+from clusterrun.console import discard
 from clusterrun.errors import PreflightError, Result, UnreachableError, UsageError
 from clusterrun.inventory import Inventory
 from clusterrun.inventory.slots import Slots
@@ -25,6 +26,7 @@ from clusterrun.plan.build import EnvSources
 from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport
+from clusterrun.runs.journal import Listener
 from clusterrun.transport import SshOptions
 from clusterrun.transport.pool import Connections
 
@@ -100,9 +102,10 @@ class Stale:
 
 
 def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home: Path,
-        out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> Result:
+        out: Optional[TextIO] = None, err: Optional[TextIO] = None,
+        listeners: tuple[Listener, ...] = ()) -> Result:
     """The environments, the checks, the plan and the attempts (or, with --dry-run, the plan
-    printed)."""
+    printed). ``listeners`` hear the run's events as its journal writes them (`--json`)."""
     out, err = out or sys.stdout, err or sys.stderr
     sources = EnvSources(extra=dict(opts.env), forward=opts.forward_env,
                          env_file=Path(opts.env_file) if opts.env_file else None)
@@ -114,14 +117,18 @@ def run(inv: Inventory, job: Job, *, ssh: SshOptions, opts: LaunchOptions, home:
     # the sync and the supervisors.
     with Connections(ssh) as pool:
         envs = _environments(inv, pool, home, dry_run=opts.dry_run, say=_sayer(err))
-        checked = _checks(envs, job, pool, sources, opts=opts, out=out, err=err)
+        # With --json stdout holds the events alone: the ranks' lines are in the run's logs.
+        shown = discard() if opts.as_json and not opts.dry_run else out
+        checked = _checks(envs, job, pool, sources, opts=opts, out=shown, err=err,
+                          listeners=listeners)
         if isinstance(checked, Stale):  # built as without a warm start, then checked in it
             envs = _rebuilt(checked, dry_run=opts.dry_run)
-            checked = _checks(envs, job, pool, sources, opts=opts, out=out, err=err)
+            checked = _checks(envs, job, pool, sources, opts=opts, out=shown, err=err,
+                              listeners=listeners)
         assert isinstance(checked, Checked)  # built: nothing is taken to be ready any more
         plan = checked.loop.plan(1, checked.report, None)
         if opts.dry_run:
-            return _show(plan, checked, out=out)
+            return _show(plan, checked, out=out, as_json=opts.as_json)
         return checked.loop.run(plan, checked.report, home)
 
 
@@ -160,7 +167,8 @@ def _made(found: EnvReport, inv: Inventory, *, dry_run: bool) -> Environments:
 
 
 def _checks(envs: Environments, job: Job, pool: Connections, sources: EnvSources, *,
-            opts: LaunchOptions, out: TextIO, err: TextIO) -> Union[Checked, Stale]:
+            opts: LaunchOptions, out: TextIO, err: TextIO,
+            listeners: tuple[Listener, ...] = ()) -> Union[Checked, Stale]:
     """Preflight of the environments' inventory, and the attempt loop that runs it. Where the
     environments are only taken to be ready, each host's facts judge its own, and preflight
     stops after the facts where one is not the lock's (``Stale``)."""
@@ -171,7 +179,7 @@ def _checks(envs: Environments, job: Job, pool: Connections, sources: EnvSources
     head = None if opts.dry_run or not opts.sync else HeadStart(
         job, pool, excludes(job.code, opts, slots.inventory(inv).hosts))
     loop = AttemptLoop(inv, job, opts, pool, slots, sources, _sayer(err), out, err, head,
-                       environment=envs.lock)
+                       environment=envs.lock, listeners=listeners)
     on_facts = head.read if head else None
     if envs.warm is None:
         report = loop.check(1, on_facts=on_facts)
@@ -197,10 +205,22 @@ def _stop_if_failed(report: CheckReport, opts: LaunchOptions, err: TextIO) -> Ch
     return report  # --no-check: the problems are shown, the launch goes on
 
 
-def _show(plan: LaunchPlan, checked: Checked, *, out: TextIO) -> Result:
+def _show(plan: LaunchPlan, checked: Checked, *, out: TextIO, as_json: bool = False) -> Result:
     """--dry-run: the plan, and the hosts' environments where they have one."""
-    out.write("\n".join(planview.dry_run(plan, [h.name for h in checked.envs.inventory.spares]))
-              + "\n")
+    spares = [h.name for h in checked.envs.inventory.spares]
+    if as_json:
+        import json
+
+        shown = planview.dry_run_json(plan, spares)
+        if checked.envs.report is not None:
+            from clusterrun.envs import view as envview  # loaded with envs/ (see _environments)
+
+            shown["environment"] = envview.as_json(checked.envs.report)
+        else:
+            shown["environment"] = None
+        out.write(json.dumps(shown, indent=2) + "\n")
+        return Result()
+    out.write("\n".join(planview.dry_run(plan, spares)) + "\n")
     found = checked.envs.report
     if found is not None:
         from clusterrun.envs import view as envview  # loaded with envs/ (see _environments)

@@ -33,7 +33,7 @@ from clusterrun.plan.model import Job, LaunchPlan
 from clusterrun.preflight import spares
 from clusterrun.preflight import view as checkview
 from clusterrun.preflight.report import CheckReport, HostReport
-from clusterrun.runs.journal import Journal, RunRecord
+from clusterrun.runs.journal import Journal, Listener, RunRecord
 from clusterrun.runs.state import RunState
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.ship import ship as ship_pyspy
@@ -65,6 +65,7 @@ class AttemptLoop:
     err: TextIO
     head: Optional[HeadStart] = None  # the first attempt's manifests, read during its preflight
     environment: Optional[str] = None  # the `environment:` lock's hash, for summary.json
+    listeners: tuple[Listener, ...] = ()  # hear the run's events (`launch --json`)
 
     # -- before an attempt -----------------------------------------------------------------
 
@@ -96,7 +97,8 @@ class AttemptLoop:
             max_restarts=self.opts.max_restarts, notify=self.opts.notify)
         # Every attempt's plan gives the ranks the same environment, secrets included.
         env = [kv for n in plan.nodes for kv in n.env]
-        with Journal.launching(home, record, self._public(plan), env, self.say) as journal:
+        with Journal.launching(home, record, self._public(plan), env, self.say,
+                               listeners=self.listeners) as journal:
             lock = journal.run.lock_fd("mirror.lock")  # held while this process writes mirrors
             try:
                 with Interrupts(self.say) as interrupts:

@@ -33,3 +33,4 @@ class LaunchOptions:
     stall_timeout: float = STALL_TIMEOUT  # 0: no stall watchdog
     on_stall: str = protocol.STALL_REPORT  # or STALL_STOP: end a stalled run (exit 7)
     notify: Optional[str] = None  # a command run on this machine for each event of the run
+    as_json: bool = False  # `--json`: the plan as JSON, or the events as JSON lines on stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -74,7 +75,9 @@ class Mirror:
             if fresh:
                 os.write(fd, fresh)
                 self._sizes[(node, name)] = have + len(fresh)
-                os.write(self._arrivals, f"{node}\t{name}\t{have + len(fresh)}\n".encode())
+                # node, file, its size now, and when (`logs --json` gives each line's time)
+                os.write(self._arrivals, f"{node}\t{name}\t{have + len(fresh)}\t"
+                                         f"{time.time():.3f}\n".encode())
                 self._first(node, name, fresh)
             return fresh
 

@@ -4,13 +4,14 @@ showed."""
 from __future__ import annotations
 
 import collections
+import os
 from typing import Callable, Optional
 
 from clusterrun.logs.view import LogView
 from clusterrun.runs.store import RunDir
 
 Stream = tuple[str, str]  # (node, line prefix): one file's lines
-Line = tuple[str, str, str]  # (node, prefix, text), as a Printer gets it
+Line = tuple[str, str, str, Optional[float]]  # (node, prefix, text, arrived), as a Printer gets it
 OnChunk = Callable[[str, str], None]
 
 
@@ -34,14 +35,14 @@ class Collector:
             self._prune()
         self._files.add((node, name))
 
-    def line(self, key: str, prefix: str, text: str) -> None:
+    def line(self, key: str, prefix: str, text: str, at: Optional[float] = None) -> None:
         stream = self._batches[-1].setdefault((key, prefix), _Stream(self.n))
         stream.seen += 1
-        stream.lines.append((key, prefix, text))
+        stream.lines.append((key, prefix, text, at))
 
-    def block(self, key: str, prefix: str, text: str) -> None:
+    def block(self, key: str, prefix: str, text: str, at: Optional[float] = None) -> None:
         for line in text.split("\n"):
-            self.line(key, prefix, line)
+            self.line(key, prefix, line, at)
 
     def _prune(self) -> None:
         """Forget batches that the later ones push out of the last N lines."""
@@ -96,26 +97,32 @@ def replay_from(run: RunDir, view: LogView, positions: dict[tuple[str, str], int
         return offset
     complete = data[: data.rfind(b"\n") + 1]
     for raw in complete.splitlines():
-        node, name, end = raw.decode().split("\t")
-        _feed(run, view, positions, node, name, end=int(end), on_chunk=on_chunk)
+        # node, file, its size after the chunk, and (since arrivals had times) when it came
+        node, name, end, *when = raw.decode().split("\t")
+        _feed(run, view, positions, node, name, end=int(end), on_chunk=on_chunk,
+              at=float(when[0]) if when else None)
     return offset + len(complete)
 
 
 def _feed(run: RunDir, view: LogView, positions: dict[tuple[str, str], int], node: str,
-          name: str, *, end: Optional[int], on_chunk: Optional[OnChunk] = None) -> None:
+          name: str, *, end: Optional[int], on_chunk: Optional[OnChunk] = None,
+          at: Optional[float] = None) -> None:
+    """``at``: when the chunk reached this machine; unknown (None), the file's last change."""
     start = positions.get((node, name), 0)
     path = run.mirror(node, name)
     try:
         with open(path, "rb") as handle:
             handle.seek(start)
             data = handle.read() if end is None else handle.read(max(0, end - start))
+            if at is None:
+                at = os.fstat(handle.fileno()).st_mtime
     except FileNotFoundError:
         return
     if data:
         positions[(node, name)] = start + len(data)
         if on_chunk is not None:
             on_chunk(node, name)
-        view.feed(node, name, data)
+        view.feed(node, name, data, at=at)
 
 
 def replay(run: RunDir, view: LogView, on_chunk: Optional[OnChunk] = None,

@@ -12,28 +12,31 @@ from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
 from clusterrun.logs.replay import Collector, replay
 from clusterrun.logs.settle import Stalls, settle
-from clusterrun.logs.view import Filter, LogView
+from clusterrun.logs.view import Filter, LogView, prefix
 from clusterrun.runs import attempts, lifecycle, ps
 from clusterrun.runs.journal import Journal
 from clusterrun.runs.store import RunDir
 from clusterrun.transport import SshOptions
 
+Label = Callable[[str, str], str]  # (node, file) -> what the printer gets as the prefix
 Position = tuple[LogView, dict[tuple[str, str], int], int]  # the view, per-file bytes, index
 
 
 def show(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
-         printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None) -> Result:
-    """Show attempt ``attempt`` of ``run`` (default: its current one)."""
+         printer: Printer, say: Callable[[str], None], attempt: Optional[int] = None,
+         label: Label = prefix) -> Result:
+    """Show attempt ``attempt`` of ``run`` (default: its current one); ``label``: what
+    ``printer`` is given as each line's prefix."""
     run = attempts.top(run)
     with Journal.of(run, say) as journal:  # this command's one journal of the run
         _shown(run, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-               attempt=attempt, journal=journal)
+               attempt=attempt, journal=journal, label=label)
     return Result()  # shown: what the run came to is `ps`'s to say
 
 
 def _shown(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: SshOptions,
            printer: Printer, say: Callable[[str], None], attempt: Optional[int],
-           journal: Journal) -> None:
+           journal: Journal, label: Label) -> None:
     # Whichever command looks first at a run nobody watches fetches what its hosts have; a
     # finished one is then verified, summarised and recorded (logs.settle).
     settle(run, ssh, say, journal)
@@ -49,7 +52,7 @@ def _shown(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: 
     try:
         # The one fetching a run nobody watches records its ranks' first lines (events).
         _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-              lock=lock, journal=journal if lock is not None else None)
+              lock=lock, journal=journal if lock is not None else None, label=label)
     finally:
         if lock is not None:
             os.close(lock)
@@ -71,7 +74,7 @@ def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
           ssh: SshOptions, printer: Printer, say: Callable[[str], None],
-          lock: Optional[int], journal: Optional[Journal] = None) -> None:
+          lock: Optional[int], journal: Optional[Journal] = None, label: Label = prefix) -> None:
     """``journal``: this process writes the run's mirrors and records what it hears."""
     first_line = journal.first_line_of(k) if journal is not None else None
     shown = attempts.attempt_dir(run, k)
@@ -87,15 +90,15 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
         mirror.close()
     if tail is not None:
         collector = Collector(tail)
-        view = LogView(collector, flt)  # type: ignore[arg-type]
+        view = LogView(collector, flt, label)  # type: ignore[arg-type]
         positions, offset = replay(shown, view, collector.chunk)
         if not follow or not going():
             view.close()
-        for key, prefix, text in collector.lines:
-            printer.line(key, prefix, text)
+        for key, prefix, text, at in collector.lines:
+            printer.line(key, prefix, text, at=at)
         view.printer = printer  # what follows continues each file where the tail left it
     else:
-        view = LogView(printer, flt)
+        view = LogView(printer, flt, label)
         positions, offset = replay(shown, view)
     if not follow or not going():
         view.close()
@@ -104,7 +107,8 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
                 f"`clusterrun logs -f {run.id}`")
         return
     if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
-        _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say)
+        _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say,
+                    label=label)
         return
     mirror = Mirror(shown, first_line)
     following.follow(shown, ssh, mirror, view, say,
@@ -113,7 +117,7 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
 
 
 def _wait_local(run: RunDir, k: int, at: Position, *, flt: Filter, printer: Printer,
-                say: Callable[[str], None]) -> None:
+                say: Callable[[str], None], label: Label) -> None:
     """Follow the mirrors a launch in another terminal writes, attempt after attempt: when the
     run restarts, go on with the new attempt's files from their first byte."""
     while True:
@@ -122,5 +126,5 @@ def _wait_local(run: RunDir, k: int, at: Position, *, flt: Filter, printer: Prin
             return
         k += 1
         say(attempts.started_text(run, k))
-        view = LogView(printer, flt)
+        view = LogView(printer, flt, label)
         at = (view, *replay(attempts.attempt_dir(run, k), view))

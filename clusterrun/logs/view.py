@@ -54,23 +54,30 @@ class LogView:
         self.label = label  # (node, file) -> the line prefix
         self._framers: dict[tuple[str, str], LineFramer] = {}
         self._touched: dict[tuple[str, str], float] = {}
+        # When each file's last chunk reached this machine (seconds since 1970): the time of
+        # its lines for a printer that shows one (`logs --json`).
+        self._arrived: dict[tuple[str, str], Optional[float]] = {}
         self._lock = threading.Lock()
 
     def _emit(self, node: str, name: str, text: str) -> None:
         """``text``: one line, or several joined by ``\\n`` (LineFramer.blocks)."""
+        at = self._arrived.get((node, name))
         if self.filter.grep is not None:
             for line in text.split("\n"):
                 if self.filter.wants_line(line):
-                    self.printer.line(node, self.label(node, name), line)
+                    self.printer.line(node, self.label(node, name), line, at=at)
             return
-        self.printer.block(node, self.label(node, name), text)
+        self.printer.block(node, self.label(node, name), text, at=at)
 
-    def feed(self, node: str, name: str, data: bytes) -> None:
+    def feed(self, node: str, name: str, data: bytes, at: Optional[float] = None) -> None:
+        """``at``: when ``data`` reached this machine, where it was recorded (a replay); now
+        by default (a live stream)."""
         if not self.filter.wants_file(node, name):
             return
         with self._lock:
             framer = self._framers.setdefault((node, name), LineFramer())
             self._touched[(node, name)] = time.monotonic()
+            self._arrived[(node, name)] = time.time() if at is None else at
             for text in framer.blocks(data):
                 self._emit(node, name, text)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from clusterrun.inventory.ranges import fold
-from clusterrun.plan.model import LaunchPlan
+from clusterrun.plan.model import LaunchPlan, NodePlan
 from clusterrun.plan.secrets import describe, masked
 from clusterrun.transport import shell
 
@@ -59,3 +60,31 @@ def dry_run(plan: LaunchPlan, spares: Sequence[str] = ()) -> list[str]:
                  "on a command line.")
     lines.append(describe())
     return lines
+
+
+def dry_run_json(plan: LaunchPlan, spares: Sequence[str] = ()) -> dict[str, Any]:
+    """`launch --dry-run --json`: what ``dry_run`` shows, as one object (docs/commands.md).
+    Environments are the variables each host's ranks get, secrets masked (the names stay)."""
+    return {
+        "ok": True, "dry_run": True, "run_id": plan.run_id, "name": plan.name,
+        "script": str(plan.script), "module": plan.module, "args": list(plan.args),
+        "master_addr": plan.master_addr, "master_port": plan.master_port,
+        "nnodes": len(plan.nodes), "world_size": plan.world_size,
+        "nodes": [_node_json(node) for node in plan.nodes], "spares": list(spares),
+        "secrets": describe()}
+
+
+def _node_json(node: NodePlan) -> dict[str, Any]:
+    return {
+        "name": node.name, "host": node.host, "local": node.local, "node_rank": node.node_rank,
+        "nproc": node.nproc, "ranks": [node.ranks.start, node.ranks.stop - 1],
+        "interface": node.interface, "address": node.address, "container": node.container,
+        "python": node.python, "directory": node.cwd, "rundir": node.rundir, "setup": node.setup,
+        "env": masked(dict(node.env)),
+        # Without torchrun, one command per rank (argv null then); else torchrun's, the same
+        # on every rank of the node.
+        "argv": None if node.processes else list(node.argv),
+        "command": None if node.processes else shell.join(node.argv),
+        "processes": [{"rank": int(dict(p.env)["RANK"]),
+                       "local_rank": int(dict(p.env)["LOCAL_RANK"]), "argv": list(p.argv),
+                       "command": shell.join(p.argv)} for p in node.processes]}

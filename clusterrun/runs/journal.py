@@ -72,15 +72,17 @@ class Journal:
     @classmethod
     @contextmanager
     def launching(cls, home: Path, record: RunRecord, plan: Json, env: Iterable[tuple[str, str]],
-                  say: Optional[Callable[[str], None]] = None) -> Iterator[Journal]:
+                  say: Optional[Callable[[str], None]] = None, *,
+                  listeners: tuple[Listener, ...] = ()) -> Iterator[Journal]:
         """A new run's journal (``start``) with the run's `--notify` hook, for the launch;
         on leaving, the hook's queued events are delivered. ``env``: what the ranks get (name,
         value); the secret values among it are masked in all that the run writes from now.
         A run handed over (``detached``) with a hook gets its watcher then (notify.watch), which
-        runs the hook from here on."""
+        runs the hook from here on. ``listeners``: more to hear the launch's events, before the
+        hook (`launch --json`)."""
         log = store.runs_root(home) / record.id / "notify.log"
-        with notify.hooks(record.notify, log, say=say) as listeners:
-            journal = cls.start(home, record, plan, listeners, Masks.of_env(env))
+        with notify.hooks(record.notify, log, say=say) as hooks:
+            journal = cls.start(home, record, plan, (*listeners, *hooks), Masks.of_env(env))
             yield journal
         if journal.handed_over and record.notify:
             notify.watch(journal.run, say or (lambda _line: None))
