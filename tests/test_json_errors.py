@@ -20,7 +20,7 @@ from tests.conftest import run_cli
 
 # Every command that takes --json, as the options that make it print one document.
 JSON_COMMANDS = {"check": ["--json"], "hosts": ["--json"], "env": ["--json"], "ps": ["--json"],
-                 "stacks": ["--json"], "top": ["--once", "--json"]}
+                 "stacks": ["--json"], "top": ["--once", "--json"], "pull": ["--json"]}
 
 
 def test_every_command_with_json_is_listed_here() -> None:

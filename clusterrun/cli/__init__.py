@@ -11,7 +11,7 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import envs, failure, hosts, launch, observe, runs, sandbox, stacks
+from clusterrun.cli import envs, failure, hosts, launch, observe, pull, runs, sandbox, stacks
 from clusterrun.cli.common import CONTEXT
 from clusterrun.cli.failure import Failure
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, exit_status
@@ -33,7 +33,7 @@ def cli() -> None:
 
 
 for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
-                runs.stop, stacks.stacks, observe.top, envs.env, sandbox.sandbox):
+                runs.stop, stacks.stacks, observe.top, envs.env, pull.pull, sandbox.sandbox):
     cli.add_command(command)
 
 
