@@ -54,7 +54,7 @@ def rsync(transport: SshTransport, spec: HostSpec, root: str, files: Sequence[st
     transfer still moves only the changed blocks, and --partial keeps an interrupted file as
     the basis of the next try."""
     host = f"[{spec.host}]" if ":" in spec.host else spec.host
-    argv = ["rsync", "-tp", "-I", "--partial", "--protect-args", "--from0", "--files-from=-",
+    argv = ["rsync", "-tp", "-I", "-8", "--partial", "--protect-args", "--from0", "--files-from=-",
             "--out-format=%n", "-e", shell.join(transport.ssh_argv()),
             "--", f"{host}:{root}/", f"{dest}/"]
     dest.mkdir(parents=True, exist_ok=True)
