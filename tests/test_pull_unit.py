@@ -243,3 +243,38 @@ def test_a_path_from_the_host_cannot_leave_the_destination(tmp_path: Path) -> No
 def test_the_run_folder_of_an_attempt() -> None:
     assert targets.run_folder("/w/runs/r1/node0") == "/w/runs/r1"
     assert targets.run_folder("/w/runs/r1/attempt-2/node0") == "/w/runs/r1"
+
+
+def test_rsync_goes_with_the_connections_ssh_settings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The argv pull gives rsync (the cluster tests run it): the connection's ssh (strict host
+    keys, the bastion), the files on stdin, and what rsync says it moved."""
+    import subprocess
+
+    from clusterrun.inventory import HostSpec
+    from clusterrun.transport import SshOptions, SshTransport
+
+    spec = HostSpec(host="10.0.0.5", name="gpu-a", master=True, line=0, user="me", port=2222,
+                    proxy_jump="jumper@bastion:22", known_hosts=str(tmp_path / "kh"))
+    seen: list[tuple[list[str], bytes]] = []
+    status = [0]
+
+    def fake(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.append((argv, kwargs["input"]))
+        return subprocess.CompletedProcess(argv, status[0], b"ckpt/\nckpt/a.pt\nm.json\n",
+                                           b"rsync: link down")
+
+    monkeypatch.setattr(channel.subprocess, "run", fake)
+    transport = SshTransport(spec, SshOptions())
+    moved = channel.rsync(transport, spec, "/w/code/job", ["ckpt/a.pt", "m.json"], tmp_path)
+    assert moved == {"ckpt/a.pt", "m.json"}
+    argv, given = seen[0]
+    assert given == b"ckpt/a.pt\0m.json"
+    assert argv[-2:] == ["10.0.0.5:/w/code/job/", f"{tmp_path}/"]
+    ssh = argv[argv.index("-e") + 1]
+    assert "StrictHostKeyChecking=yes" in ssh and "ProxyCommand=" in ssh and "bastion" in ssh
+    status[0] = 24  # a file vanished there since it was listed: the caller lists it again
+    assert channel.rsync(transport, spec, "/w", ["x"], tmp_path)
+    status[0] = 12
+    with pytest.raises(SyncError, match=r"gpu-a: rsync from /w failed \(exit 12\): rsync: link"):
+        channel.rsync(transport, spec, "/w", ["x"], tmp_path)
