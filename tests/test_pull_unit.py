@@ -38,22 +38,27 @@ def make_run(tmp_path: Path, *, down: bool = False) -> dict[str, Path]:
     holding its code (older than the run), what its rank wrote (newer) and a cache; with
     ``down`` a third node on a port nobody listens on. Returns each node's working directory."""
     home, workdir = tmp_path / "home", tmp_path / "wd"
-    began = time.time() - 100
+    began = time.time()
     nodes, cwds = [], {}
-    for i, name in enumerate(NODES):
-        cwd = tmp_path / f"cwd-{name}"
-        (cwd / "out" / "__pycache__").mkdir(parents=True)
-        (cwd / "train.py").write_text("print('train')\n")
-        os.utime(cwd / "train.py", (began - 1000, began - 1000))
-        (cwd / "out" / f"rank-{i}.bin").write_bytes(os.urandom(5000 + i))
-        (cwd / "metrics.json").write_text(json.dumps({"rank": i}))
-        (cwd / "out" / "__pycache__" / "m.pyc").write_bytes(b"cache")
-        (cwd / "link.bin").symlink_to(cwd / "metrics.json")
+    for name in NODES:  # the code, copied before the run began (its time kept, as rsync -a does)
+        cwds[name] = tmp_path / f"cwd-{name}"
+        (cwds[name] / "out" / "__pycache__").mkdir(parents=True)
+        (cwds[name] / "train.py").write_text("print('train')\n")
+        os.utime(cwds[name] / "train.py", (began - 1000, began - 1000))
+    time.sleep(0.05)  # the nodes start: each writes its spec
+    for name in NODES:
         rundir = workdir / "runs" / RUN / name
         rundir.mkdir(parents=True)
         (rundir / "spec.json").write_text("{}")
-        os.utime(rundir / "spec.json", (began, began))
-        cwds[name] = cwd
+    time.sleep(0.05)
+    for i, name in enumerate(NODES):  # what the ranks wrote, one with an old time kept (cp -p)
+        cwd = cwds[name]
+        rundir = workdir / "runs" / RUN / name
+        (cwd / "out" / f"rank-{i}.bin").write_bytes(os.urandom(5000 + i))
+        (cwd / "metrics.json").write_text(json.dumps({"rank": i}))
+        os.utime(cwd / "metrics.json", (began - 5000, began - 5000))
+        (cwd / "out" / "__pycache__" / "m.pyc").write_bytes(b"cache")
+        (cwd / "link.bin").symlink_to(cwd / "metrics.json")
         nodes.append({"name": name, "host": "localhost", "node_rank": i, "nproc": 1,
                       "ranks": [i, i], "rundir": str(rundir), "cwd": str(cwd),
                       "connection": {"python": sys.executable, "workdir": str(workdir)}})

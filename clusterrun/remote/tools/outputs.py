@@ -51,7 +51,7 @@ def run_began(run):
     times = []
     for spec in found:
         with contextlib.suppress(OSError):
-            times.append(os.stat(spec).st_mtime)
+            times.append(os.stat(spec).st_ctime)
     return min(times) if times else None
 
 
@@ -91,7 +91,10 @@ def candidates(root, paths, skip, since):
                 if any(p in CACHES for p in parts) or rel.endswith(".pyc"):
                     continue
                 try:
-                    if since is None or os.stat(path).st_mtime < since:
+                    # The inode's change time, not the modification time a copy may have
+                    # kept (cp -p, rsync -a, tar): a file the ranks made or wrote is newer
+                    # than the run's start, the code synced before it never is.
+                    if since is None or os.stat(path).st_ctime < since:
                         continue
                 except OSError:
                     continue
