@@ -103,7 +103,7 @@ def test_pull_a_ddp_run_again_after_one_more_file_and_with_a_host_down(
     assert time.monotonic() - started < 60
     status = {n["node"]: n["status"] for n in report["nodes"]}
     assert status == {"node20": "pulled", "node21": "pulled", "node22": "unreachable"}
-    assert "node22" in err and "the other nodes (node20, node21) were pulled" in err
+    assert "node22" in err and "The other nodes (node20, node21) were pulled" in err
     assert "Traceback" not in err
     assert moved(report)["node20"] == ["late.txt"]
     assert (dest / "node20" / "late.txt").read_text() == "late\n"

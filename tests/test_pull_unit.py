@@ -182,7 +182,7 @@ def test_a_host_down_is_named_and_the_others_are_pulled(
     assert code == 4
     status = {n["node"]: n["status"] for n in report["nodes"]}
     assert status == {"node0": "pulled", "node1": "pulled", "node2": "unreachable"}
-    assert "node2" in err and "the other nodes (node0, node1) were pulled" in err
+    assert "node2" in err and "The other nodes (node0, node1) were pulled" in err
     assert (tmp_path / "home" / "runs" / RUN / "files" / "node1" / "metrics.json").is_file()
 
 

@@ -67,13 +67,12 @@ def pull(run_id: str, paths: tuple[str, ...], to: Optional[Path], nodes: tuple[s
     failed = pulling.outcome(report)
     if failed is None:
         return Result()
-    bad = [n for n in report.nodes if n.error]
+    bad = [n.error.rstrip(".") + "." for n in report.nodes if n.error]
     rest = [n.node for n in report.nodes if not n.error]
-    others = (f"; the other nodes ({', '.join(rest)}) were "
-              + ("listed" if dry_run else "pulled") if rest else "")
-    raise ClusterrunError("\n".join(n.error or "" for n in bad) + others
-                          + ". Pull again once the cause is fixed: only what is missing or "
-                          "different moves.", outcome=failed)
+    done = "listed" if dry_run else "pulled"
+    others = f"The other nodes ({', '.join(rest)}) were {done}; p" if rest else "P"
+    raise ClusterrunError("\n".join(bad) + f"\n{others}ull again once the cause is fixed: only "
+                          "what is missing or different moves.", outcome=failed)
 
 
 def _unmatched(report: PullReport, paths: tuple[str, ...]) -> None:
