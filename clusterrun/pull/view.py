@@ -28,6 +28,9 @@ def node_line(node: NodePull) -> str:
                 f"{listed - moved} already here")
     elif not listed:
         line = f"{node.node}: nothing to pull"
+    elif not moved:
+        line = (f"{node.node}: up to date: 0 of {_files(listed)} moved, all {listed} verified "
+                f"({size(node.total_bytes)})")
     else:
         line = (f"{node.node}: {node.method}: {moved} of {_files(listed)} moved "
                 f"({size(node.bytes_moved)}), all {listed} verified ({size(node.total_bytes)})")
