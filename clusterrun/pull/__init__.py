@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
-from clusterrun.errors import Outcome
+from clusterrun.errors import Outcome, SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.pull import fetch, targets
 from clusterrun.pull.model import FAILED, UNREACHABLE, NodePull, PullReport
@@ -45,6 +45,9 @@ def pull(run: RunDir, ssh: SshOptions, *, paths: Sequence[str] = (), to: Optiona
 
     def one(spec: HostSpec) -> NodePull:
         node: PlanNode = found[spec.name]
+        if not node.cwd:  # a plan.json edited or written by something else
+            raise SyncError(f"{spec.name}: the run's plan does not say where its ranks ran; "
+                            "nothing to pull from it.")
         result = NodePull(spec.name, spec.host, node.cwd, dest / spec.name)
         request = targets.listing_request(spec, node, asked, dest)
         transport = pool.get(spec)
