@@ -147,8 +147,8 @@ class _Receiver:
 def stream(transport: Transport, spec: HostSpec, root: str, files: Sequence[str],
            dest: Path) -> set[str]:
     """``files`` sent by outputs.py on the host over the connection clusterrun already holds."""
-    interp = start(transport, spec, "outputs.py", {"op": "send", "root": root,
-                                                   "files": list(files)}, site=False)
+    request = {protocol.OP: protocol.Outputs.SEND, "root": root, "files": list(files)}
+    interp = start(transport, spec, "outputs.py", request, site=False)
     receiver = _Receiver(dest)
     try:
         for chunk in chunks(interp.proc.recv):

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from clusterrun.errors import UsageError
 from clusterrun.home import home as state_home
 from clusterrun.inventory import HostSpec
-from clusterrun.remote.shared import layout
+from clusterrun.remote.shared import layout, protocol
 from clusterrun.runs import remote as remote_runs
 from clusterrun.runs.records import PlanNode
 from clusterrun.runs.store import RunDir
@@ -77,7 +77,7 @@ def skipped(spec: HostSpec, dest: Path) -> list[str]:
 
 def listing_request(spec: HostSpec, node: PlanNode, paths: Optional[list[str]],
                     dest: Path) -> dict[str, Any]:
-    return {"op": "list", "root": node.cwd, "paths": paths or None,
+    return {protocol.OP: protocol.Outputs.LIST, "root": node.cwd, "paths": paths or None,
             "run": run_folder(node.rundir) if node.rundir else None,
             "skip": skipped(spec, dest)}
 

@@ -1,7 +1,7 @@
 """`clusterrun pull` on a host: the files the ranks wrote under their working directory, listed
 with sizes and SHA-256 digests, and their bytes sent back (stdlib only, Python 3.6+).
 
-One JSON request on stdin:
+One JSON request on stdin (protocol.Outputs names its ops):
 
 - ``{"op": "list", "root", "paths", "run", "skip"}``: the regular files under ``root`` (the
   ranks' working directory). ``paths`` (globs relative to root, expanded here; a directory
@@ -152,7 +152,7 @@ def main():
     out = sys.stdout.buffer
     if not os.path.isdir(root):
         out.write(protocol.event_frame({"root": root, "missing": True}))
-    elif req.get("op") == "send":
+    elif req.get(protocol.OP) == protocol.Outputs.SEND:
         sent = send(out, root, req.get("files") or [])
         out.write(protocol.event_frame({"sent": sent}))
     else:
