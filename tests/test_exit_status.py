@@ -66,7 +66,10 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
           "launch": ["test_localhost.py::test_a_refused_ssh_connection_is_4"],
           "exec": ["test_exec.py::test_exec_names_an_unreachable_host"],
           "stop": [UNREACHABLE_RUN], "stacks": [UNREACHABLE_RUN], "top --once": [UNREACHABLE_RUN],
-          "env": ["test_environments.py::test_a_host_that_cannot_be_reached_is_named_with_exit_4"]},
+          "env": ["test_environments.py::test_a_host_that_cannot_be_reached_is_named_with_exit_4"],
+          "pull": ["test_pull_unit.py::test_a_host_down_is_named_and_the_others_are_pulled",
+                   "test_pull.py::"
+                   "test_pull_a_ddp_run_again_after_one_more_file_and_with_a_host_down"]},
     "5": {"launch": ["reliability/test_host_faults.py::"
                      "test_a_partitioned_host_is_lost_and_ends_its_own_run",
                      "reliability/test_controller_signals.py::"
@@ -75,7 +78,8 @@ EXERCISED_BY: dict[str, dict[str, list[str]]] = {
                      "reliability/test_disk_full.py::"
                      "test_a_full_disk_stops_the_run_naming_the_host_and_loses_no_line"],
           "env": ["test_environments_hosts.py::"
-                  "test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built"]},
+                  "test_a_full_disk_during_the_build_exits_6_and_leaves_nothing_half_built"],
+          "pull": ["test_pull_unit.py::test_a_file_that_never_settles_is_an_error_naming_it"]},
     "7": {"launch": ["test_localhost.py::test_a_stall_ended_by_on_stall_stop_is_7",
                      "test_stall.py::test_a_stopped_stall_names_the_hung_rank_and_exits_7"]},
     JOB: {"launch": ["test_localhost.py::"

@@ -22,7 +22,7 @@ from tests.conftest import run_cli
 JSON_COMMANDS = {"check": ["--json"], "hosts": ["--json"], "env": ["--json"], "ps": ["--json"],
                  "stacks": ["--json"], "top": ["--once", "--json"], "session": ["--json"],
                  "exec": ["--json"], "launch": ["--dry-run", "--json"], "logs": ["--json"],
-                 "stop": ["--json"]}
+                 "stop": ["--json"], "pull": ["--json"]}
 
 
 def test_every_command_with_json_is_listed_here() -> None:

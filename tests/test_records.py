@@ -148,7 +148,7 @@ def test_a_plan_reads_as_the_fields_its_readers_use(tmp_path: Path) -> None:
         "environment": "e3b0c442", "nodes": [
             {"name": "a", "host": "10.0.0.1", "node_rank": 0, "ranks": [0, 1],
              "address": "192.168.0.1", "rundir": "/w/runs/x/a", "python": "/w/envs/1/bin/python",
-             "interface": "eth1"},
+             "interface": "eth1", "cwd": "/w/code/job-1"},
             {"name": "b", "host": "10.0.0.2", "node_rank": 1, "ranks": [2, 3]},
             {"host": "nameless"}]})
     plan = PlanRecord.of(run)
@@ -156,10 +156,10 @@ def test_a_plan_reads_as_the_fields_its_readers_use(tmp_path: Path) -> None:
         == ("train", 12.5, 4, "e3b0c442")
     assert plan.node_names == {"a", "b"}
     assert plan.node("a") == PlanNode("a", "10.0.0.1", 0, (0, 1), "192.168.0.1", "/w/runs/x/a",
-                                      "/w/envs/1/bin/python", "eth1")
+                                      "/w/envs/1/bin/python", "eth1", "/w/code/job-1")
     b = plan.node("b")
     assert b is not None and (b.address, b.ranks) == (None, (2, 3)) and plan.node("c") is None
-    assert (b.rundir, b.python, b.interface) == ("", None, None)
+    assert (b.rundir, b.python, b.interface, b.cwd) == ("", None, None, "")
     assert PlanRecord.of(store.RunDir(tmp_path / "none")) == PlanRecord()
     assert b.holds(2) and b.holds(3) and not b.holds(1) and not b.holds(4)
 

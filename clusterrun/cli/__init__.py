@@ -18,6 +18,7 @@ from clusterrun.cli import (
     hosts,
     launch,
     observe,
+    pull,
     runs,
     sandbox,
     session,
@@ -54,7 +55,8 @@ def cli() -> None:
 
 
 for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
-                runs.stop, stacks.stacks, observe.top, envs.env, sandbox.sandbox, session.session):
+                runs.stop, stacks.stacks, observe.top, envs.env, pull.pull, sandbox.sandbox,
+                session.session):
     cli.add_command(command)
 
 

@@ -19,7 +19,7 @@ library only), and the rules both ends share. Each room is a folder:
   sitedirs).
 - ``tools/``: the one-shot programs the controller's commands run: ``status.py``, ``stop.py``,
   ``tail.py``, ``stackdump.py`` (with profiler), ``sampler.py``, ``linkcheck.py``,
-  ``toolcache.py``, ``command.py``, ``pyenv.py``, ``wheelserve.py``.
+  ``toolcache.py``, ``command.py``, ``pyenv.py``, ``wheelserve.py``, ``outputs.py``.
 
 Rooms import downwards only: shared/ <- hostlib/ <- probe/ <- node/, tools/ (the supervisor and
 the tools use probe/'s link test, nvidia-smi reading and environment state; tools/ never

@@ -250,6 +250,7 @@ class PlanNode:
     rundir: str = ""  # the attempt's folder on the host
     python: Optional[str] = None  # the interpreter its ranks ran (their environment's)
     interface: Optional[str] = None  # the data interface its ranks use
+    cwd: str = ""  # the ranks' working directory on the host (the copy of the code)
 
     def holds(self, rank: int) -> bool:
         """Whether ``rank`` runs on this node (plan.json's ``[first, last]``, both included)."""
@@ -266,7 +267,8 @@ class PlanNode:
                    tuple(r for r in ranks if integer(r) is not None)
                    if isinstance(ranks, list) else None,
                    text(raw.get("address")), str(raw.get("rundir") or ""),
-                   text(raw.get("python")), text(raw.get("interface")))
+                   text(raw.get("python")), text(raw.get("interface")),
+                   str(raw.get("cwd") or ""))
 
 
 @dataclass(frozen=True)

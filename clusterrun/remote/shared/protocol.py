@@ -166,6 +166,13 @@ class Env:
     PRUNE = "prune"
 
 
+class Outputs:
+    """The controller (pull/) to outputs.py: one request each (its docstring has the shapes)."""
+
+    LIST = "list"  # the files, with sizes and SHA-256
+    SEND = "send"  # their bytes, as frames
+
+
 def event_frame(event: Dict[str, Any]) -> bytes:
     """An event (a dict with its KIND) as a frame."""
     return EVENT + json.dumps(event).encode() + b"\n"
