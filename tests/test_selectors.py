@@ -72,8 +72,14 @@ def test_logs_selects_by_nodeset_and_rank_list(home: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(("command", "args", "says"), [
-    ("logs", [RUN, "--rank", "0-3"], "has no rank 2, 3; it has ranks 0-1"),
-    ("logs", [RUN, "--node", "node[0-2]"], "has no node node2"),
+    ("logs", [RUN, "--rank", "0-3"], "has no rank 2-3; it has ranks 0-1"),
+    ("logs", [RUN, "--node", "node[0-2]"], "has no node node2; its nodes: node[0-1]"),
+    ("logs", [RUN, "--rank", "0", "--node", "node1"],
+     "none of ranks 0 runs on node1 (node1 holds 1); give ranks of those nodes"),
+    ("stacks", [RUN, "--node", "node[1-3]"], "has no node node[2-3]; its nodes: node[0-1]"),
+    ("stacks", [RUN, "--rank", "1", "--node", "node0"], "none of ranks 1 runs on node0"),
+    ("stop", [RUN, "--node", "node1"], "--node node1: `stop` ends a run on every host"),
+    ("stop", [RUN, "--rank", "0-1"], "--rank 0-1: `stop` ends a run on every host"),
     ("logs", [RUN, "--rank", "x"], "'x' is not a rank list: give ranks and ranges such as 3"),
     ("logs", [RUN, "--rank", "3-1"], "'3-1' in '3-1' runs backwards; write 1-3"),
     ("logs", [RUN, "--node", "node[1-"], "'node[1-' is not a valid host range"),
