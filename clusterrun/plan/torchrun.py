@@ -140,7 +140,7 @@ def passthrough(args: Sequence[str]) -> tuple[str, ...]:
     return tuple(args)
 
 
-def help_text(width: int = 96) -> str:
+def help_text(width: int = 76) -> str:
     """The table as `launch --help`'s epilog shows it, one option per paragraph."""
     lines = ["torchrun's options on clusterrun launch (docs/bring-your-script.md):", "", "\b"]
     for w in WORDS:
