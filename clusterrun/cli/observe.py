@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # the command imports its modules when it runs: `--help` star
     from clusterrun.observe.frame import Frame
     from clusterrun.observe.profiling import Profiler
     from clusterrun.observe.watch import Watch
-    from clusterrun.runs.records import PlanRecord
 
 
 @contextlib.contextmanager
@@ -83,6 +82,7 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
     from clusterrun.observe.profiling import Profiler
     from clusterrun.observe.watch import Watch
     from clusterrun.runs import attempts, lifecycle
+    from clusterrun.runs.records import PlanRecord
 
     run = names.resolve(home(write=False), run_id, note=note, prefer=lifecycle.live)
     if not lifecycle.live(run):
@@ -94,9 +94,8 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
     selectors.check(plan, nodes, ranks_, f"run {run.id}")
     ssh = make_options(connect_timeout, accept_new_host_keys)
     watch = Watch(run, ssh, interval)
-    pick = Pick(frozenset(n.name for n in plan.nodes if (not nodes or n.name in nodes) and (
-        not ranks_ or any(map(n.holds, ranks_)))), frozenset(ranks_)) if nodes or ranks_ \
-        else None
+    pick = Pick(frozenset(selectors.holding(plan, nodes, ranks_)), frozenset(ranks_)) \
+        if nodes or ranks_ else None
     profiler = Profiler(run, ssh, profile) if profile else None
     watch.start()
     try:

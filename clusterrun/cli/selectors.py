@@ -106,6 +106,13 @@ def check(plan: PlanRecord, nodes: tuple[str, ...], ranks_: tuple[int, ...], of:
                          "out.")
 
 
+def holding(plan: PlanRecord, nodes: tuple[str, ...], ranks_: tuple[int, ...]) -> list[str]:
+    """The plan's nodes a selection reaches, in plan order: those named (all when none are)
+    that hold a rank named (any when none are)."""
+    return [n.name for n in plan.nodes if (not nodes or n.name in nodes)
+            and (not ranks_ or any(map(n.holds, ranks_)))]
+
+
 def refused(why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--node and --rank on a command that acts on the whole run: taken, so that the answer is
     ``why`` rather than click's "no such option", and refused (exit 2)."""
