@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,6 +275,15 @@ def test_top_once_shows_the_ranks_picked(cluster: Cluster, home: Path, tmp_path:
     assert cp.returncode == 0, cp.stderr
     run_id = re.search(r"run (\S+) started on", cp.stderr).group(1)  # type: ignore[union-attr]
     try:
+        # Every rank has started and printed: its pid and lines are there to show.
+        deadline = time.monotonic() + 120
+        for name, ranks in (("node1", [0, 1]), ("node2", [2, 3])):
+            for rank in ranks:
+                path = f"/tmp/clusterrun/runs/{run_id}/{name}/rank-{rank}.log"
+                while cluster.run_on(name, "sh", "-c", f"cat {path} 2>/dev/null || true"
+                                     ).count("\n") < 3:
+                    assert time.monotonic() < deadline, f"{name} rank {rank} printed nothing"
+                    time.sleep(0.5)
         cp = run_cli("top", run_id, "--once", "--json", "--interval", "1", "--rank", "1-2",
                      timeout=120)
         assert cp.returncode == 0, cp.stderr
