@@ -1,6 +1,6 @@
 """What a mistyped or misplaced command line meant: unknown options with the spelling that exists
-(also for torchrun's ``--nproc_per_node`` spellings), options after INVENTORY, directories where a
-file belongs. Every answer is a UsageError, shown like any other error."""
+(torchrun's own options answered from plan/torchrun.py's table), options after INVENTORY,
+directories where a file belongs. Every answer is a UsageError, shown like any other error."""
 
 from __future__ import annotations
 
