@@ -1,6 +1,6 @@
 """What a mistyped or misplaced command line meant: unknown options with the spelling that exists
-(also for torchrun's ``--nproc_per_node`` spellings), options after INVENTORY, directories where a
-file belongs. Every answer is a UsageError, shown like any other error."""
+(torchrun's own options answered from plan/torchrun.py's table), options after INVENTORY,
+directories where a file belongs. Every answer is a UsageError, shown like any other error."""
 
 from __future__ import annotations
 
@@ -31,64 +31,23 @@ def closest_option(word: str, command: click.Command) -> Optional[str]:
     return match[0] if match else None
 
 
-# torchrun's options that clusterrun answers itself, in other words: the nearest spelling of
-# launch's own would point the wrong way (--nnodes is not --min-nodes, and torchrun's
-# --max-restarts restarts workers in place where launch's restarts the run on healthy hosts).
-_RENDEZVOUS = ("clusterrun sets torchrun's rendezvous itself (static, on the master's "
-               "master_addr:master_port, a fresh port per run): mark the master host with "
-               "`master: true` in the inventory, and give a port with --master-port if needed")
-TORCHRUN = {
-    "--nnodes": "clusterrun takes the node count from the inventory ({hosts}); use -w/-x to "
-                "pick hosts",
-    "--node-rank": "clusterrun gives each host its node rank: the master (`master: true`, else "
-                   "the first host) is 0, the others follow in inventory order",
-    "--master-addr": "set `master_addr:` in the inventory (default: the master host's own "
-                     "address on its data interface), and mark the master with `master: true`",
-    "--rdzv-backend": _RENDEZVOUS, "--rdzv-endpoint": _RENDEZVOUS, "--rdzv-id": _RENDEZVOUS,
-    "--rdzv-conf": _RENDEZVOUS,
-    "--standalone": "clusterrun runs one torchrun node per inventory host; for this machine "
-                    "alone give an inventory with one local host (`host: localhost`)",
-    "--max-restarts": "torchrun's --max-restarts restarts workers in place, which clusterrun "
-                      "does not use; clusterrun's own --max-restarts N starts the whole run "
-                      "again on healthy hosts after a failure, spares taking failed hosts' "
-                      "places (docs/restarts.md)",
-}
-
-
-def torchrun_hint(name: str, words: tuple[str, ...] = ()) -> Optional[str]:
+def torchrun_hint(name: str) -> Optional[str]:
     """What to do instead of torchrun's option ``name`` (either spelling), where launch's
-    closest option would mislead. ``words``: the rest of the command line, where the
-    inventory whose hosts make the node count may be."""
-    hint = TORCHRUN.get("--" + name[2:].replace("_", "-") if name.startswith("--") else name)
-    return hint.format(hosts=_host_count(words)) if hint is not None else None
+    closest option would mislead (plan/torchrun.py holds the table)."""
+    from clusterrun.plan import torchrun
 
-
-def _host_count(words: tuple[str, ...]) -> str:
-    """How many nodes a launch of the first inventory file among ``words`` starts on, if one
-    loads (a command line that is wrong already gets no second error from it)."""
-    from clusterrun.errors import ClusterrunError
-    from clusterrun.inventory import load
-
-    for word in words:
-        if os.path.isfile(word) and word.endswith((".yaml", ".yml")):
-            try:
-                count = len(load(word).active)
-            except (ClusterrunError, OSError, ValueError):
-                break
-            return f"{count} host{'s' if count != 1 else ''} in {word}, spares aside"
-    return "one node per host, spares aside"
+    return torchrun.on_launch(name)
 
 
 def unknown_option(word: str, command: click.Command, path: str, *,
-                   before_inventory: bool = False, remote_command: bool = False,
-                   words: tuple[str, ...] = ()) -> UsageError:
-    """``remote_command``: the command takes a CMD whose own options (`ls -la`) need `--`
-    before them, or they are read as its options; ``words``: the other words of the command
-    line, where the inventory may be."""
+                   before_inventory: bool = False, remote_command: bool = False) -> UsageError:
+    """``before_inventory``: the command is launch, whose options go before INVENTORY and
+    which answers torchrun's options from the table; ``remote_command``: the command takes a
+    CMD whose own options (`ls -la`) need `--` before them, or they are read as its options."""
     name = word.split("=", 1)[0]
     hint = closest_option(name, command)
     text = f"unknown option {name} for `{path}`"
-    torchrun = torchrun_hint(name, words)
+    torchrun = torchrun_hint(word) if before_inventory else None
     if torchrun is not None:
         text += f": {torchrun}."
     elif hint and "_" in name and hint == name.replace("_", "-"):
@@ -115,13 +74,11 @@ def check_launch_words(inventory: str, script: str, args: tuple[str, ...],
     """INVENTORY and SCRIPT are the first words that are not options, so an option clusterrun
     does not know (or one given after INVENTORY) lands in their place: say so, with the fix."""
     if inventory.startswith("-") and not os.path.exists(inventory):
-        raise unknown_option(inventory, command, path, before_inventory=True,
-                             words=(script, *args))
+        raise unknown_option(inventory, command, path, before_inventory=True)
     if script.startswith("-") and not os.path.exists(script):
         name = script.split("=", 1)[0]
         if name not in option_names(command):
-            raise unknown_option(script, command, path, before_inventory=True,
-                                 words=(inventory,))
+            raise unknown_option(script, command, path, before_inventory=True)
         words = [script, *args]
         if _takes_value(name, command) and "=" not in script:
             words = words[:2] if len(words) > 1 else [script, "VALUE"]

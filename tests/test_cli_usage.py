@@ -95,13 +95,13 @@ def test_a_closed_run_directory_inside_a_usable_home(shared: Path,
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--dryrun", "{inv}", "{script}"], ["unknown option --dryrun", "--dry-run"]),
-    (["--nproc_per_node", "2", "{inv}", "{script}"],
-     ["unknown option --nproc_per_node", "--nproc-per-node"]),
-    (["--nproc_per_node=2", "{inv}", "{script}"],
-     ["unknown option --nproc_per_node", "--nproc-per-node"]),
+    (["--exclude_files", "x", "{inv}", "{script}"],
+     ["unknown option --exclude_files", "--exclude-files"]),
+    (["--exclude_files=x", "{inv}", "{script}"],
+     ["unknown option --exclude_files", "--exclude-files"]),
     (["{inv}", "--dry-run", "{script}"], ["--dry-run", "after INVENTORY"]),
     (["{inv}", "--dryrun", "{script}"], ["unknown option --dryrun", "--dry-run"]),
-], ids=["typo", "torchrun-spelling", "torchrun-spelling-equals", "after-inventory",
+], ids=["typo", "underscores", "underscores-equals", "after-inventory",
         "typo-after-inventory"])
 def test_mistyped_or_misplaced_launch_options(args: list[str], words: list[str],
                                               job: tuple[Path, Path]) -> None:

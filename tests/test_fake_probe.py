@@ -175,7 +175,8 @@ MISSING = {"nvidia": "gpus", "names": "names", "limits": "limits", "limits.shm":
 # Facts whose absence means something of its own, and what it means.
 NOT_A_CHECK = {"torch": "not installed: the torch check fails",
                "ssh_server_address": "reached without SSH (a Slurm job step)",
-               "pyenv": "sent only when the inventory asks for an `environment:`"}
+               "pyenv": "sent only when the inventory asks for an `environment:`",
+               "cpus": "an older probe: `nproc_per_node: cpu` is refused (plan/build.py)"}
 
 
 def test_every_fact_the_probe_sends_is_said_unknown_when_it_is_missing() -> None:

@@ -30,37 +30,46 @@ def script(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("word", "says"), [
-    ("--nnodes=2", f"takes the node count from the inventory (2 hosts in {LOCALHOST}, "
-                   "spares aside)"),
-    ("--nnodes", "use -w/-x to pick hosts"),
-    ("--node_rank=1", "gives each host its node rank"),
+    ("--node_rank=1", "each host's node rank is clusterrun's"),
     ("--node-rank=1", "the master (`master: true`, else the first host) is 0"),
     ("--master_addr=10.0.0.1", "set `master_addr:` in the inventory"),
-    ("--master-addr=10.0.0.1", "mark the master with `master: true`"),
-    ("--rdzv-backend=c10d", "sets torchrun's rendezvous itself"),
-    ("--rdzv_endpoint=10.0.0.1:29400", "sets torchrun's rendezvous itself"),
-    ("--rdzv-id=7", "give a port with --master-port"),
+    ("--master-addr=10.0.0.1", "`master: true` marks the master"),
+    ("--rdzv-backend=c10d", "uses torchrun's static rendezvous"),
+    ("--rdzv_endpoint=10.0.0.1:29400", "uses torchrun's static rendezvous"),
+    ("--rdzv-id=7", "--master-port picks it"),
     ("--standalone", "one torchrun node per inventory host"),
-    ("--max_restarts=3", "restarts workers in place, which clusterrun does not use"),
+    ("--max_restarts=3", "torchrun's in-place worker restarts are refused"),
 ])
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_torchrun_options_get_what_clusterrun_does_instead(
         capsys: pytest.CaptureFixture[str], script: Path, word: str, says: str,
         where: str) -> None:
-    """Not the nearest spelling of one of launch's own options (--nnodes got --min-nodes,
-    --node-rank --no-sync, --master-addr --master-port), before INVENTORY or after it."""
+    """Not the nearest spelling of one of launch's own options (--node-rank got --no-sync,
+    --master-addr --master-port), before INVENTORY or after it."""
     args = [word, LOCALHOST] if where == "before" else [LOCALHOST, word]
     err = error_of(capsys, "launch", *args, str(script))
     assert f"unknown option {word.split('=', maxsplit=1)[0]}" in err and says in err, err
     assert "did you mean" not in err, err
 
 
-def test_torchrun_spellings_of_launch_options_still_point_at_them(
+@pytest.mark.parametrize("word", ["--nnodes=3", "--nnodes=1:2"])
+def test_nnodes_other_than_the_inventorys_count_is_refused(
+        capsys: pytest.CaptureFixture[str], script: Path, word: str) -> None:
+    """--nnodes got "did you mean --min-nodes"; it is taken now, and only when it agrees."""
+    err = error_of(capsys, "launch", word, LOCALHOST, str(script))
+    assert f"a run of {LOCALHOST} starts on 2 hosts" in err, err
+    assert "clusterrun takes the node count from the inventory" in err
+    assert ("--min-nodes MIN" in err) == (":" in word)
+
+
+def test_torchrun_spellings_of_launch_options_are_launchs(
         capsys: pytest.CaptureFixture[str], script: Path) -> None:
-    err = error_of(capsys, "launch", "--nproc_per_node=2", LOCALHOST, str(script))
-    assert "did you mean --nproc-per-node" in err
-    err = error_of(capsys, "launch", "--master_port=29500", LOCALHOST, str(script))
-    assert "did you mean --master-port" in err
+    """--nproc_per_node and --master_port are launch's own options, spelled as torchrun does:
+    their values are judged as theirs (a bad one, to start nothing)."""
+    err = error_of(capsys, "launch", "--nproc_per_node=0", LOCALHOST, str(script))
+    assert "'0' is neither a positive number nor `auto`" in err, err
+    err = error_of(capsys, "launch", "--master_port=0", LOCALHOST, str(script))
+    assert "--master_port" in err and "0 is not in the range" in err, err
 
 
 @pytest.mark.parametrize("args", [["--", "hostname"], ["hostname"]])

@@ -76,7 +76,7 @@ def test_later_layers_win() -> None:
 
 
 @pytest.mark.parametrize("arg", ["--monitor-interval=1", "--start-method=spawn",
-                                 "--local-addr=10.0.0.1"])
+                                 "--signals-to-handle=SIGTERM,SIGUSR1"])
 def test_other_torchrun_options_pass_through(arg: str) -> None:
     assert torchrun.passthrough([arg]) == (arg,)
 
@@ -84,7 +84,8 @@ def test_other_torchrun_options_pass_through(arg: str) -> None:
 @pytest.mark.parametrize(("arg", "owned"), [
     ("--nnodes=4", "--nnodes"), ("--node_rank=1", "--node-rank"),
     ("--master-addr=1.2.3.4", "--master-addr"), ("--max_restarts=3", "--max-restarts"),
-    ("-r", "--redirects"), ("--standalone", "--standalone")])
+    ("-r", "--redirects"), ("--standalone", "--standalone"), ("--local-addr=10.0.0.1",
+                                                             "--local-addr")])
 def test_options_clusterrun_owns_are_refused_with_the_reason(arg: str, owned: str) -> None:
     with pytest.raises(UsageError, match=f"clusterrun sets {owned} itself"):
         torchrun.passthrough([arg])

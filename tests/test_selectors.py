@@ -72,8 +72,14 @@ def test_logs_selects_by_nodeset_and_rank_list(home: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(("command", "args", "says"), [
-    ("logs", [RUN, "--rank", "0-3"], "has no rank 2, 3; it has ranks 0-1"),
-    ("logs", [RUN, "--node", "node[0-2]"], "has no node node2"),
+    ("logs", [RUN, "--rank", "0-3"], "has no rank 2-3; it has ranks 0-1"),
+    ("logs", [RUN, "--node", "node[0-2]"], "has no node node2; its nodes: node[0-1]"),
+    ("logs", [RUN, "--rank", "0", "--node", "node1"],
+     "none of ranks 0 runs on node1 (node1 holds 1); give ranks of those nodes"),
+    ("stacks", [RUN, "--node", "node[1-3]"], "has no node node[2-3]; its nodes: node[0-1]"),
+    ("stacks", [RUN, "--rank", "1", "--node", "node0"], "none of ranks 1 runs on node0"),
+    ("stop", [RUN, "--node", "node1"], "--node node1: `stop` ends a run on every host"),
+    ("stop", [RUN, "--rank", "0-1"], "--rank 0-1: `stop` ends a run on every host"),
     ("logs", [RUN, "--rank", "x"], "'x' is not a rank list: give ranks and ranges such as 3"),
     ("logs", [RUN, "--rank", "3-1"], "'3-1' in '3-1' runs backwards; write 1-3"),
     ("logs", [RUN, "--node", "node[1-"], "'node[1-' is not a valid host range"),
@@ -95,3 +101,23 @@ def test_rank_lists() -> None:
     for bad in ("", "-1", "1-", "a", "1-2-3", "0-99999999"):
         with pytest.raises(ValueError):
             parse_ranks(bad)
+
+
+def test_top_shows_the_hosts_and_ranks_picked() -> None:
+    from clusterrun.cli.observe import Pick
+    from clusterrun.cli.selectors import holding
+    from clusterrun.observe.frame import Frame, HostSample, RankSample
+    from clusterrun.runs.records import PlanRecord
+
+    plan = PlanRecord.from_json({"world_size": 6, "nodes": [
+        {"name": f"node{i}", "host": "h", "ranks": [2 * i, 2 * i + 1]} for i in range(3)]})
+    assert holding(plan, (), (1, 2)) == ["node0", "node1"]
+    assert holding(plan, ("node2", "node0"), ()) == ["node0", "node2"]
+    assert holding(plan, ("node2",), (1, 4)) == ["node2"]
+    frame = Frame("r", "running", 1.0, [HostSample(f"node{i}") for i in range(3)],
+                  [RankSample(r, f"node{r // 2}") for r in range(6)])
+    picked = Pick(frozenset(holding(plan, (), (1, 2))), frozenset({1, 2})).apply(frame)
+    assert [h.node for h in picked.hosts] == ["node0", "node1"]
+    assert [(r.rank, r.node) for r in picked.ranks] == [(1, "node0"), (2, "node1")]
+    whole = Pick(frozenset(holding(plan, ("node1",), ())), frozenset()).apply(frame)
+    assert [r.rank for r in whole.ranks] == [2, 3]

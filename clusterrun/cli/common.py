@@ -34,13 +34,17 @@ def note(text: str) -> None:
 
 def nproc_value(_ctx: click.Context, _param: click.Parameter,
                 value: Optional[str]) -> Union[int, str, None]:
-    """--nproc-per-node: a positive number of processes, or `auto` (the host's GPUs, else 1)."""
-    if value is None or value == inventory.AUTO:
+    """--nproc-per-node as torchrun takes it: a positive number of processes, or a word each
+    host resolves: `auto` (its GPUs, else 1), `gpu` (its GPUs), `cpu` (its CPUs)."""
+    from clusterrun.inventory.hosts import PER_HOST
+
+    if value is None or value in PER_HOST:
         return value
     if value.isdigit() and int(value) >= 1:
         return int(value)
     raise click.BadParameter(f"{value!r} is neither a positive number nor `auto` (= the "
-                             "host's GPUs, else 1).")
+                             "host's GPUs, else 1), `gpu` (= its GPUs) or `cpu` (= its CPUs); "
+                             "clusterrun counts NVIDIA GPUs only.")
 
 
 NO_HOSTS = ("no hosts given: name them with INVENTORY (a YAML inventory, a hostfile, `slurm`, "

@@ -16,6 +16,7 @@ from clusterrun.cli.common import (
     host_options,
     load_inventory,
     make_options,
+    note,
     nproc_value,
     selection_options,
     ssh_options,
@@ -23,11 +24,13 @@ from clusterrun.cli.common import (
 from clusterrun.errors import Result, UsageError
 from clusterrun.inventory.adhoc import Overrides
 from clusterrun.launch.options import GRACE, LEASE, STALL_TIMEOUT
+from clusterrun.plan import torchrun
 from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
-                               "allow_interspersed_args": False})
+                               "allow_interspersed_args": False},
+               epilog=torchrun.help_text())
 @click.argument("inventory_path", metavar="[INVENTORY]", required=False,  # or -w alone
                 shell_complete=complete.inventories)
 @click.argument("script", metavar="SCRIPT", required=False, shell_complete=complete.files)
@@ -36,9 +39,14 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
 @click.option("-m", "--module", default=None, metavar="MODULE",
               help="Run a module, as `python -m` does, instead of SCRIPT (its package, found "
                    "from here, is copied to every host).")
-@click.option("--nproc-per-node", callback=nproc_value, default=None, metavar="N|auto",
-              help="Processes per host (default: the inventory's, `auto` = GPUs or 1).")
-@click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", callback=nproc_value,
+              default=None, metavar="N|auto|gpu|cpu",
+              help="Processes per host (default: the inventory's): N, or per host `gpu` = its "
+                   "GPUs, `cpu` = its CPUs, `auto` = its GPUs, else 1.")
+@click.option("--nnodes", default=None, hidden=True, metavar="N",
+              help="torchrun's: accepted when it is the inventory's host count (see below).")
+@click.option("--master-port", "--master_port", "master_port", type=click.IntRange(1, 65535),
+              default=None, metavar="PORT",
               help="Port of torch's c10d store on the master (default: a free one, checked).")
 @click.option("--no-torchrun", is_flag=True,
               help="Start nproc_per_node copies of the script on each host directly, each with "
@@ -49,7 +57,8 @@ from clusterrun.remote.shared.protocol import STALL_REPORT, STALL_STOP
                    "written for python -m torch.distributed.launch).")
 @click.option("--torchrun-arg", "torchrun_args", multiple=True, metavar="--OPTION[=VALUE]",
               help="Pass one more option to torchrun; repeatable. Options clusterrun sets "
-                   "itself (--nnodes, --node-rank, --master-addr, ...) are refused.")
+                   "itself (--nnodes, --node-rank, --master-addr, ...) are refused; see the "
+                   "table below.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE|KEY",
               help="Extra environment for every rank; repeatable. Values arrive byte-exact. "
                    "KEY alone passes on KEY's value from this shell (for secrets).")
@@ -152,6 +161,7 @@ def launch(inventory_path: Optional[str], script: Optional[str], args: tuple[str
         raise UsageError(f"--min-nodes {opt['min_nodes']} is more than the {starts} "
                          f"host{'s' if starts != 1 else ''} a run starts on in {inv.path} "
                          "(spares not counted): give at most that many.")
+    _check_nnodes(opt["nnodes"], starts, inv.path)
     launch_home = home(write=not opt["dry_run"])  # a dry run records nothing
     # The inventory made here, before the plan: one to keep (--json: the plan's hosts say it,
     # and stdout holds the one document).
@@ -190,6 +200,24 @@ def _not_inventory(word: str, *, module: bool) -> bool:
     if not module and looks_like_script(Path(word)):
         return True
     return not names_a_file(word)
+
+
+def _check_nnodes(nnodes: Optional[str], starts: int, path: object) -> None:
+    """torchrun's --nnodes: the inventory's count is the one clusterrun uses; a value that
+    agrees is noted, any other refused."""
+    if nnodes is None:
+        return
+    low, _, high = nnodes.partition(":")
+    hosts = f"{starts} host{'s' if starts != 1 else ''}"
+    if low.isdigit() and int(low) == starts and (not high or high == low):
+        note(f"--nnodes {nnodes}: the {hosts} of {path}, which clusterrun counts itself; "
+             "--nnodes may be left out.")
+        return
+    elastic = (" torchrun's elastic MIN:MAX is --min-nodes MIN with --max-restarts N here."
+               if high and high != low else "")
+    raise UsageError(f"--nnodes {nnodes}: a run of {path} starts on {hosts} (spares aside, "
+                     "after -w/-x), and clusterrun takes the node count from the inventory: "
+                     f"leave --nnodes out, or pick the hosts with -w/-x.{elastic}")
 
 
 def _check_restarts(max_restarts: int, min_nodes: Optional[int], *, detach: bool) -> None:

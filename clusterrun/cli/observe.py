@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import click
 
-from clusterrun.cli import complete
+from clusterrun.cli import complete, selectors
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
 from clusterrun.errors import Result, UsageError
 from clusterrun.runs import names
@@ -64,19 +65,24 @@ def quit_key() -> Iterator[threading.Event]:
 @click.option("--profile", type=click.FloatRange(min=1, max=600), default=None,
               metavar="SECONDS", help="Also sample every rank's stack in windows of SECONDS, "
               "as `stacks --profile` does: each rank's wait share, and the straggler.")
+@selectors.node_option
+@selectors.rank_option
 @ssh_options
 def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
-        profile: Optional[float], connect_timeout: float, accept_new_host_keys: bool) -> Result:
+        profile: Optional[float], nodes: tuple[str, ...], ranks_: tuple[int, ...],
+        connect_timeout: float, accept_new_host_keys: bool) -> Result:
     """A live view of a running run (the newest by default), attached or detached.
 
     Per host: CPU %, memory, load, network MB/s on the run's interface, free disk under the
     run's folder, GPUs. Per rank: pid, CPU %, RSS, lines per minute, last line, seconds
-    silent; slow and silent ranks flagged. One connection per host, kept; a host that stops
-    answering shows as lost within two intervals. q or Ctrl-C quits.
+    silent; slow and silent ranks flagged (against all the run's ranks, also when --node or
+    --rank show some). One connection per host, kept; a host that stops answering shows as
+    lost within two intervals. q or Ctrl-C quits.
     """
     from clusterrun.observe.profiling import Profiler
     from clusterrun.observe.watch import Watch
-    from clusterrun.runs import lifecycle
+    from clusterrun.runs import attempts, lifecycle
+    from clusterrun.runs.records import PlanRecord
 
     run = names.resolve(home(write=False), run_id, note=note, prefer=lifecycle.live)
     if not lifecycle.live(run):
@@ -84,19 +90,23 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
         raise UsageError(f"run {run.id} has ended ({state.value if state else 'unknown'}); "
                          "`top` watches running runs. See how it went with `clusterrun logs "
                          f"{run.id}` or `clusterrun ps`.")
+    plan = PlanRecord.of(attempts.current(run))
+    selectors.check(plan, nodes, ranks_, f"run {run.id}")
     ssh = make_options(connect_timeout, accept_new_host_keys)
     watch = Watch(run, ssh, interval)
+    pick = Pick(frozenset(selectors.holding(plan, nodes, ranks_)), frozenset(ranks_)) \
+        if nodes or ranks_ else None
     profiler = Profiler(run, ssh, profile) if profile else None
     watch.start()
     try:
         if once:
-            return Result(unreachable=not _once(watch, profiler, as_json))
+            return Result(unreachable=not _once(watch, profiler, as_json, pick))
         if profiler is not None:
             profiler.start()
         if as_json:
-            _json_lines(watch, profiler)
+            _json_lines(watch, profiler, pick)
         else:
-            _live(watch, profiler)
+            _live(watch, profiler, pick)
         return Result()
     finally:
         watch.close()
@@ -104,9 +114,26 @@ def top(run_id: Optional[str], interval: float, once: bool, as_json: bool,
             profiler.close()
 
 
-def _take(watch: Watch, profiler: Optional[Profiler], wait: Optional[float] = None) -> Frame:
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """What --node and --rank leave of each frame: the hosts that hold a chosen rank on a
+    chosen node, and the chosen ranks on them (empty ``ranks``: every rank there)."""
+
+    nodes: frozenset[str]
+    ranks: frozenset[int]
+
+    def apply(self, frame: Frame) -> Frame:
+        return dataclasses.replace(
+            frame, hosts=[h for h in frame.hosts if h.node in self.nodes],
+            ranks=[r for r in frame.ranks if r.node in self.nodes
+                   and (not self.ranks or r.rank in self.ranks)])
+
+
+def _take(watch: Watch, profiler: Optional[Profiler], pick: Optional[Pick],
+          wait: Optional[float] = None) -> Frame:
     frame = watch.refresh(wait)
-    return profiler.apply(frame) if profiler is not None else frame
+    frame = profiler.apply(frame) if profiler is not None else frame
+    return pick.apply(frame) if pick is not None else frame
 
 
 def _json(frame: Frame, profiler: Optional[Profiler]) -> dict[str, object]:
@@ -117,7 +144,8 @@ def _json(frame: Frame, profiler: Optional[Profiler]) -> dict[str, object]:
     return {"ok": ok, **(to_json(frame) if profiler is not None else frame.to_json())}
 
 
-def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> bool:
+def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool,
+          pick: Optional[Pick]) -> bool:
     """One sample, shown; False when a host gave none."""
     import json
     import time
@@ -133,7 +161,7 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> bool:
             note(f"no profile from {why}")
     else:
         time.sleep(watch.interval)
-    frame = _take(watch, profiler, wait=watch.ssh.connect_timeout)
+    frame = _take(watch, profiler, pick, wait=watch.ssh.connect_timeout)
     if as_json:
         click.echo(json.dumps(_json(frame, profiler), indent=2))
     else:
@@ -150,7 +178,7 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool) -> bool:
     return not lost
 
 
-def _json_lines(watch: Watch, profiler: Optional[Profiler]) -> None:
+def _json_lines(watch: Watch, profiler: Optional[Profiler], pick: Optional[Pick]) -> None:
     import json
     import time
 
@@ -158,13 +186,13 @@ def _json_lines(watch: Watch, profiler: Optional[Profiler]) -> None:
     watch.wait_connected(watch.ssh.connect_timeout + 5)
     time.sleep(watch.interval)
     while True:
-        frame = _take(watch, profiler)
+        frame = _take(watch, profiler, pick)
         click.echo(json.dumps(_json(frame, profiler)))
         if frame.ended:
             return
 
 
-def _live(watch: Watch, profiler: Optional[Profiler]) -> None:
+def _live(watch: Watch, profiler: Optional[Profiler], pick: Optional[Pick]) -> None:
     import time
 
     from rich.console import Console
@@ -179,7 +207,7 @@ def _live(watch: Watch, profiler: Optional[Profiler]) -> None:
     with quit_key() as quit_, Live(console=console, screen=True, auto_refresh=False) as live:
         while not quit_.is_set():
             began = time.monotonic()
-            frame = _take(watch, profiler)
+            frame = _take(watch, profiler, pick)
             live.update(render(frame), refresh=True)
             if frame.ended:
                 break

@@ -73,17 +73,8 @@ def logs(run_id: Optional[str], follow: bool, nodes: tuple[str, ...], ranks_: tu
         note(f"run {run.id}: attempt {total} of {total} (earlier: --attempt {earlier})")
     # Hosts and ranks may differ between attempts: check against the one shown.
     plan = PlanRecord.of(attempts.attempt_dir(run, attempt or total))
-    known = plan.node_names
-    unknown = set(nodes) - known
     of = f"attempt {attempt or total} of run {run.id}" if total > 1 else f"run {run.id}"
-    if unknown:
-        raise UsageError(f"{of} has no node {', '.join(sorted(unknown))}; its "
-                         f"nodes: {', '.join(sorted(known))}.")
-    world = plan.world_size
-    missing = sorted(set(ranks_) - set(range(world)))
-    if missing:
-        raise UsageError(f"{of} has no rank {', '.join(map(str, missing))}; it has "
-                         f"ranks 0-{world - 1}.")
+    selectors.check(plan, nodes, ranks_, of)
     flt = Filter(nodes=nodes, ranks=ranks_, grep=grep)
     printer, label = Printer(), prefix
     if as_json:
@@ -213,6 +204,11 @@ class _Told:
 @click.option("--grace", type=click.FloatRange(min=0), default=GRACE, show_default=True,
               metavar="SECONDS", help="Between SIGTERM and SIGKILL.")
 @click.option("--force", is_flag=True, help="SIGKILL at once.")
+@selectors.refused(
+    "`stop` ends a run on every host, never part of it: ranks left running would wait in "
+    "their next collective for the stopped ones. To leave a host out, stop the run and launch "
+    "it again with -x HOST (or give spares and --max-restarts); `clusterrun logs` and `stacks` "
+    "take --node and --rank to look at some ranks.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: the run, its state after the stop, and each host's.")
 @ssh_options

@@ -5,11 +5,15 @@ of each, so the old forms keep working."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
 from clusterrun.cli import complete
+from clusterrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from clusterrun.runs.records import PlanRecord
 
 _RANKS = re.compile(r"(\d+)(?:-(\d+))?")
 # A typo such as --rank 0-100000000 must not build a list that size; no run has this many.
@@ -77,3 +81,50 @@ def node_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         shell_complete=complete.node_names,
                         help="Only these nodes: a name or a NodeSet (node[1-4], a,b); "
                         "repeatable.")(fn)
+
+
+def check(plan: PlanRecord, nodes: tuple[str, ...], ranks_: tuple[int, ...], of: str) -> None:
+    """Refuse (exit 2) a selection that picks nothing the run has, saying which nodes and ranks
+    it has; ``of`` names the run (or attempt) in the message."""
+    from clusterrun.inventory.ranges import fold, fold_numbers
+
+    known = [n.name for n in plan.nodes]
+    unknown = [n for n in nodes if n not in plan.node_names]
+    if unknown:
+        raise UsageError(f"{of} has no node {fold(unknown)}; its nodes: {fold(known)}.")
+    world = plan.world_size
+    missing = [r for r in ranks_ if not 0 <= r < world] if world else []
+    if missing:
+        raise UsageError(f"{of} has no rank {fold_numbers(missing)}; it has ranks "
+                         f"{fold_numbers(range(world))}.")
+    picked = [plan.node(n) for n in nodes]
+    held = [n for n in picked if n is not None and n.ranks and len(n.ranks) == 2]
+    if ranks_ and held and len(held) == len(picked) and \
+            not any(n.holds(r) for n in held for r in ranks_):
+        where = "; ".join(f"{n.name} holds {fold_numbers(range(n.ranks[0], n.ranks[1] + 1))}"
+                          for n in held if n.ranks)
+        raise UsageError(f"{of}: none of ranks {fold_numbers(ranks_)} runs on {fold(nodes)} "
+                         f"({where}); give ranks of those nodes, or leave --rank or --node "
+                         "out.")
+
+
+def holding(plan: PlanRecord, nodes: tuple[str, ...], ranks_: tuple[int, ...]) -> list[str]:
+    """The plan's nodes a selection reaches, in plan order: those named (all when none are)
+    that hold a rank named (any when none are)."""
+    return [n.name for n in plan.nodes if (not nodes or n.name in nodes)
+            and (not ranks_ or any(map(n.holds, ranks_)))]
+
+
+def refused(why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--node and --rank on a command that acts on the whole run: taken, so that the answer is
+    ``why`` rather than click's "no such option", and refused (exit 2)."""
+    def refuse(_ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
+        if values:
+            raise UsageError(f"--{param.name} {values[0]}: {why}")
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in ("rank", "node"):
+            fn = click.option(f"--{name}", name, multiple=True, hidden=True, callback=refuse,
+                              expose_value=False)(fn)
+        return fn
+    return decorate

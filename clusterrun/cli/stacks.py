@@ -8,31 +8,13 @@ import click
 
 from clusterrun.cli import complete, selectors
 from clusterrun.cli.common import CONTEXT, home, make_options, note, ssh_options
-from clusterrun.errors import UnreachableError, UsageError
+from clusterrun.errors import UnreachableError
 from clusterrun.runs import names
-
-
-def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
-    if text is None:
-        return None
-    from clusterrun.inventory.ranges import expand
-
-    try:
-        wanted = set(expand(text))
-    except ValueError as exc:
-        raise UsageError(f"--node {text!r}: {exc}") from None
-    unknown = wanted - known
-    if unknown:
-        raise UsageError(f"the run has no node {', '.join(sorted(unknown))}; its nodes: "
-                         f"{', '.join(sorted(known))}.")
-    return wanted
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete.run_ids)
-@click.option("--node", "node_set", default=None, metavar="NODESET",
-              shell_complete=complete.node_names,
-              help="Only these nodes (NodeSet syntax, e.g. node[1-4]).")
+@selectors.node_option
 @selectors.rank_option
 @click.option("--json", "as_json", is_flag=True,
               help='{"ok", "run", "ranks": [{"rank", "node", "pid", "threads": [{"name", '
@@ -42,7 +24,7 @@ def _node_names(text: Optional[str], known: set[str]) -> Optional[set[str]]:
               metavar="SECONDS", help="Sample every rank for SECONDS first: each rank's share "
               "of time waiting in collectives, and the straggler the others wait for.")
 @ssh_options
-def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ...],
+def stacks(run_id: Optional[str], nodes: tuple[str, ...], ranks_: tuple[int, ...],
            as_json: bool, profile: Optional[float], connect_timeout: float,
            accept_new_host_keys: bool) -> None:
     """The Python stack of every thread of every rank of a live run (the latest by default).
@@ -59,14 +41,10 @@ def stacks(run_id: Optional[str], node_set: Optional[str], ranks_: tuple[int, ..
 
     run = names.resolve(home(write=False), run_id, note=note)
     plan = PlanRecord.of(attempts.current(run))
-    nodes = _node_names(node_set, plan.node_names)
-    world = plan.world_size
-    missing = sorted(set(ranks_) - set(range(world)))
-    if missing:
-        raise UsageError(f"run {run.id} has no rank {', '.join(map(str, missing))}; it has "
-                         f"ranks 0-{world - 1}.")
+    selectors.check(plan, nodes, ranks_, f"run {run.id}")
     found = collect.collect(run, make_options(connect_timeout, accept_new_host_keys),
-                            nodes=nodes, ranks=set(ranks_) if ranks_ else None,
+                            nodes=set(nodes) if nodes else None,
+                            ranks=set(ranks_) if ranks_ else None,
                             profile=profile)
     if as_json:
         for name, why in sorted(found.problems.items()):

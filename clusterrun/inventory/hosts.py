@@ -12,6 +12,11 @@ if TYPE_CHECKING:  # read by inventory/lockfile.py only for an inventory with `e
     from clusterrun.inventory.pylock import PythonEnv
 
 AUTO = "auto"
+# nproc_per_node's words, as torchrun's --nproc-per-node takes them: resolved on each host from
+# what preflight found there (plan/build.py).
+GPU = "gpu"
+CPU = "cpu"
+PER_HOST = (AUTO, GPU, CPU)
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 

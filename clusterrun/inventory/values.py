@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from clusterrun.inventory.checker import Checker as _Checker
-from clusterrun.inventory.hosts import AUTO
+from clusterrun.inventory.hosts import PER_HOST
 from clusterrun.inventory.yaml_lines import Located
 
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
@@ -74,11 +74,11 @@ def port(chk: _Checker, loc: Located, what: str) -> Optional[int]:
 
 def nproc(chk: _Checker, loc: Located) -> Union[int, str, None]:
     value = loc.value
-    if value == AUTO:
-        return AUTO
+    if value in PER_HOST:
+        return str(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         chk.fail(loc.line, f"nproc_per_node: {_shown(value)} must be a positive integer or "
-                 "`auto`.")
+                 "`auto` (the host's GPUs, else 1), `gpu` (its GPUs) or `cpu` (its CPUs).")
         return None
     return value
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from clusterrun.errors import PreflightError, UsageError
-from clusterrun.inventory import AUTO, HostSpec, Inventory, ranks
+from clusterrun.inventory import HostSpec, Inventory, ranks
+from clusterrun.inventory.hosts import CPU, GPU
 from clusterrun.plan import environment, placeholders
 from clusterrun.plan.model import Job, LaunchPlan, NodePlan, RankProcess
 from clusterrun.preflight.report import CheckReport, HostReport
@@ -66,13 +67,23 @@ def parse_env(pairs: Sequence[str],
     return out
 
 
-def _nproc(host: HostReport, override: Optional[int]) -> int:
+def _nprocs(hosts: Sequence[HostReport], override: Optional[int]) -> list[int]:
+    """Each host's process count; refused, naming the hosts, where `gpu` finds no GPU or `cpu`
+    no CPU count (torchrun would refuse it on that host, after the others had started)."""
     if override is not None:
-        return override
-    value = host.spec.nproc_per_node
-    if value != AUTO:
-        return int(value)
-    return host.gpus or 1
+        return [override] * len(hosts)
+    found = [h.nproc for h in hosts]
+    for word, said in ((GPU, "no GPU that nvidia-smi sees on {}: leave it out with -x, or give"),
+                       (CPU, "no CPU count reported by {} (an older probe): give")):
+        lacking = [h.spec.name for h, n in zip(hosts, found)
+                   if n is None and h.spec.nproc_per_node == word]
+        if lacking:
+            from clusterrun.inventory.ranges import fold
+
+            raise PreflightError(f"nproc_per_node {word}: {said.format(fold(lacking))} a number "
+                                 "of processes (--nproc-per-node N, or `nproc_per_node:` for "
+                                 "that host).")
+    return [n or 1 for n in found]
 
 
 def _nccl_ifname(host: HostReport) -> str:
@@ -140,7 +151,7 @@ def build(inv: Inventory, report: CheckReport, job: Job, *, name: Optional[str] 
     run_id = run_id or new_run_id(label)
     restarts = attempt - 1
     hosts = sorted(report.hosts, key=lambda h: h.node_rank)
-    nprocs = [_nproc(h, nproc_override) for h in hosts]
+    nprocs = _nprocs(hosts, nproc_override)
     starts = ranks.global_ranks(nprocs)
     world = sum(nprocs)
     files: dict[str, dict[str, str]] = {}

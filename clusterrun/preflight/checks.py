@@ -90,8 +90,7 @@ def run(inv: Inventory, pool: Connections, *, data_path: bool = True, bandwidth:
 
 def _host_limits(inv: Inventory, reports: Sequence[HostReport]) -> None:
     """Each host's names and limits, judged against the size of the whole job."""
-    per_host = {r.spec.name: (r.spec.nproc_per_node if isinstance(r.spec.nproc_per_node, int)
-                              else max(r.gpus, 1)) for r in reports}
+    per_host = {r.spec.name: r.nproc or 1 for r in reports}
     world = sum(per_host.values())
     alone = all(h.local for h in inv.hosts)  # the demo: loopback is the right answer there
     for r in reports:

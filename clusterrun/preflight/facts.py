@@ -21,7 +21,7 @@ from clusterrun.preflight.net_facts import Interface, Link, Lookup, Names
 # when an environment is asked for): one it left out is unknown, never taken as fine.
 SENT = ("hostname", "user", "python", "python_path", "torch", "gpus", "nvidia", "interfaces",
         "ssh_server_address", "dns", "workdir", "rsync", "names", "port_range", "packages",
-        "nccl", "limits", "links", "infiniband", "env", "machine", "ptrace")
+        "nccl", "limits", "links", "infiniband", "env", "machine", "ptrace", "cpus")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ class HostFacts:
     ``nccl`` with ``says_nccl``: the NCCL torch loads (None: none), if the probe said;
     ``packages``: name -> version (None: not reported); ``links``: interface -> MTU and speed;
     ``port_range``: net.ipv4.ip_local_port_range; ``unsent``: the facts of ``SENT`` the reply
-    lacks (the checks say those are unknown)."""
+    lacks (the checks say those are unknown); ``cpus``: the CPUs the probe could run on, as
+    torchrun counts them for `--nproc-per-node cpu` (None: an older probe's reply)."""
 
     hostname: Optional[str] = None
     user: Optional[str] = None
@@ -130,6 +131,7 @@ class HostFacts:
     env: Mapping[str, str] = field(default_factory=dict)
     machine: Machine = field(default_factory=Machine)
     ptrace: Optional[Ptrace] = None
+    cpus: Optional[int] = None  # the CPUs the probe may run on; None: not reported
     unsent: frozenset[str] = frozenset()
 
     @classmethod
@@ -156,4 +158,5 @@ class HostFacts:
             env={str(k): str(v) for k, v in obj(reply.get("env")).items()},
             machine=Machine.from_json(reply.get("machine")),
             ptrace=Ptrace.from_json(reply.get("ptrace")),
+            cpus=integer(reply.get("cpus")),
             unsent=frozenset(key for key in SENT if key not in reply))

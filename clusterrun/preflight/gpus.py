@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from clusterrun.inventory import AUTO, HostSpec
+from clusterrun.inventory import HostSpec
 from clusterrun.preflight.facts import HostFacts
 from clusterrun.preflight.gpu_facts import GpuApp, NvidiaFacts, NvidiaGpu
 from clusterrun.preflight.report import Check, HostReport
@@ -65,8 +65,8 @@ def used_gpus(spec: HostSpec, count: int) -> list[int]:
     on the identical GPUs of a training machine both orders agree."""
     if spec.gpus is not None:
         return [g for g in spec.gpus if g < count]
-    if spec.nproc_per_node != AUTO and int(spec.nproc_per_node) < count:
-        return list(range(int(spec.nproc_per_node)))
+    if isinstance(spec.nproc_per_node, int) and spec.nproc_per_node < count:
+        return list(range(spec.nproc_per_node))
     return list(range(count))
 
 
@@ -160,7 +160,7 @@ def _count_checks(spec: HostSpec, count: int, allow: bool) -> list[Check]:
             "CUDA_VISIBLE_DEVICES from the first index that does not, so ranks would fail with "
             "'invalid device ordinal'.", "Fix `gpus:` for that host.", allow))
     visible = len(spec.gpus) if spec.gpus is not None else count
-    if spec.nproc_per_node != AUTO and count and int(spec.nproc_per_node) > visible:
+    if isinstance(spec.nproc_per_node, int) and count and spec.nproc_per_node > visible:
         checks.append(Check("gpu_count", True, f"warning: nproc_per_node {spec.nproc_per_node} "
                             f"but {visible} GPU(s) visible on {spec.name}: ranks with a local "
                             f"rank of {visible} or more have no GPU of their own "

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
+from clusterrun.inventory.hosts import CPU, GPU
 from clusterrun.preflight.facts import HostFacts
 
 
@@ -75,6 +76,21 @@ class HostReport:
     @property
     def python(self) -> Optional[str]:
         return self.known.python
+
+    @property
+    def nproc(self) -> Optional[int]:
+        """The host's process count: `nproc_per_node` as a number, or resolved here as torchrun
+        resolves its words (`gpu`: the GPUs, `cpu`: the CPUs; `auto`: the GPUs, else 1, where
+        torchrun's falls back to the CPUs). None: `gpu` with no GPU, or `cpu` with the CPUs
+        not reported."""
+        value = self.spec.nproc_per_node
+        if isinstance(value, int):
+            return value
+        if value == GPU:
+            return self.gpus or None
+        if value == CPU:
+            return self.known.cpus
+        return self.gpus or 1
 
     @property
     def torch(self) -> Optional[str]:

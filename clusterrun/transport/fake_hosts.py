@@ -84,6 +84,7 @@ class FakeHost:
     python: str = "3.11.7"
     torch: Optional[str] = "2.4.0"
     gpus: int = 0
+    cpus: int = 8
     disk_free: Optional[int] = 200 * GiB  # in the workdir; None: statvfs failed
     facts: dict[str, Any] = field(default_factory=dict)
     routes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -118,7 +119,7 @@ class FakeHost:
             "python_path": "/usr/bin/python3",
             "torch": {"version": self.torch, "cuda": None, "path": f"/usr/local/lib/python"
                       f"{minor}/dist-packages/torch/version.py"} if self.torch else None,
-            "gpus": self.gpus, "nvidia": self.nvidia(),
+            "gpus": self.gpus, "cpus": self.cpus, "nvidia": self.nvidia(),
             "interfaces": [i.as_fact() for i in self.interfaces],
             "ssh_server_address": server_address if self.owns(server_address) else None,
             "dns": dict(lookup, hostname=name),

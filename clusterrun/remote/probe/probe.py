@@ -170,6 +170,7 @@ def facts(request):
         "python_path": sys.executable,
         "torch": torch,
         "gpus": gpus["count"],
+        "cpus": cpu_count(),
         "nvidia": gpus,
         "interfaces": ifaces,
         "ssh_server_address": ssh[2] if len(ssh) == 4 else None,
@@ -183,6 +184,14 @@ def facts(request):
         if request.get("lock") else None,
         **system_facts(request, torch or {}, [i["name"] for i in ifaces]),
     }
+
+
+def cpu_count():
+    """The CPUs this process may run on, as torchrun counts them for `--nproc-per-node cpu`
+    (its affinity mask: cgroups and taskset respected)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def system_facts(request, torch, ifaces):
