@@ -200,5 +200,6 @@ def test_a_network_cut_between_two_commands_shows_within_the_connect_timeout(
     assert time.monotonic() - started < 8, cp.stderr
     assert cp.returncode == 4, cp.stderr
     assert cp.stdout.splitlines() == [f"{names[1]}: {names[1]}"], cp.stdout
-    assert re.search(rf"^{names[0]}: timeout: no SSH answer within 1 s", cp.stderr, re.M), \
+    assert re.search(rf"^unreachable: {names[0]}: timeout: no SSH answer within 1 s", cp.stderr,
+                     re.M), \
         cp.stderr
