@@ -103,7 +103,9 @@ def check(plan: PlanRecord, nodes: tuple[str, ...], ranks_: tuple[int, ...], of:
             not any(n.holds(r) for n in held for r in ranks_):
         where = "; ".join(f"{n.name} holds {fold_numbers(range(n.ranks[0], n.ranks[1] + 1))}"
                           for n in held if n.ranks)
-        raise UsageError(f"{of}: none of ranks {fold_numbers(ranks_)} runs on {fold(nodes)} "
+        asked = (f"rank {ranks_[0]} does not run" if len(set(ranks_)) == 1
+                 else f"none of ranks {fold_numbers(ranks_)} runs")
+        raise UsageError(f"{of}: {asked} on {fold(nodes)} "
                          f"({where}); give ranks of those nodes, or leave --rank or --node "
                          "out.")
 
