@@ -11,28 +11,28 @@ from typing import Optional
 import click
 
 from clusterrun import __version__, usage
-from clusterrun.cli import (
-    complete,
-    envs,
-    failure,
-    hosts,
-    launch,
-    observe,
-    pull,
-    runs,
-    sandbox,
-    session,
-    stacks,
-)
+from clusterrun.cli import complete, failure
 from clusterrun.cli.common import CONTEXT
 from clusterrun.cli.failure import Failure
+from clusterrun.cli.lazy import Commands
 from clusterrun.errors import ClusterrunError, ExitStatus, Outcome, Result, exit_status
 from clusterrun.home import home as state_home
 from clusterrun.home import home_setting
 from clusterrun.runs import connections
 
+# Each command's module is imported when that command runs (or --help lists them all).
+COMMANDS = Commands({
+    "check": "clusterrun.cli.hosts:check", "env": "clusterrun.cli.envs:env",
+    "exec": "clusterrun.cli.hosts:exec_", "hosts": "clusterrun.cli.hosts:hosts",
+    "launch": "clusterrun.cli.launch:launch", "logs": "clusterrun.cli.runs:logs",
+    "ps": "clusterrun.cli.runs:ps", "pull": "clusterrun.cli.pull:pull",
+    "sandbox": "clusterrun.cli.sandbox:sandbox", "session": "clusterrun.cli.session:session",
+    "stacks": "clusterrun.cli.stacks:stacks", "stop": "clusterrun.cli.runs:stop",
+    "top": "clusterrun.cli.observe:top",
+})
 
-@click.group(context_settings=CONTEXT)
+
+@click.group(context_settings=CONTEXT, commands=COMMANDS)
 @click.version_option(__version__, "-V", "--version", prog_name="clusterrun")
 def cli() -> None:
     """Launch one PyTorch training script on many machines over SSH.
@@ -52,12 +52,6 @@ def cli() -> None:
         transport.route = client.connector
     else:
         transport.route = None
-
-
-for command in (hosts.check, launch.launch, hosts.exec_, hosts.hosts, runs.logs, runs.ps,
-                runs.stop, stacks.stacks, observe.top, envs.env, pull.pull, sandbox.sandbox,
-                session.session):
-    cli.add_command(command)
 
 
 def _inside(folder: Path, path: str) -> bool:
