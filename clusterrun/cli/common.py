@@ -4,6 +4,7 @@ and the SSH options."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -12,6 +13,7 @@ import click
 from clusterrun import inventory
 from clusterrun.errors import UsageError
 from clusterrun.home import home as state_home
+from clusterrun.inventory import HostSpec
 from clusterrun.inventory.adhoc import Overrides
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -81,14 +83,35 @@ def load_inventory(path: Optional[str], hosts: Optional[str] = None,
     are the inventory), the command line's settings applied, its local nodes runnable here,
     and every known_hosts file its hosts name readable, before any host is contacted."""
     inv = resolve_inventory(path, hosts, exclude, overrides)
-    # Only now: the transport brings paramiko and fabric (~0.1 s), which a mistyped inventory,
-    # refused above, never needs.
-    from clusterrun.transport import hostkeys
     from clusterrun.transport.local import require_linux
 
     require_linux(inv.hosts, path or str(hosts))
-    hostkeys.check_files(h.known_hosts for h in inv.hosts)
+    check_known_hosts(inv.hosts)
     return inv
+
+
+def check_known_hosts(hosts: Sequence[HostSpec]) -> None:
+    """Every known_hosts file readable, or LocalFilesError naming the bad line. With the warm
+    session on, only the files of the hosts it reaches over SSH (local and srun hosts read
+    none), and its daemon reads them when one runs: it has paramiko loaded, so a command that
+    reaches its hosts through it never imports paramiko. Without a daemon, or when it finds a
+    bad file, they are read here."""
+    from clusterrun import transport
+
+    files = [h.known_hosts for h in hosts]
+    if transport.route is not None:
+        files = [h.known_hosts for h in hosts if not h.local and h.transport != "srun"]
+        if not files:
+            return
+        from clusterrun.session import client
+
+        if client.known_hosts_readable(files):
+            return
+    # Only now: paramiko costs ~0.1 s to import, which a mistyped inventory, refused before
+    # this, never needs.
+    from clusterrun.transport import hostkeys
+
+    hostkeys.check_files(files)
 
 
 def selection_options(fn: Callable[..., Any]) -> Callable[..., Any]:

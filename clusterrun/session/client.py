@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from typing import Any, Optional
 
 from clusterrun.errors import ClusterrunError, Outcome
@@ -27,6 +28,7 @@ SPEC_FIELDS = ("host", "name", "master", "line", "user", "port", "identity_file"
                "python", "setup", "container", "container_engine", "container_user",
                "proxy_jump", "transport")
 AGENT = "AGENT"  # an ERROR's outcome when the host has no agent: reach it directly instead
+KNOWN_HOSTS = "known_hosts"  # a control request: do these known_hosts files parse?
 START_SECONDS = 15.0  # how long a command waits for the daemon it started to listen
 
 
@@ -310,15 +312,28 @@ def _try_connect(path: str) -> Optional[socket.socket]:
     return sock
 
 
-def ask(asked: str, path: Optional[str] = None) -> Optional[dict[str, Any]]:
-    """A request to the running daemon itself (``status``, ``stop``): this code's, or the one
-    listening on ``path``; None when none runs."""
+def known_hosts_readable(files: Iterable[str]) -> bool:
+    """Whether the running daemon (none is started for this) read every one of ``files``
+    without fault: the check a command makes before it contacts any host, made where paramiko
+    is loaded already. False when no daemon answers or a file is bad: the command then reads
+    the files itself, and names the bad one as it does without the session."""
+    absolute = sorted({os.path.abspath(os.path.expanduser(f)) for f in files})
+    try:
+        said = ask(KNOWN_HOSTS, paths=absolute)
+    except ClusterrunError:
+        return False
+    return bool(said and said.get("ok"))
+
+
+def ask(asked: str, path: Optional[str] = None, **fields: Any) -> Optional[dict[str, Any]]:
+    """A request to the running daemon itself (``status``, ``stop``, ``known_hosts``): this
+    code's, or the one listening on ``path``; None when none runs."""
     sock = _try_connect(path or str(paths.socket_path()))
     if sock is None:
         return None
     channel = _Channel(sock, "control")
     try:
-        proc = channel.request({frames.CONTROL: asked})
+        proc = channel.request({frames.CONTROL: asked, **fields})
     except OSError:  # it stopped listening just now
         channel.close()
         return None

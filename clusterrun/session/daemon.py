@@ -24,9 +24,10 @@ import threading
 import time
 from typing import Any, Optional
 
-from clusterrun.errors import Outcome
+from clusterrun.errors import LocalFilesError, Outcome
 from clusterrun.remote.shared import frames
 from clusterrun.session import paths
+from clusterrun.session.client import KNOWN_HOSTS
 from clusterrun.session.hostlink import (
     PING_EVERY,
     AgentUnavailable,
@@ -35,6 +36,7 @@ from clusterrun.session.hostlink import (
     connection_key,
     spec_from,
 )
+from clusterrun.transport import hostkeys
 from clusterrun.transport.base import ConnectError, SshOptions
 
 log = logging.getLogger("clusterrun.session")
@@ -45,6 +47,17 @@ def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket (Linux: SO_PEERCRED)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
+
+
+def known_hosts_readable(files: list[str]) -> bool:
+    """Whether every known_hosts file a command names parses, asked before it contacts any
+    host: paramiko is loaded here already, and a command that asks need not load it. A bad
+    file is for the command to name (cli/common.py reads it again)."""
+    try:
+        hostkeys.check_files(files)
+    except LocalFilesError:
+        return False
+    return True
 
 
 class Outbox:
@@ -155,7 +168,7 @@ class Client:
     def on_run(self, rid: int, request: dict[str, Any]) -> None:
         asked = request.get(frames.CONTROL)
         if asked is not None:
-            self.daemon.control(self, rid, str(asked))
+            self.daemon.control(self, rid, str(asked), request)
             return
         try:
             if "host" in request:
@@ -232,8 +245,12 @@ class Daemon:
                 self.links[key] = made
             return made
 
-    def control(self, client: Client, rid: int, asked: str) -> None:
-        if asked == frames.STATUS:
+    def control(self, client: Client, rid: int, asked: str, request: dict[str, Any]) -> None:
+        if asked == KNOWN_HOSTS:
+            said = {"ok": known_hosts_readable([str(p) for p in request.get("paths", [])])}
+            client.deliver(frames.STDOUT, rid, json.dumps(said).encode())
+            client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
+        elif asked == frames.STATUS:
             client.deliver(frames.STDOUT, rid, json.dumps(self.status()).encode())
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
         elif asked == frames.STOP:
