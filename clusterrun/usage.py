@@ -4,7 +4,6 @@ directories where a file belongs. Every answer is a UsageError, shown like any o
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 from pathlib import Path
@@ -23,6 +22,8 @@ def option_names(command: click.Command) -> list[str]:
 def closest_option(word: str, command: click.Command) -> Optional[str]:
     """The command's own option ``word`` most likely meant: torchrun's underscores read as
     dashes first, then the closest spelling."""
+    import difflib  # here: only a mistyped option needs it; every command loads this module
+
     names = [n for n in option_names(command) if n.startswith("--")]
     dashed = word.split("=", 1)[0].replace("_", "-")
     if dashed in names:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-
 from clusterrun.inventory.checker import Checker
 from clusterrun.inventory.yaml_lines import Located
 
@@ -21,6 +19,10 @@ TRANSPORTS = ("srun", "ssh")
 
 def allocation(chk: Checker, line: int, environ: Mapping[str, str]) -> tuple[str, list[Located]]:
     """The allocation's job id and its nodes as inventory entries, at ``line``."""
+    # Here: every command that reads an inventory loads this module; only `hosts: slurm`
+    # reads a node list.
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not job or not nodelist:
