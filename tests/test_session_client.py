@@ -97,12 +97,16 @@ def watched(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any
     return cp, json.loads(line.removeprefix("LOADED "))
 
 
+@pytest.mark.parametrize("command", ["exec", "check", "launch"])
 def test_a_warm_command_sends_its_first_request_without_paramiko(
-        served: daemon.Daemon, tmp_path: Path) -> None:
+        served: daemon.Daemon, tmp_path: Path, command: str) -> None:
     inv = inventory(tmp_path, known_hosts(tmp_path, good=True))
-    cp, loaded = watched("exec", "--connect-timeout", "5", str(inv), "--", "true")
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    tail = {"exec": ["--", "true"], "check": [], "launch": [str(script)]}[command]
+    cp, loaded = watched(command, "--connect-timeout", "5", str(inv), *tail)
     assert cp.returncode == 4, cp.stderr  # the daemon's connection was refused, as direct
-    assert "refused" in cp.stderr, cp.stderr
+    assert "refused" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
     # Two requests at least: the known_hosts files, then the host.
     assert len(loaded["sends"]) >= 2 and loaded["sends"][:2] == [[], []], loaded
 

@@ -23,24 +23,47 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from clusterrun.errors import PreflightError, SyncError
 from clusterrun.home import home as state_home
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import hostpaths
-from clusterrun.transport import SshTransport, Transport, parallel, shell
+from clusterrun.transport import Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
+
+if TYPE_CHECKING:
+    from clusterrun.transport.ssh import SshTransport
 
 # Never code. `.env` files hold secrets: they are read here (--env-file, `env_file:`) and their
 # values reach the ranks through the supervisor's stdin, never as a file on the hosts.
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
                     ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints", ".env",
                     ".env.*")
+
+
+def __getattr__(name: str) -> Any:
+    # SshTransport on first use, as clusterrun.transport gives it: a launch whose hosts are
+    # reached through the warm session never imports paramiko and fabric.
+    if name == "SshTransport":
+        from clusterrun.transport.ssh import SshTransport
+
+        return SshTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _over_ssh(transport: Transport) -> Optional[SshTransport]:
+    """``transport`` when it is an SSH connection of this process's own (rsync can use its
+    ssh command line), else None. No SshTransport exists before its module is loaded."""
+    if "clusterrun.transport.ssh" not in sys.modules:
+        return None
+    kind = sys.modules[__name__].SshTransport  # this module's name: a test may stand in
+    return cast("SshTransport", transport) if isinstance(transport, kind) else None
 
 
 def env_file_excludes(code_dir: Path, env_files: Sequence[Optional[str]]) -> tuple[str, ...]:
@@ -261,16 +284,17 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         if not changed:  # that manifest was the verification: every file already matched
             return f"unchanged: 0 of {len(files)} files copied, all {len(files)} verified"
         size = sum(local[rel][0] for rel in changed)
-        use_rsync = (isinstance(transport, SshTransport) and not spec.container
+        ssh = _over_ssh(transport)
+        use_rsync = (ssh is not None and not spec.container
                      and spec.transport != "srun" and have_rsync
                      and bool(facts[spec.name].get("rsync")) and forced != "stream"
                      and (size > STREAM_BYTES or forced == "rsync"))
         if use_rsync:
-            assert isinstance(transport, SshTransport)
+            assert ssh is not None
             method = "rsync"
             if read_early:  # that read created nothing: rsync needs the parents (0700)
                 _remote(transport, spec, dest, [], mkdir=True)
-            _rsync(transport, spec, src, dest, left_out)
+            _rsync(ssh, spec, src, dest, left_out)
             after = _remote(transport, spec, dest, files, mkdir=False)
         else:
             method = _stream_method(spec)

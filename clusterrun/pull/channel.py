@@ -12,13 +12,16 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import TYPE_CHECKING, Any, BinaryIO, Optional
 
 from clusterrun.errors import SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import protocol
-from clusterrun.transport import SshTransport, Transport, shell
+from clusterrun.transport import Transport, shell
 from clusterrun.transport.programs import chunks, start
+
+if TYPE_CHECKING:
+    from clusterrun.transport.ssh import SshTransport
 
 PULL_SECONDS = 3600.0  # a copy that moves nothing for this long has failed
 PART = ".clusterrun-part"

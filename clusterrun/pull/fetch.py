@@ -19,7 +19,7 @@ from clusterrun.inventory import HostSpec
 from clusterrun.pull import channel
 from clusterrun.pull.model import LISTED, NodePull, RemoteFile
 from clusterrun.runs.records import PlanNode
-from clusterrun.transport import SshTransport, Transport
+from clusterrun.transport import Transport, ssh_of
 from clusterrun.transport.programs import ProgramError, call
 
 LIST_SECONDS = 1800.0  # hashing a host's checkpoints reads them whole
@@ -45,7 +45,7 @@ def _files(reply: dict[str, Any]) -> list[RemoteFile]:
 def method(transport: Transport, spec: HostSpec, host_rsync: bool) -> str:
     """rsync where both ends have it and the host is a plain SSH host; else the channel."""
     forced = os.environ.get("CLUSTERRUN_SYNC")  # "rsync" or "stream": the tests take each path
-    if (isinstance(transport, SshTransport) and not spec.container and spec.transport != "srun"
+    if (ssh_of(transport) is not None and not spec.container and spec.transport != "srun"
             and host_rsync and shutil.which("rsync") is not None and forced != "stream"):
         return "rsync"
     if spec.container:
@@ -69,9 +69,10 @@ def differing(files: list[RemoteFile], dest: Path) -> list[RemoteFile]:
 def _move(transport: Transport, spec: HostSpec, root: str, files: list[RemoteFile],
           result: NodePull) -> set[str]:
     paths = [f.path for f in files]
+    ssh = ssh_of(transport)
     if result.method == "rsync":
-        assert isinstance(transport, SshTransport)
-        return channel.rsync(transport, spec, root, paths, result.dest)
+        assert ssh is not None
+        return channel.rsync(ssh, spec, root, paths, result.dest)
     return channel.stream(transport, spec, root, paths, result.dest)
 
 

@@ -3,9 +3,10 @@ hosts at once."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from clusterrun.inventory import HostSpec
 from clusterrun.transport.base import ConnectError, Process, SshOptions, Transport
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from clusterrun.transport.ssh import SshTransport
 
 __all__ = ["ConnectError", "LocalTransport", "Process", "SshOptions", "SshTransport", "Transport",
-           "connect", "direct", "route"]
+           "connect", "direct", "route", "ssh_of"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +28,17 @@ def __getattr__(name: str) -> Any:
 
         return SshTransport
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def ssh_of(transport: Transport) -> Optional[SshTransport]:
+    """``transport`` when it is an SshTransport (rsync can use its ssh command line), else
+    None; asked without importing paramiko and fabric: an SshTransport exists only once its
+    module is loaded, and a command that reaches its hosts through the warm session never
+    loads it."""
+    module = sys.modules.get("clusterrun.transport.ssh")
+    if module is not None and isinstance(transport, module.SshTransport):
+        return cast("SshTransport", transport)
+    return None
 
 
 # SSH handshakes at once in this process, whatever the callers' fan-out: the key exchange (in
