@@ -20,6 +20,7 @@ import pytest
 from clusterrun import transport
 from clusterrun.remote.shared import frames
 from clusterrun.session import client, daemon, paths
+from clusterrun.transport import hostkeys
 from tests.conftest import REPO, run_cli
 
 HEAVY = ("cryptography", "fabric", "invoke", "paramiko")
@@ -148,3 +149,18 @@ def test_local_hosts_read_no_known_hosts_through_the_session(session_home: Path,
     cp, loaded = watched("exec", str(inv), "--", "true")
     assert cp.returncode == 0, cp.stderr
     assert loaded == {"sends": [], "exit": []}, loaded
+
+
+def test_the_daemon_reads_a_file_again_only_once_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = known_hosts(tmp_path, good=True)
+    assert hostkeys.readable([str(good)])
+    read: list[object] = []
+    monkeypatch.setattr(hostkeys, "check_files", read.append)
+    assert hostkeys.readable([str(good)]) and read == []  # remembered: not read again
+    good.write_text(good.read_text() + "# a line more\n")
+    assert hostkeys.readable([str(good)]) and len(read) == 1
+    monkeypatch.undo()
+    bad = known_hosts(tmp_path / "bad", good=False)
+    assert not hostkeys.readable([str(bad)])
+    assert not hostkeys.readable([str(bad)])  # a bad file is never remembered as good

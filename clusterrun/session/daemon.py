@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from clusterrun.errors import LocalFilesError, Outcome
+from clusterrun.errors import Outcome
 from clusterrun.remote.shared import frames
 from clusterrun.session import paths
 from clusterrun.session.client import KNOWN_HOSTS
@@ -47,17 +47,6 @@ def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a Unix socket (Linux: SO_PEERCRED)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
-
-
-def known_hosts_readable(files: list[str]) -> bool:
-    """Whether every known_hosts file a command names parses, asked before it contacts any
-    host: paramiko is loaded here already, and a command that asks need not load it. A bad
-    file is for the command to name (cli/common.py reads it again)."""
-    try:
-        hostkeys.check_files(files)
-    except LocalFilesError:
-        return False
-    return True
 
 
 class Outbox:
@@ -247,7 +236,9 @@ class Daemon:
 
     def control(self, client: Client, rid: int, asked: str, request: dict[str, Any]) -> None:
         if asked == KNOWN_HOSTS:
-            said = {"ok": known_hosts_readable([str(p) for p in request.get("paths", [])])}
+            # Read here, where paramiko is loaded: the command need not load it. A bad file is
+            # the command's to name (cli/common.py reads them again).
+            said = {"ok": hostkeys.readable([str(p) for p in request.get("paths", [])])}
             client.deliver(frames.STDOUT, rid, json.dumps(said).encode())
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
         elif asked == frames.STATUS:
