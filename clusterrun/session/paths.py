@@ -6,7 +6,6 @@ import functools
 import hashlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import clusterrun
@@ -80,6 +79,8 @@ def _socket_folder() -> Path:
         return folder()
     # A deep $CLUSTERRUN_HOME: a short private folder of its own, one per home.
     digest = hashlib.sha256(str(home()).encode()).hexdigest()[:12]
+    import tempfile  # here: every command through the session loads this module
+
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return _private(Path(base) / f"clusterrun-{os.getuid()}-{digest}")
 
