@@ -13,7 +13,9 @@ port) cannot be reached, so the command ends there with exit 4. The time is take
 the command is started; both clocks are this machine's monotonic one. Each tree is
 byte-compiled first, as pip installs it, and run with PYTHONDONTWRITEBYTECODE removed; the
 trees take turns (A B A B ...). `-X importtime` of one more run gives the imports' own sum and
-the heaviest top-level ones. Prints Markdown; --json writes the samples.
+the heaviest top-level ones; the interpreter's own start, and with click and yaml imported, in
+the same rounds, say what no command line could undercut. Prints Markdown; --json writes the
+samples.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from common import markdown_table
 from clusterrun.remote.shared import frames
 
 HEAVY = ("paramiko", "fabric", "invoke", "cryptography")
+# What no clusterrun can start faster than, timed in the same rounds: the interpreter alone
+# (with this environment's site-packages), and with the two libraries a command parses with.
+FLOORS = {"python -c pass": "pass", "python -c 'import click, yaml'": "import click, yaml"}
 BUDGET_MS = 80.0
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIJIFQvGOPArW9lGI3cyGA1OO1imdKwewJ9ZpdfijiDGg"
 
@@ -152,6 +157,12 @@ class Tree:
                 "top": [f"{name} {us / 1000:.0f}" for us, name in top[:6]]}
 
 
+def floor(code: str, env: dict[str, str]) -> float:
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    return (time.monotonic() - start) * 1000
+
+
 @contextlib.contextmanager
 def baseline(rev: Optional[str], tree: Optional[str]) -> Iterator[Optional[Path]]:
     if tree:
@@ -189,9 +200,12 @@ def main() -> None:
             tree.once()  # untimed: the page cache, and any .pyc compileall left out
             tree.first_ms.clear()
             tree.wall_ms.clear()
+        floors: dict[str, list[float]] = {label: [] for label in FLOORS}
         for _ in range(args.repeat):
             for tree in trees:
                 tree.once()
+            for label, code in FLOORS.items():
+                floors[label].append(floor(code, trees[0].env))
         found = {tree.label: tree.imports() for tree in trees}
         for tree in trees:
             tree.daemon.close()
@@ -203,13 +217,16 @@ def main() -> None:
           f"{BUDGET_MS:.0f} ms\n")
     print(markdown_table(["tree", "first byte, median ms", "min ms", "command, median ms",
                           "imports' own ms", "heavy imported"], rows))
+    print("\nIn the same rounds, no clusterrun (process start to exit, median ms): " + "; ".join(
+        f"`{label}` {statistics.median(ms):.1f}" for label, ms in floors.items()))
     for tree in trees:
         print(f"\n{tree.label}: heaviest top-level imports (ms, with theirs): "
               + "; ".join(found[tree.label]["top"]))
     if args.json:
         args.json.write_text(json.dumps({"provenance": prov, "trees": {
             tree.label: {"path": str(tree.path), "first_ms": tree.first_ms,
-                         "wall_ms": tree.wall_ms, **found[tree.label]} for tree in trees}},
+                         "wall_ms": tree.wall_ms, **found[tree.label]} for tree in trees},
+            "floors_ms": floors},
             indent=1))
 
 
