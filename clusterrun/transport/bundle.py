@@ -16,7 +16,6 @@ import marshal
 import os
 import threading
 import zlib
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -82,6 +81,8 @@ def _pieces(source: bytes, filename: str) -> bytes:
 def _remote_files() -> dict[str, Traversable]:
     """Every module of remote/'s rooms by its path there ("hostlib/procs.py"). One listing
     serves the whole build."""
+    from importlib import resources  # here: a warm command's start need not load it
+
     found: dict[str, Traversable] = {}
     for room in resources.files(_PACKAGE).iterdir():
         if room.is_dir() and not room.name.startswith(("_", ".")):
