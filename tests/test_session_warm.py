@@ -17,8 +17,10 @@ import pytest
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.hostlib import warmrun
 from clusterrun.remote.shared import frames
+from clusterrun.session.client import SessionTransport
 from clusterrun.session.hostlink import run_request
-from clusterrun.transport import bundle, shell
+from clusterrun.transport import bundle, programs, shell
+from clusterrun.transport.base import SshOptions
 
 # What tells a fork of the agent from a new interpreter: loaded in the agent, never by -S.
 WARM_ONLY = "ctypes"
@@ -186,3 +188,48 @@ def test_the_agent_loads_what_the_commands_programs_import(program: str) -> None
     for module in bundle._shared_modules(source):
         needed |= _stdlib_imports(bundle._remote_source(module))
     assert needed <= set(warmrun.WARM)
+
+
+class _Proc:
+    def __init__(self) -> None:
+        self.stdin_closed = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close_stdin(self) -> None:
+        self.stdin_closed = True
+
+    def close(self) -> None:
+        pass
+
+    def recv_stderr(self, size: int) -> bytes:
+        return b""
+
+
+class _Transport:
+    def __init__(self, forks: bool) -> None:
+        self.forks_programs = forks
+        self.runs: list[_Proc] = []
+
+    def run(self, command: str) -> _Proc:
+        self.runs.append(_Proc())
+        return self.runs[-1]
+
+
+@pytest.mark.parametrize("forks", [True, False])
+def test_a_session_that_forks_programs_starts_one_anew_not_in_a_parked_one(forks: bool) -> None:
+    """Where the agent forks programs, a new request beats the fresh interpreter a parked one
+    would exec; elsewhere (a direct connection, a `setup:` host) the parked one saves a login."""
+    transport: Any = _Transport(forks)
+    first = programs.start(transport, _spec(), "status.py", {}, chain=True)
+    programs.park(transport, first)
+    second = programs.start(transport, _spec(), "stop.py", {})
+    assert (second is not first, len(transport.runs), first.proc.stdin_closed) == (
+        (True, 2, True) if forks else (False, 1, False))
+
+
+def test_a_session_transport_says_where_its_agent_forks_programs() -> None:
+    assert SessionTransport(_spec(), SshOptions()).forks_programs
+    for other in (_spec(setup="source /opt/env.sh"), _spec(container="trainer")):
+        assert not SessionTransport(other, SshOptions()).forks_programs
