@@ -202,6 +202,10 @@ class SessionTransport:
         self.options = options
         self.address = spec.host
         self.agent_pid: Optional[int] = None
+        # Its agent starts clusterrun's programs as forks of itself (hostlib/warmrun.py) where
+        # no `setup:` or container stands between: programs.start then prefers that to a
+        # parked interpreter.
+        self.forks_programs = not spec.setup and not spec.container
         self._channel: Optional[_Channel] = None
 
     def connect(self) -> None:

@@ -75,6 +75,18 @@ def agent_command(spec: HostSpec) -> str:
         ["exec", spec.python, "-S", "-u", "-c", shell.BOOTSTRAP]))
 
 
+def run_request(spec: HostSpec, command: str) -> dict[str, Any]:
+    """The agent's RUN for ``command``: one of clusterrun's programs started the plain way
+    (shell.remote_python, no `setup:` or container to go through) is marked with its
+    interpreter, which the agent may be itself (hostlib/warmrun.py)."""
+    request: dict[str, Any] = {"command": command}
+    if not spec.setup and not spec.container:
+        for site in (False, True):
+            if command == shell.remote_python(spec, site=site):
+                request.update({frames.PYTHON: spec.python, frames.SITE: site})
+    return request
+
+
 class HostLink:
     """``HostLink(spec, options, connector)`` connects and starts the agent (or raises
     ConnectError); ``start`` runs a client's command there, and the agent's frames for it go
@@ -99,7 +111,7 @@ class HostLink:
             self.transport.close()
             raise
         self._stderr_read, self._stderr = programs.drain(self.proc)
-        programs.send(self.proc, AGENT, {"silence": SILENCE})
+        programs.send(self.proc, AGENT, {"silence": SILENCE, "bootstrap": shell.BOOT_BODY})
         threading.Thread(target=self._read, daemon=True, name=f"agent-{spec.name}").start()
         if not self._hello.wait(options.connect_timeout + 20) or self.agent_pid is None:
             self.close()
@@ -114,7 +126,7 @@ class HostLink:
             rid = next(self._ids)
             self._routes[rid] = (peer, client_rid)
         try:
-            self.send(frames.RUN, rid, json.dumps({"command": command}).encode())
+            self.send(frames.RUN, rid, json.dumps(run_request(self.spec, command)).encode())
         except OSError:
             with self._lock:
                 self._routes.pop(rid, None)

@@ -96,6 +96,13 @@ def start(transport: Transport, spec: HostSpec, program: str, request: dict[str,
     with _parking:
         waiting = _parked.get(transport) or []
         found = waiting.pop() if waiting else None
+    if found is not None and getattr(transport, "forks_programs", False):
+        # A warm session's new request costs no login, and its agent's fork starts the
+        # program sooner than the fresh interpreter the parked one would exec.
+        with contextlib.suppress(OSError, EOFError):
+            found.proc.close_stdin()  # in place of a program: it exits
+            found.proc.close()
+        found = None
     if found is not None:
         found.stderr.clear()  # what the earlier programs said is not this one's
         try:

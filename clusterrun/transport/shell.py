@@ -43,7 +43,7 @@ PICK_ENGINE = (
 # non-blocking (mainloop does): the wait makes it blocking again.
 # An event frame, so that a stream of frames can end with it.
 NEXT = protocol.EVENT + json.dumps({protocol.KIND: protocol.NEXT}).encode()
-_BOOT_BODY = r"""import os,sys
+BOOT_BODY = r"""import os,sys
 a=sys.argv[1:]
 h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
 exec(compile(sys.stdin.buffer.read(int(h[0])),'<clusterrun>','exec'),{'__name__':'__main__'})
@@ -56,7 +56,7 @@ if b'c' in h[1:]:
  x=sys.executable;s=['-S']*(b'S' in h.split()[1:])
  os.execv(x,[x]+s+['-u','-c','B=%r;exec(B)'%B,h.strip().decode()])
 """.replace("NEXT", NEXT.decode())
-BOOTSTRAP = f"B={_BOOT_BODY!r};exec(B)"
+BOOTSTRAP = f"B={BOOT_BODY!r};exec(B)"
 
 
 def join(argv: Sequence[str]) -> str:

@@ -6,9 +6,13 @@ A frame is a 4-byte big-endian length N, then N bytes: 1 byte ``kind``, a 4-byte
 request id, the payload. Each request (one command on one host) has an id chosen by whoever
 asked; the daemon maps a client's ids to its own on the agent's channel.
 
-- RUN, payload JSON ``{"command": str}``: start ``/bin/sh -c command``. On the client's leg the
-  first RUN of a connection names the host instead (``{"host": ..., "options": ...}``, see
-  clusterrun/session/), and ``{"control": "status"|"stop"}`` asks the daemon itself.
+- RUN, payload JSON ``{"command": str}``: start ``/bin/sh -c command``. When the command is
+  one of clusterrun's programs started the plain way (``PYTHON -u -c BOOTSTRAP``: no
+  ``setup:``, no container), the daemon adds ``"python": PYTHON, "site": bool`` (False for
+  -S), and an agent that is that interpreter forks itself to run it (hostlib/warmrun.py).
+  On the client's leg the first RUN of a connection names the host instead (``{"host": ...,
+  "options": ...}``, see clusterrun/session/), and ``{"control": "status"|"stop"}`` asks the
+  daemon itself.
 - STDIN (bytes), EOF (close the command's stdin), CLOSE (the asker closed its end: close the
   command's stdin and stop relaying its output; the command is not killed, as with sshd).
 - STDOUT, STDERR (bytes; an empty payload is that stream's end), EXIT (JSON ``{"status": int}``,
@@ -39,6 +43,10 @@ PONG = 10
 CONTROL = "control"
 STATUS = "status"
 STOP = "stop"
+
+# An agent's RUN for one of clusterrun's programs: the interpreter it names, with site or -S.
+PYTHON = "python"
+SITE = "site"
 
 NAMES = {RUN: "RUN", STDIN: "STDIN", EOF: "EOF", CLOSE: "CLOSE", STDOUT: "STDOUT",
          STDERR: "STDERR", EXIT: "EXIT", ERROR: "ERROR", PING: "PING", PONG: "PONG"}

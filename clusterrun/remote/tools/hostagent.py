@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from clusterrun.remote.hostlib import warmrun
 from clusterrun.remote.shared import frames
 
 SILENCE = 30.0  # seconds without a frame from the daemon before the agent calls it gone
@@ -58,8 +59,9 @@ class Child:
 
 
 class Agent:
-    def __init__(self, silence):
+    def __init__(self, silence, boot=None):
         self.silence = silence
+        self.boot = boot  # BOOTSTRAP's body, when the daemon lets programs start as forks
         self.selector = selectors.DefaultSelector()
         self.reader = frames.Reader()
         self.out = bytearray()
@@ -107,7 +109,12 @@ class Agent:
         if kind == frames.PING:
             self.send(frames.PONG, rid)
         elif kind == frames.RUN:
-            self.start(rid, frames.loads(payload).get("command") or "")
+            request = frames.loads(payload)
+            python = request.get(frames.PYTHON)
+            if self.boot and python and warmrun.is_this_interpreter(str(python)):
+                self.start(rid, None, bool(request.get(frames.SITE)))
+            else:
+                self.start(rid, request.get("command") or "")
         elif child is None:
             return  # a request that already ended: what comes late for it is dropped
         elif kind == frames.STDIN:
@@ -120,16 +127,22 @@ class Agent:
         elif kind == frames.CLOSE:
             self.drop(child)
 
-    def start(self, rid, command):
+    def start(self, rid, command, site=False):
+        """``/bin/sh -c command``, or with no command one of clusterrun's programs in a fork
+        of this interpreter (hostlib/warmrun.py)."""
+        cwd = self.home if os.path.isdir(self.home) else "/"
         try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, cwd=self.home if os.path.isdir(self.home) else "/",
-                start_new_session=True, restore_signals=True, close_fds=True)
+            if command is None:
+                proc = warmrun.spawn(self.boot, site, cwd)
+            else:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=cwd, start_new_session=True,
+                    restore_signals=True, close_fds=True)
         except OSError as exc:
             self.send(frames.ERROR, rid, json.dumps(
-                {"outcome": "CONNECTION_LOST", "message": "cannot start /bin/sh: %s" % exc}
-            ).encode())
+                {"outcome": "CONNECTION_LOST", "message": "cannot start %s: %s" % (
+                    "/bin/sh" if command is not None else "a program", exc)}).encode())
             return
         child = Child(rid, proc)
         os.set_blocking(child.stdin_fd(), False)
@@ -196,7 +209,8 @@ class Agent:
         child.close_stdin()
         for fd in list(child.streams):
             self.selector.unregister(fd)
-            os.close(fd)
+        for stream in (child.proc.stdout, child.proc.stderr):
+            stream.close()  # by its file object: the fd number may be reused after this
         child.streams.clear()
         del self.children[child.rid]
         self.reaping.append(child)
@@ -216,8 +230,14 @@ class Agent:
 
     # -- the loop
 
-    def run(self):
+    def hello(self):
+        """The first frame, then what the programs forked later will find loaded."""
         self.send(frames.PONG, 0, json.dumps({"pid": os.getpid()}).encode())
+        self.flush()
+        if self.boot:
+            warmrun.preload()
+
+    def run(self):
         while True:
             if self.out and not self._watched(1):
                 self.selector.register(1, selectors.EVENT_WRITE, None)
@@ -247,7 +267,7 @@ class Agent:
 
 
 def main(req):
-    agent = Agent(float(req.get("silence", SILENCE)))
+    agent = Agent(float(req.get("silence", SILENCE)), req.get("bootstrap"))
     with contextlib.suppress(OSError, ValueError):
         # The request line was read through sys.stdin's buffer, which may hold what followed.
         early = sys.stdin.buffer.read1(65536)  # type: ignore[union-attr]
@@ -255,6 +275,7 @@ def main(req):
             for kind, rid, payload in agent.reader.feed(early):
                 agent.on_frame(kind, rid, payload)
     try:
+        agent.hello()
         agent.run()
     finally:
         with contextlib.suppress(OSError, SystemExit):

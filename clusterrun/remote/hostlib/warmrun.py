@@ -1,0 +1,192 @@
+"""Starting one of clusterrun's programs as a fork of the session's agent (stdlib only, 3.6+).
+
+A program reaches a host as ``python -u -c BOOTSTRAP`` with the program on its stdin; most of
+what that costs on a warm connection is the new interpreter's start and its imports. When the
+agent itself is that interpreter (the same ``python:`` found on the same PATH, no ``setup:``,
+no container), it forks instead: the child becomes what the command line would have started,
+a session of its own from the home directory whose stdin, stdout and stderr are the request's
+pipes, and runs BOOTSTRAP's body there, with the standard library modules the programs import
+already loaded (WARM). It ends as that interpreter would end (threads joined, atexit, the same
+exit status for a return, SystemExit, an uncaught exception or Ctrl-C), and a chained program
+after it still starts a fresh interpreter, as BOOTSTRAP does.
+"""
+
+import atexit
+import builtins
+import contextlib
+import io
+import os
+import signal
+import sys
+import types
+
+# The standard library modules that the programs a command runs through the session import
+# (exec's command.py, check's probe.py, launch's run.py, stacks, status, stop, logs, outputs,
+# with their shared modules; tests hold the list to them): loaded once in the agent (tens of
+# milliseconds of every new interpreter's start), found loaded by every child.
+WARM = ("contextlib", "ctypes", "enum", "errno", "fcntl", "gc", "glob", "hashlib", "hmac",
+        "importlib", "json", "pickle", "pwd", "queue", "random", "re", "resource", "selectors",
+        "signal", "socket", "struct", "subprocess", "tempfile", "threading", "time", "traceback",
+        "typing")
+
+_found = {}  # a python: as the inventory names it -> whether it is this interpreter
+
+
+def preload():
+    for name in WARM:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+
+
+def is_this_interpreter(python):
+    """Whether ``/bin/sh -c 'exec PYTHON ...'`` from the home directory would start this very
+    interpreter: found as the shell finds it (a path as it is, else the first executable on
+    PATH), compared as a path, never through symbolic links (a venv's python links to the
+    system's and is not it)."""
+    if python not in _found:
+        _found[python] = _lookup(python) == os.path.normpath(sys.executable or "")
+    return _found[python]
+
+
+def _lookup(python):
+    home = os.path.expanduser("~")
+    if os.sep in python:
+        return os.path.normpath(os.path.join(home, python))
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(home, folder or ".", python)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.normpath(path)
+    return None
+
+
+class Forked:
+    """The child, as subprocess.Popen shows one: its pipes and ``poll``."""
+
+    def __init__(self, pid, stdin, stdout, stderr):
+        self.pid = pid
+        self.stdin = os.fdopen(stdin, "wb", buffering=0)
+        self.stdout = os.fdopen(stdout, "rb", buffering=0)
+        self.stderr = os.fdopen(stderr, "rb", buffering=0)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 255 << 8
+            if pid == self.pid:
+                self.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                                   else os.WEXITSTATUS(status))
+        return self.returncode
+
+
+def spawn(boot, site, cwd):
+    """Fork a child that runs BOOTSTRAP's body ``boot`` (``site``: as without -S); a Forked."""
+    stdin, stdout, stderr = os.pipe(), os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(boot, site, cwd, (stdin[0], stdout[1], stderr[1]))
+        except BaseException as exc:  # before the program ran (it ends in _finalize)
+            with contextlib.suppress(OSError):
+                os.write(2, ("clusterrun: the agent could not start the program: %s\n"
+                             % (exc,)).encode())
+        os._exit(255)
+    for fd in (stdin[0], stdout[1], stderr[1]):
+        os.close(fd)
+    return Forked(pid, stdin[1], stdout[0], stderr[0])
+
+
+def _child(boot, site, cwd, pipes):
+    os.setsid()
+    for to, fd in enumerate(pipes):
+        os.dup2(fd, to)
+    _close_from(3)  # the agent's channel and every other request's pipes
+    os.chdir(cwd)
+    _fresh_stdio()
+    sys.argv = ["-c"]
+    for name in [name for name in sys.modules if name.split(".")[0] == "clusterrun"]:
+        del sys.modules[name]  # the program brings its own, as into a new interpreter
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    if site:
+        import site as site_module  # what an interpreter started without -S does first
+
+        # It does so before -c puts the current folder ("") first, which site would make
+        # absolute.
+        lead = [path for path in sys.path[:1] if path == ""]
+        del sys.path[:len(lead)]
+        site_module.main()
+        sys.path[:0] = lead
+    code = compile("B=%r;exec(B)" % boot, "<string>", "exec")
+    status, interrupted = 0, False
+    try:
+        exec(code, main.__dict__)  # noqa: S102 - BOOTSTRAP, as ``python -c`` runs it
+    except SystemExit as exc:
+        status = _exit_status(exc.code)
+    except BaseException as exc:  # as the interpreter prints and exits for an uncaught one
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        tb = exc.__traceback__
+        exc = exc.with_traceback(tb.tb_next if tb is not None else None)  # not this frame
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        status = 1
+    _finalize(status, interrupted)
+
+
+def _close_from(low):
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(low, os.sysconf("SC_OPEN_MAX")))
+    for fd in fds:
+        if fd >= low:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _fresh_stdio():
+    """sys.stdin, stdout and stderr made anew on fds 0, 1 and 2, as ``python -u`` makes them:
+    the agent's own still hold what they read ahead from its channel."""
+    made = [_stream(fd, old) for fd, old in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr))]
+    sys.stdin, sys.stdout, sys.stderr = made
+    for name, stream in zip(("__stdin__", "__stdout__", "__stderr__"), made):
+        sys.__dict__[name] = stream  # what the interpreter started with, as it would have
+
+
+def _stream(fd, old):
+    # Lines split at "\n" only, as on POSIX; -u: stdout and stderr unbuffered, stdin not.
+    if fd == 0:
+        return io.TextIOWrapper(open(0, "rb", closefd=False), encoding=old.encoding,
+                                errors=old.errors, newline="\n")
+    return io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False), encoding=old.encoding,
+                            errors=old.errors, newline="\n", write_through=True)
+
+
+def _exit_status(code):
+    """The exit status an interpreter gives for ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if -(1 << 63) <= code < (1 << 63) else 255
+    with contextlib.suppress(Exception):
+        sys.stderr.write("%s\n" % (code,))
+    return 1
+
+
+def _finalize(status, interrupted):
+    """What the interpreter does on its way out: non-daemon threads joined, atexit's functions,
+    the streams flushed; Ctrl-C ends it by SIGINT (3.8+)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted and sys.version_info >= (3, 8):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
