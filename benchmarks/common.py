@@ -34,7 +34,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 # themselves marks the results "dirty" (a change to the docs does not).
 CODE = ("clusterrun", "benchmarks", "payloads", "pyproject.toml")
 RESULTS = ("benchmarks/results", "benchmarks/stall.json", "benchmarks/top.json",
-           "benchmarks/environments", "benchmarks/session.md", "benchmarks/session.json")
+           "benchmarks/environments")
 
 
 def _git(*args: str) -> str:

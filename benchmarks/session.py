@@ -432,9 +432,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
     parser.add_argument("--expire-after", type=float, default=2.0,
                         help="CLUSTERRUN_SESSION_IDLE, seconds, for the expired rows (default: 2)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "session.md",
-                        help="the Markdown table (default: benchmarks/session.md); raw samples "
-                        "go next to it as .json")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results-session.md",
+                        help="the Markdown table (default: benchmarks/results-session.md); raw "
+                        "samples go next to it as .json")
     args = parser.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     kinds = [k.strip() for k in args.rc.split(",") if k.strip()]

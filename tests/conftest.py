@@ -34,6 +34,7 @@ from clusterrun.transport import shell
 from clusterrun.transport.fake import FakeNetwork
 from clusterrun.transport.local import LocalTransport
 from tests.support import containers as sandbox_containers
+from tests.support import sessions
 from tests.support import slurm as sandbox_slurm
 
 # The other-user fixtures (`other_user`, `shared`) live beside: tests/other_user.py; the clocks
@@ -71,8 +72,12 @@ class Cluster:
 
     def pids(self, name: str) -> list[int]:
         """Every process in the host but the sandbox's own daemons (sshd, and slurmd on a host
-        of its Slurm): killing what this returns never takes a Slurm node down."""
-        return sandbox_slurm.pids(self.sb, name)
+        of its Slurm) and a live warm session's agent with the sshd session carrying it
+        (tests/support/sessions.py): killing what this returns never takes a Slurm node down
+        nor a session's connection."""
+        found = sandbox_slurm.pids(self.sb, name)
+        session = sessions.carried(found)
+        return [pid for pid in found if pid not in session]
 
     def admit_only(self, name: str, *ports: int) -> None:
         """The host drops every new inbound connection except to ``ports``, as a host firewall
@@ -178,6 +183,26 @@ def names_tests(config: pytest.Config) -> bool:
         if "::" in arg or (here / path).is_file():
             return True
     return False
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--warm-session", action="store_true",
+        help="run the cluster tests with the warm session on (CLUSTERRUN_SESSION=1 for each "
+             "test marked cluster; docs/testing.md)")
+
+
+@pytest.fixture(autouse=True)
+def session_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """With --warm-session, every cluster test runs its commands through the warm session (a test
+    may still turn it off itself). Whatever the mode, each session daemon the test started
+    is stopped when it ends, whatever $CLUSTERRUN_HOME it served, as `clusterrun session stop`
+    does: no daemon or agent outlives its test."""
+    if request.config.getoption("warm_session") and \
+            request.node.get_closest_marker("cluster") is not None:
+        monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
+    yield
+    sessions.stop_ours()
 
 
 def cluster_left_out(config: pytest.Config) -> bool:
