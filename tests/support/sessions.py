@@ -77,7 +77,7 @@ def _listening_sockets(pid: int) -> list[str]:
 
 def agent_pids() -> set[int]:
     """The agents that this run's live daemons hold, on any host."""
-    held = set()
+    held: set[int] = set()
     for pid in ours():
         for path in _listening_sockets(pid):
             with contextlib.suppress(ClusterrunError, OSError, ValueError):
