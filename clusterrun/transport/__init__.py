@@ -35,8 +35,10 @@ def ssh_of(transport: Transport) -> Optional[SshTransport]:
     None; asked without importing paramiko and fabric: an SshTransport exists only once its
     module is loaded, and a command that reaches its hosts through the warm session never
     loads it."""
-    module = sys.modules.get("clusterrun.transport.ssh")
-    if module is not None and isinstance(transport, module.SshTransport):
+    # Another host's thread may be importing the module right now: in sys.modules, but without
+    # SshTransport yet; then no SshTransport exists either.
+    ssh_class = getattr(sys.modules.get("clusterrun.transport.ssh"), "SshTransport", None)
+    if ssh_class is not None and isinstance(transport, ssh_class):
         return cast("SshTransport", transport)
     return None
 
