@@ -19,7 +19,6 @@ Where rsync is missing on either side, any size goes on stdin.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import shutil
 import subprocess
@@ -34,6 +33,7 @@ from clusterrun.home import home as state_home
 from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import hostpaths
+from clusterrun.remote.shared.filedigest import size_and_sha256
 from clusterrun.transport import Transport, parallel, shell
 from clusterrun.transport.programs import ProgramError, call
 
@@ -124,18 +124,12 @@ def manifest(root: Path, excludes: Sequence[str]) -> dict[str, tuple[int, str]]:
             path = os.path.join(dirpath, name)
             if _excluded(rel, excludes) or os.path.islink(path) or not os.path.isfile(path):
                 continue
-            digest = hashlib.sha256()
-            size = 0
             try:
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(block)
-                        size += len(block)
+                out[rel] = size_and_sha256(path)
             except OSError as exc:
                 raise SyncError(f"cannot read {path} to copy it to the hosts: {exc.strerror}. "
                                 "Fix its permissions, or leave it out with --exclude-files."
                                 ) from None
-            out[rel] = (size, digest.hexdigest())
     return out
 
 

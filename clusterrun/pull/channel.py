@@ -5,7 +5,6 @@ container's, or the Slurm job step's) where rsync cannot go. Each returns the pa
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Optional
 from clusterrun.errors import SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import protocol
+from clusterrun.remote.shared.filedigest import size_and_sha256
 from clusterrun.transport import Transport, shell
 from clusterrun.transport.programs import chunks, start
 
@@ -38,16 +38,10 @@ def local_path(dest: Path, rel: str) -> Path:
 
 def digest(path: Path) -> Optional[tuple[int, str]]:
     """(size, sha256) of a file here; None when there is none (or it cannot be read)."""
-    sha = hashlib.sha256()
-    size = 0
     try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(block)
-                size += len(block)
+        return size_and_sha256(str(path))
     except OSError:
         return None
-    return size, sha.hexdigest()
 
 
 def rsync(transport: SshTransport, spec: HostSpec, root: str, files: Sequence[str],

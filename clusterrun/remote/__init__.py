@@ -6,7 +6,8 @@ library only), and the rules both ends share. Each room is a folder:
   its field table, one writer, one reader; jsonfile writes it whole), timing gates, and the
   rules both ends apply: the stall rule (stallrule) and report (stallreport), where a stack
   waits (stackrule), the users' own frames (userframe), the Flight Recorder's reading
-  (flight), the link test's verdict (linkrule), the disk floor (diskfloor). Typed (mypy checks
+  (flight), the link test's verdict (linkrule), the disk floor (diskfloor), a file's size
+  and SHA-256 as `pull` lists and checks it (filedigest). Typed (mypy checks
   the controller's calls into it). It imports nothing else from remote/.
 - ``hostlib/``: what the host programs share and the controller never runs: their files and
   stdout writer (hostio), processes (procs), cgroups, the selectors loop (mainloop), the ranks'

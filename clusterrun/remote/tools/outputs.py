@@ -17,26 +17,15 @@ One JSON request on stdin (protocol.Outputs names its ops):
 
 import contextlib
 import glob
-import hashlib
 import json
 import os
 import sys
 
 from clusterrun.remote.shared import layout, protocol
+from clusterrun.remote.shared.filedigest import BLOCK, size_and_sha256
 
-BLOCK = 1 << 20
 # Left out unless asked for by name: what tools write beside code, not what a run produced.
 CACHES = ("__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache")
-
-
-def digest(path):
-    sha = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(BLOCK), b""):
-            sha.update(block)
-            size += len(block)
-    return size, sha.hexdigest()
 
 
 def _inside(path, folder):
@@ -115,7 +104,7 @@ def listing(req, root):
     files = []
     for rel, path in sorted(found.items()):
         try:
-            size, sha = digest(path)
+            size, sha = size_and_sha256(path)
         except OSError:  # removed or made unreadable since it was found
             continue
         files.append([rel, size, sha])
