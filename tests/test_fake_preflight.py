@@ -342,15 +342,11 @@ def test_launch_exits_6_when_copying_the_code_fails(
         tmp_path: Path, fake_net: FakeNetwork, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """The host was checked, then its disk refused the code: SYNC, not a bug (1)."""
-    from clusterrun.transport.fake import FakeTransport
 
     three_hosts(fake_net)
     for host in fake_net.hosts.values():
         host.programs["files.py"] = lambda _request: Reply(
             stderr=b"OSError: [Errno 28] No space left on device\n", code=1)
-    # sync asks for an SSH connection (rsync and the copy over SSH need one): the fake stands
-    # in for it.
-    monkeypatch.setattr("clusterrun.launch.sync.SshTransport", FakeTransport)
     script = tmp_path / "job" / "train.py"
     script.parent.mkdir()
     script.write_text("print('hello')\n")
@@ -364,12 +360,10 @@ def test_a_failed_sync_is_recorded_as_a_failed_run(
         tmp_path: Path, fake_net: FakeNetwork, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     from clusterrun.runs import store
-    from clusterrun.transport.fake import FakeTransport
 
     three_hosts(fake_net)
     for host in fake_net.hosts.values():
         host.programs["files.py"] = lambda _request: Reply(stderr=b"disk full\n", code=1)
-    monkeypatch.setattr("clusterrun.launch.sync.SshTransport", FakeTransport)
     script = tmp_path / "job" / "train.py"
     script.parent.mkdir()
     script.write_text("print('hello')\n")

@@ -22,11 +22,10 @@ import fnmatch
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import Any, Optional
 
 from clusterrun.errors import PreflightError, SyncError
 from clusterrun.home import home as state_home
@@ -34,36 +33,15 @@ from clusterrun.inventory import HostSpec
 from clusterrun.plan.model import LaunchPlan
 from clusterrun.preflight import hostpaths
 from clusterrun.remote.shared.filedigest import size_and_sha256
-from clusterrun.transport import Transport, parallel, shell
+from clusterrun.transport import Transport, parallel, shell, ssh_of
+from clusterrun.transport.openssh import OverOpenSsh
 from clusterrun.transport.programs import ProgramError, call
-
-if TYPE_CHECKING:
-    from clusterrun.transport.ssh import SshTransport
 
 # Never code. `.env` files hold secrets: they are read here (--env-file, `env_file:`) and their
 # values reach the ranks through the supervisor's stdin, never as a file on the hosts.
 DEFAULT_EXCLUDES = (".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
                     ".pytest_cache", ".ruff_cache", "*.egg-info", ".ipynb_checkpoints", ".env",
                     ".env.*")
-
-
-def __getattr__(name: str) -> Any:
-    # SshTransport on first use, as clusterrun.transport gives it: a launch whose hosts are
-    # reached through the warm session never imports paramiko and fabric.
-    if name == "SshTransport":
-        from clusterrun.transport.ssh import SshTransport
-
-        return SshTransport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _over_ssh(transport: Transport) -> Optional[SshTransport]:
-    """``transport`` when it is an SSH connection of this process's own (rsync can use its
-    ssh command line), else None. No SshTransport exists before its module is loaded."""
-    if "clusterrun.transport.ssh" not in sys.modules:
-        return None
-    kind = sys.modules[__name__].SshTransport  # this module's name: a test may stand in
-    return cast("SshTransport", transport) if isinstance(transport, kind) else None
 
 
 def env_file_excludes(code_dir: Path, env_files: Sequence[Optional[str]]) -> tuple[str, ...]:
@@ -197,7 +175,7 @@ def _remote(transport: Transport, spec: HostSpec, dest: str, files: list[str], *
     return {k: (v[0], v[1]) for k, v in reply["manifest"].items()}
 
 
-def _rsync(transport: SshTransport, spec: HostSpec, src: Path, dest: str,
+def _rsync(transport: OverOpenSsh, spec: HostSpec, src: Path, dest: str,
            excludes: Sequence[str]) -> None:
     host = f"[{spec.host}]" if ":" in spec.host else spec.host
     argv = ["rsync", "-a", "--protect-args", "-e", shell.join(transport.ssh_argv())]
@@ -278,7 +256,7 @@ def sync(plan: LaunchPlan, transports: dict[str, Transport], specs: dict[str, Ho
         if not changed:  # that manifest was the verification: every file already matched
             return f"unchanged: 0 of {len(files)} files copied, all {len(files)} verified"
         size = sum(local[rel][0] for rel in changed)
-        ssh = _over_ssh(transport)
+        ssh = ssh_of(transport)
         use_rsync = (ssh is not None and not spec.container
                      and spec.transport != "srun" and have_rsync
                      and bool(facts[spec.name].get("rsync")) and forced != "stream"

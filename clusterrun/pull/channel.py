@@ -11,17 +11,15 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Optional
 
 from clusterrun.errors import SyncError
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import protocol
 from clusterrun.remote.shared.filedigest import size_and_sha256
 from clusterrun.transport import Transport, shell
+from clusterrun.transport.openssh import OverOpenSsh
 from clusterrun.transport.programs import chunks, start
-
-if TYPE_CHECKING:
-    from clusterrun.transport.ssh import SshTransport
 
 PULL_SECONDS = 3600.0  # a copy that moves nothing for this long has failed
 PART = ".clusterrun-part"
@@ -44,7 +42,7 @@ def digest(path: Path) -> Optional[tuple[int, str]]:
         return None
 
 
-def rsync(transport: SshTransport, spec: HostSpec, root: str, files: Sequence[str],
+def rsync(transport: OverOpenSsh, spec: HostSpec, root: str, files: Sequence[str],
           dest: Path) -> set[str]:
     """rsync of ``files`` (relative to ``root`` there) into ``dest``. -I: the listing already
     chose what differs, so rsync's own size-and-time check must not skip any of it; its delta

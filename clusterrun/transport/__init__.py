@@ -3,14 +3,14 @@ hosts at once."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional
 
 from clusterrun.inventory import HostSpec
 from clusterrun.transport.base import ConnectError, Process, SshOptions, Transport
 from clusterrun.transport.local import LocalTransport
+from clusterrun.transport.openssh import OverOpenSsh
 from clusterrun.transport.srun import SrunTransport
 
 if TYPE_CHECKING:
@@ -30,17 +30,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def ssh_of(transport: Transport) -> Optional[SshTransport]:
-    """``transport`` when it is an SshTransport (rsync can use its ssh command line), else
-    None; asked without importing paramiko and fabric: an SshTransport exists only once its
-    module is loaded, and a command that reaches its hosts through the warm session never
-    loads it."""
-    # Another host's thread may be importing the module right now: in sys.modules, but without
-    # SshTransport yet; then no SshTransport exists either.
-    ssh_class = getattr(sys.modules.get("clusterrun.transport.ssh"), "SshTransport", None)
-    if ssh_class is not None and isinstance(transport, ssh_class):
-        return cast("SshTransport", transport)
-    return None
+def ssh_of(transport: Transport) -> Optional[OverOpenSsh]:
+    """``transport`` when OpenSSH can reach its host with the same settings (rsync's -e): a
+    direct SSH connection or one through the warm session; else None (a local host, a job
+    step, a stand-in)."""
+    return transport if isinstance(transport, OverOpenSsh) else None
 
 
 # SSH handshakes at once in this process, whatever the callers' fan-out: the key exchange (in
