@@ -3,9 +3,9 @@ strict host keys, timeouts, no agent forwarding; every failure classified into o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
-import math
 import os
 import socket
 import threading
@@ -17,7 +17,7 @@ import paramiko
 
 from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
-from clusterrun.transport import banners, hostkeys, shell
+from clusterrun.transport import banners, hostkeys, openssh
 from clusterrun.transport.base import ConnectError, Process, SshOptions
 
 # paramiko logs every failed handshake with a traceback from its own thread; with no handler
@@ -114,6 +114,14 @@ class SshTransport:
             stalled = ssh is not None and not getattr(ssh, "initial_kex_done", True)
             said = banners.greetings.take(ssh.ident if ssh is not None else None)
             cxn.close()
+            if ssh is not None:
+                # fabric closes only a transport still `active`, and a refused host key can
+                # leave one that is not, with its socket open: in a process that lives on (the
+                # warm session's daemon) the host's sshd would wait on it for ever.
+                with contextlib.suppress(Exception):
+                    ssh.close()
+                with contextlib.suppress(Exception):
+                    ssh.sock.close()
             if self._jump is not None:  # the tunnel was for this connection only
                 self._jump.close()
                 self._jump = None
@@ -180,24 +188,7 @@ class SshTransport:
 
     def ssh_argv(self) -> list[str]:
         """An OpenSSH client command line with the same settings, for rsync's -e."""
-        spec = self.spec
-        base = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ForwardAgent=no",
-                "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
-                "-o", f"ConnectTimeout={max(1, math.ceil(self.options.connect_timeout))}",
-                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-                "-o", "StrictHostKeyChecking=" + ("accept-new" if self.options.accept_new_host_keys
-                                                  else "yes"),
-                "-o", "UserKnownHostsFile=" + os.path.expanduser(spec.known_hosts)]
-        if spec.identity_file:
-            base += ["-i", os.path.expanduser(spec.identity_file)]
-        argv = [*base, *_login(spec.user, spec.port)]
-        if spec.jump is not None:
-            # Not -J: the jump's own ssh would not get these options (strict host keys,
-            # known_hosts, timeouts, identity); a ProxyCommand of the same ssh gets them all.
-            user, host, port = spec.jump
-            jump = [*base, *_login(user or spec.user, port), "-W", "[%h]:%p", host]
-            argv += ["-o", "ProxyCommand=" + shell.join(jump)]
-        return argv
+        return openssh.argv(self.spec, self.options)
 
     def close(self) -> None:
         with self._lock:
@@ -286,10 +277,6 @@ def _load_host_keys(client: paramiko.SSHClient, known_hosts: Path, host: str,
     # Copies: paramiko may replace an entry's key in place (HostKeys.add).
     client.get_host_keys()._entries.extend(  # type: ignore[attr-defined]
         paramiko.hostkeys.HostKeyEntry(list(e.hostnames), e.key) for e in entries)
-
-
-def _login(user: Optional[str], port: Optional[int]) -> list[str]:
-    return [*(["-l", user] if user else []), *(["-p", str(port)] if port else [])]
 
 
 # What paramiko says when its handshake wait (bounded by the connect timeout) ends before the
