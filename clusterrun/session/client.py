@@ -21,6 +21,7 @@ from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import frames
 from clusterrun.session import paths
+from clusterrun.transport import openssh
 from clusterrun.transport.base import ConnectError, SshOptions, Transport
 
 # The fields of a HostSpec that make its connection and its agent: what a client sends.
@@ -240,11 +241,8 @@ class SessionTransport:
         return proc
 
     def ssh_argv(self) -> list[str]:
-        """rsync's ssh command line: the same as the direct transport's (it imports paramiko,
-        needed here only when rsync copies code)."""
-        from clusterrun.transport.ssh import SshTransport
-
-        return SshTransport(self.spec, self.options).ssh_argv()
+        """rsync's ssh command line: the same as the direct transport's."""
+        return openssh.argv(self.spec, self.options)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -294,7 +292,7 @@ def open_socket() -> socket.socket:
         if sock is not None:
             return sock
         started = subprocess.run(
-            [sys.executable, "-m", "clusterrun.session.daemon"], stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "clusterrun.session.daemon", path], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             timeout=START_SECONDS, check=False)
         sock = _try_connect(path) if started.returncode == 0 else None

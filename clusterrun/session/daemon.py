@@ -344,7 +344,10 @@ def main() -> None:
     """Double fork (the caller's Popen gave the first, in a session of its own), stdio to
     /dev/null, the log under $CLUSTERRUN_HOME/session/. The first process exits 0 once the
     socket listens, 1 when it could not."""
-    path = str(paths.socket_path())
+    # The command's own path: the daemon's code stamp, computed again here, would differ from
+    # the command's if clusterrun's files changed in between (an upgrade), and the command
+    # would not find the socket.
+    path = sys.argv[1] if len(sys.argv) > 1 else str(paths.socket_path())
     ready_r, ready_w = os.pipe()
     if os.fork():
         os.close(ready_w)

@@ -69,6 +69,10 @@ class Agent:
         self.reaping = []  # children whose streams ended (or were dropped), until they exit
         self.heard = time.monotonic()
         self.home = os.path.expanduser("~")
+        # Each child starts from home itself; the agent, resident for minutes, holds no folder
+        # open, so unmounting the home (or a workdir under it) between commands is not "busy".
+        with contextlib.suppress(OSError):
+            os.chdir("/")
         os.set_blocking(0, False)
         os.set_blocking(1, False)
         self.selector.register(0, selectors.EVENT_READ, None)
