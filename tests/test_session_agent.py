@@ -196,3 +196,42 @@ def test_pings_keep_the_agent(tmp_path: Path) -> None:
         assert made.proc.poll() is None
     finally:
         made.close()
+
+
+def test_requests_closed_while_their_output_flows_leave_the_agent_serving(agent: Agent) -> None:
+    """A CLOSE read in the same round of select() as its command's output: the output's event
+    must not reach the dropped request (its pipes closed, their fd numbers perhaps reused by the
+    next request's)."""
+    rids = list(range(1, 9))
+    for rid in rids:
+        agent.run(rid, "yes clusterrun")
+    for round_ in range(1, 120):
+        flowing: set[int] = set()
+        while flowing != set(rids):  # each one's output is on its way
+            frame = agent.frame()
+            assert frame is not None, "the agent ended: " + _stderr(agent)
+            flowing.add(frame[1])
+            flowing &= set(rids)
+        nxt = [rid + 100 * round_ for rid in range(1, 9)]
+        agent.send_raw(b"".join(frames.encode(frames.CLOSE, rid) for rid in rids)
+                       + b"".join(frames.encode(frames.RUN, rid, b'{"command": "yes clusterrun"}')
+                                  for rid in nxt))
+        rids = nxt
+    agent.send_raw(b"".join(frames.encode(frames.CLOSE, rid) for rid in rids))
+    agent.run(9999, "echo alive")
+    out = b""
+    while True:
+        frame = agent.frame()
+        assert frame is not None, "the agent ended: " + _stderr(agent)
+        kind, rid, payload = frame
+        if rid == 9999 and kind == frames.STDOUT:
+            out += payload
+        if rid == 9999 and kind == frames.EXIT:
+            break
+    assert out == b"alive\n"
+
+
+def _stderr(agent: Agent) -> str:
+    agent.close()
+    assert agent.proc.stderr is not None
+    return agent.proc.stderr.read().decode("utf-8", "replace")[-600:]

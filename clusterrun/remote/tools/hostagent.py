@@ -189,6 +189,30 @@ class Agent:
             return False
         return True
 
+    def dispatch(self, key, events):
+        """One ready descriptor of a round of select(); False when the daemon is gone."""
+        if key.fd == 0:
+            return self.on_stdin()
+        if key.fd == 1:
+            self.flush()
+        elif not self._still(key):
+            pass  # an earlier event of this round dropped its request (and the fd may be anew)
+        elif events & selectors.EVENT_WRITE:
+            self.feed_child(key.data)
+        else:
+            self.on_output(key.data, key.fd)
+        return True
+
+    def _still(self, key):
+        """Whether ``key`` is still what its fd is registered as: a CLOSE read earlier in the
+        same round unregisters and closes a child's pipes, and a RUN may get the same fd number
+        for a new child's."""
+        try:
+            found = self.selector.get_key(key.fd)
+        except KeyError:
+            return False
+        return found.data is key.data and found.events == key.events
+
     def on_output(self, child, fd):
         try:
             data = os.read(fd, 65536)
@@ -255,15 +279,8 @@ class Agent:
                 self.flush()
                 continue
             for key, events in self.selector.select(timeout):
-                if key.fd == 0:
-                    if not self.on_stdin():
-                        return
-                elif key.fd == 1:
-                    self.flush()
-                elif events & selectors.EVENT_WRITE:
-                    self.feed_child(key.data)
-                else:
-                    self.on_output(key.data, key.fd)
+                if not self.dispatch(key, events):
+                    return
             self.flush()
             self.reap()
             if time.monotonic() - self.heard > self.silence:
