@@ -187,19 +187,22 @@ def names_tests(config: pytest.Config) -> bool:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--warm-session", action="store_true",
-        help="run the cluster tests with the warm session on (CLUSTERRUN_SESSION=1 for each "
-             "test marked cluster; docs/testing.md)")
+        "--direct", action="store_true",
+        help="run the cluster tests on the direct path, the warm session off "
+             "(CLUSTERRUN_SESSION=0 for each test marked cluster; docs/testing.md)")
 
 
 @pytest.fixture(autouse=True)
 def session_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """With --warm-session, every cluster test runs its commands through the warm session (a test
-    may still turn it off itself). Whatever the mode, each session daemon the test started
-    is stopped when it ends, whatever $CLUSTERRUN_HOME it served, as `clusterrun session stop`
-    does: no daemon or agent outlives its test."""
-    if request.config.getoption("warm_session") and \
-            request.node.get_closest_marker("cluster") is not None:
+    """The cluster tests run as users run clusterrun: through the warm session, unless
+    --direct (a test may still turn it off itself). The fast tier runs with it off: its
+    stand-in hosts are reached in-process, and the session's own fast tests turn it on.
+    Whatever the mode, each session daemon the test started is stopped when it ends,
+    whatever $CLUSTERRUN_HOME it served, as `clusterrun session stop` does: no daemon or
+    agent outlives its test."""
+    if request.node.get_closest_marker("cluster") is None or request.config.getoption("direct"):
+        monkeypatch.setenv("CLUSTERRUN_SESSION", "0")
+    else:
         monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
     yield
     sessions.stop_ours()

@@ -14,6 +14,7 @@ import pytest
 
 from clusterrun.errors import ExitStatus
 from tests.conftest import Cluster, run_cli
+from tests.support import sessions
 
 pytestmark = pytest.mark.cluster
 
@@ -34,6 +35,7 @@ def user(cluster: Cluster) -> Iterator[str]:
     try:
         yield name
     finally:
+        sessions.stop_ours()  # a warm session's agent runs as the user until it ends
         subprocess.run(["userdel", name], check=False)
 
 

@@ -20,6 +20,13 @@ from tests.conftest import Cluster, run_cli
 
 pytestmark = pytest.mark.cluster
 
+
+@pytest.fixture(autouse=True)
+def direct_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These are the direct path's logins; the warm session's (none per warm command) are
+    tests/test_session_cluster.py's."""
+    monkeypatch.setenv("CLUSTERRUN_SESSION", "0")
+
 HOSTS = ["node4", "node5", "node6"]
 
 

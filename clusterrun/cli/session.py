@@ -19,7 +19,7 @@ from clusterrun.session import client, paths
 @click.pass_context
 def session(ctx: click.Context, as_json: bool) -> None:
     """The warm session: the per-user daemon that keeps one connection and one agent per host
-    across commands (on with CLUSTERRUN_SESSION=1). Shows its pid, since when it runs, how long
+    across commands (off with CLUSTERRUN_SESSION=0). Shows its pid, since when it runs, how long
     it has been idle, and the hosts it holds with their agent's pid."""
     if ctx.invoked_subcommand is not None:
         return
@@ -34,7 +34,7 @@ def session(ctx: click.Context, as_json: bool) -> None:
                    "`clusterrun session stop` ends it")
     if status is None:
         click.echo("no session running" + ("" if paths.enabled() else
-                                           " (off: CLUSTERRUN_SESSION=1 turns it on)"))
+                                           " (off: CLUSTERRUN_SESSION=0 is set)"))
         return
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["since"]))
     click.echo(f"session daemon pid {status['pid']}, since {since}, idle {status['idle']:g} s "

@@ -18,9 +18,10 @@ _PREFIX = "sock-"
 
 
 def enabled() -> bool:
-    """``CLUSTERRUN_SESSION=1`` turns the session on; unset, 0 or ``--no-session`` leave it
-    off (today's direct connections)."""
-    return os.environ.get("CLUSTERRUN_SESSION", "0").strip().lower() in ("1", "yes", "on", "true")
+    """On unless ``CLUSTERRUN_SESSION=0`` (or ``--no-session``, which sets it): then every
+    command makes its own connections."""
+    return os.environ.get("CLUSTERRUN_SESSION", "1").strip().lower() not in (
+        "0", "no", "off", "false")
 
 
 def idle_seconds() -> float:

@@ -24,7 +24,7 @@ import pytest
 
 from clusterrun.sandbox import net
 from tests.conftest import Cluster, Reader, copy_payload, start_cli
-from tests.support import faults
+from tests.support import faults, sessions
 
 HOSTS = ["node6", "node7", "node8"]
 VICTIM = "node8"
@@ -88,7 +88,9 @@ def test_a_killed_sshd_listener_does_not_end_the_run(hosts: Cluster, home: Path,
     summary = json.loads((run / "summary.json").read_text())
     assert [n["state"] for n in summary["nodes"]] == ["succeeded"] * 3, summary
     assert summary["logs"]["differ"] == [], summary["logs"]
-    # The listener is really gone: the host's namespace holds no sshd any more.
+    # The listener is really gone: the host's namespace holds no sshd any more, once a warm
+    # session's connection (which outlives the run by design) has ended too.
+    sessions.stop_ours()
     assert hosts.wait_gone([VICTIM], lambda n: [str(p) for p in sshd_sessions(hosts, n)],
                            10) == {}
     assert hosts.host(VICTIM).sshd_pid not in net.netns_pids(hosts.host(VICTIM).netns)
