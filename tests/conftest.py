@@ -201,6 +201,8 @@ def session_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     if request.config.getoption("warm_session") and \
             request.node.get_closest_marker("cluster") is not None:
         monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
+        # The first command too: by default it would go direct, leaving the session untested.
+        monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")
     yield
     sessions.stop_ours()
 
