@@ -9,7 +9,8 @@ benchmarks/logins.py (--rc), each command (`exec -- hostname`, `check`, `stacks`
 measured in four states, in alternating rounds:
 
 - cold: CLUSTERRUN_SESSION=1 with no daemon (`clusterrun session stop` first, untimed);
-- warm: the same command again at once, inside the daemon's idle window;
+- warm: the same command again, once the daemon started behind the cold one holds its hosts
+  (waited for, untimed: the cold command reaches its hosts directly and hands them over);
 - expired: a daemon started with a short CLUSTERRUN_SESSION_IDLE (--expire-after), waited out
   until it has exited, then the command;
 - off: CLUSTERRUN_SESSION=0, today's direct path;
@@ -299,6 +300,8 @@ def _state(b: Bench, command: str, state: str, expire_after: float) -> Callable[
         assert b.daemon is not None
         if state in ("cold", "expired"):
             stop_session(b)
+        if state == "warm":
+            holding(b, 4 if command == "launch" else len(b.sb.hosts))
         if state == "expired":
             short = b.on(CLUSTERRUN_SESSION_IDLE=f"{expire_after:g}")
             rc, _out, err = cli(short, "exec", str(b.sb.inventory), "--", "true")
@@ -313,6 +316,20 @@ def _state(b: Bench, command: str, state: str, expire_after: float) -> Callable[
                                    f"{expire_after:g}")
         return b.clusterrun(command, b.on())
     return run
+
+
+def holding(b: Bench, n: int, within: float = 120) -> None:
+    """Wait until the daemon holds ``n`` hosts and connects no more (a checkout whose daemon
+    does not say what it connects: until it holds ``n``)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        rc, out, _err = cli(b.on(), "session", "--json", timeout=60)
+        status = json.loads(out) if rc == 0 else {}
+        alive = [h for h in status.get("hosts", []) if h.get("alive")]
+        if len(alive) >= n and not status.get("connecting"):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the daemon did not hold {n} hosts within {within:g} s")
 
 
 def stop_session(b: Bench) -> None:

@@ -204,6 +204,8 @@ def session_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("CLUSTERRUN_SESSION", "0")
     else:
         monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
+        # The first command too: by default it would go direct, leaving the session untested.
+        monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")
     yield
     sessions.stop_ours()
 

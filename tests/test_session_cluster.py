@@ -29,6 +29,9 @@ LEASE = 60
 @pytest.fixture
 def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
+    # Each command through the daemon, the first included (tests/test_session_cold.py has the
+    # default: the first goes direct and hands its hosts over).
+    monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")
     yield
     status = session_status()
     run_cli("session", "stop", timeout=30)

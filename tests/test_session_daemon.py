@@ -136,9 +136,11 @@ def test_a_killed_client_ends_its_commands_stdin(served: Served, tmp_path: Path)
     assert wait_for(mark), "a SIGKILLed client left its command's stdin open"
 
 
-def test_a_killed_daemon_ends_its_commands_stdin(session_home: Path, tmp_path: Path) -> None:
+def test_a_killed_daemon_ends_its_commands_stdin(session_home: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon started on demand, as a command starts it; SIGKILLed, its agents' channels
     close, they exit, and each command they carried sees EOF."""
+    monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")  # started to be gone through
     made = connected()
     mark = tmp_path / "saw-eof"
     made.run(f"cat >/dev/null; touch {mark}")

@@ -40,11 +40,16 @@ def session(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"session daemon pid {status['pid']}, since {since}, idle {status['idle']:g} s "
                f"(exits after {status['idle_limit']:g} s)")
     hosts = status.get("hosts") or []
-    width = max([len(h["name"]) for h in hosts] + [4])
+    # Hosts it connects now: a command's first word, or those a command that found no daemon
+    # reached directly and handed over (they are held a moment later).
+    connecting = status.get("connecting") or []
+    width = max([len(h["name"]) for h in hosts] + [len(n) for n in connecting] + [4])
     for host in hosts:
         state = f"agent pid {host['agent_pid']}" if host["alive"] else "connection lost"
         click.echo(f"  {host['name']:<{width}}  {host['address']:<15}  {state}")
-    if not hosts:
+    for name in connecting:
+        click.echo(f"  {name:<{width}}  {'':<15}  connecting")
+    if not hosts and not connecting:
         click.echo("  no hosts held")
 
 

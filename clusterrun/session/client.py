@@ -1,18 +1,16 @@
 """The command's side of the session: ``SessionTransport``, a Transport whose commands run
-through the daemon's socket (one socket per host), and starting the daemon when none answers.
-Nothing here imports paramiko: a command that reaches its hosts through a warm daemon never
-does SSH itself."""
+through the daemon's socket (one socket per host), and ``connector``, which reaches a host
+directly when no daemon answers (starter.py starts one behind the command). Nothing here
+imports paramiko: a command that reaches its hosts through a warm daemon never does SSH
+itself."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -20,7 +18,7 @@ from typing import Any, Optional
 from clusterrun.errors import ClusterrunError, Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import frames
-from clusterrun.session import paths
+from clusterrun.session import paths, starter
 from clusterrun.transport import openssh
 from clusterrun.transport.base import ConnectError, SshOptions, Transport
 
@@ -30,7 +28,6 @@ SPEC_FIELDS = ("host", "name", "master", "line", "user", "port", "identity_file"
                "proxy_jump", "transport")
 AGENT = "AGENT"  # an ERROR's outcome when the host has no agent: reach it directly instead
 KNOWN_HOSTS = "known_hosts"  # a control request: do these known_hosts files parse?
-START_SECONDS = 15.0  # how long a command waits for the daemon it started to listen
 
 
 def spec_fields(spec: HostSpec) -> dict[str, Any]:
@@ -40,6 +37,14 @@ def spec_fields(spec: HostSpec) -> dict[str, Any]:
         if out[name]:
             out[name] = os.path.abspath(os.path.expanduser(out[name]))
     return out
+
+
+def hello(spec: HostSpec, options: SshOptions) -> dict[str, Any]:
+    """A command's first word with a host: what makes its connection, no secret in it (a
+    command that went direct hands the same to the daemon, starter.hand_over)."""
+    return {"host": spec_fields(spec), "options": {
+        "connect_timeout": options.connect_timeout,
+        "accept_new_host_keys": options.accept_new_host_keys}}
 
 
 class _Stream:
@@ -210,16 +215,23 @@ class SessionTransport:
         self._channel: Optional[_Channel] = None
 
     def connect(self) -> None:
-        channel = _Channel(open_socket(), self.spec.name)
-        hello = channel.request({"host": spec_fields(self.spec), "options": {
-            "connect_timeout": self.options.connect_timeout,
-            "accept_new_host_keys": self.options.accept_new_host_keys}}, rid=0)
-        hello.done.wait()
-        if hello.error is not None or hello.status != 0:
+        """Names the host to the daemon; starter.NoDaemon when none listens, DaemonGone when
+        the daemon ended before it answered (nothing of this command's is on the host)."""
+        channel = _Channel(starter.open_socket(), self.spec.name)
+        try:
+            said = channel.request(hello(self.spec, self.options), rid=0)
+            said.done.wait()
+        except OSError:  # its socket closed before this was sent
+            said = SessionProcess(channel, 0)
+        if said.error is None and not said.reply:
             channel.close()
-            raise _error(self.spec, hello)
-        self.address = str(hello.reply.get("address") or self.spec.host)
-        self.agent_pid = hello.reply.get("agent_pid")
+            raise DaemonGone(Outcome.CONNECTION_LOST,
+                             f"{self.spec.name}: the session daemon ended before it answered.")
+        if said.error is not None or said.status != 0:
+            channel.close()
+            raise _error(self.spec, said)
+        self.address = str(said.reply.get("address") or self.spec.host)
+        self.agent_pid = said.reply.get("agent_pid")
         self._channel = channel
 
     def run(self, command: str) -> SessionProcess:
@@ -254,6 +266,11 @@ class AgentMissing(ConnectError):
     """The daemon reached the host but could not start its agent there."""
 
 
+class DaemonGone(ConnectError):
+    """The daemon's socket closed before it answered a host's first word (it died starting,
+    or stopped just then): the host is reached directly."""
+
+
 def _error(spec: HostSpec, proc: SessionProcess) -> ConnectError:
     said = proc.error or {}
     name = str(said.get("outcome", ""))
@@ -265,53 +282,26 @@ def _error(spec: HostSpec, proc: SessionProcess) -> ConnectError:
 
 
 def connector(spec: HostSpec, options: SshOptions) -> Transport:
-    """``Connections``' connector when the session is on: an SSH host through the daemon (a
-    host where the agent cannot start, directly); a local or srun host as always."""
+    """``Connections``' connector when the session is on: an SSH host through the daemon;
+    directly when no daemon listens (the daemon, started behind the command, is handed the
+    host once it is reached: starter.Cold) or the host's agent cannot start; a local or srun
+    host as always."""
     from clusterrun.transport import direct
 
     if spec.local or spec.transport == "srun":
         return direct(spec, options)
-    transport = SessionTransport(spec, options)
-    try:
-        transport.connect()
-    except AgentMissing:
-        return direct(spec, options)
-    return transport
-
-
-def open_socket() -> socket.socket:
-    """A connection to this user's daemon, started first when none listens (one start at a
-    time: the lock file settles a race between two commands)."""
-    path = str(paths.socket_path())
-    sock = _try_connect(path)
-    if sock is not None:
-        return sock
-    with open(paths.lock_path(), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        sock = _try_connect(path)
-        if sock is not None:
-            return sock
-        started = subprocess.run(
-            [sys.executable, "-m", "clusterrun.session.daemon", path], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            timeout=START_SECONDS, check=False)
-        sock = _try_connect(path) if started.returncode == 0 else None
-    if sock is None:
-        raise ClusterrunError(
-            f"the clusterrun session daemon did not start (see {paths.log_path()}). Run the "
-            "command with --no-session (or CLUSTERRUN_SESSION=0) to reach the hosts directly.",
-            outcome=Outcome.LOCAL_FILES)
-    return sock
-
-
-def _try_connect(path: str) -> Optional[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError:
-        sock.close()
-        return None
-    return sock
+    if not starter.COLD.direct:
+        transport = SessionTransport(spec, options)
+        try:
+            transport.connect()
+            return transport
+        except AgentMissing:
+            return direct(spec, options)
+        except (starter.NoDaemon, DaemonGone):
+            starter.COLD.going_direct()
+    reached = direct(spec, options)  # a host it cannot reach raises: never handed over
+    starter.COLD.reached(hello(spec, options))
+    return reached
 
 
 def known_hosts_readable(files: Iterable[str]) -> bool:
@@ -330,7 +320,7 @@ def known_hosts_readable(files: Iterable[str]) -> bool:
 def ask(asked: str, path: Optional[str] = None, **fields: Any) -> Optional[dict[str, Any]]:
     """A request to the running daemon itself (``status``, ``stop``, ``known_hosts``): this
     code's, or the one listening on ``path``; None when none runs."""
-    sock = _try_connect(path or str(paths.socket_path()))
+    sock = starter.try_connect(path or str(paths.socket_path()))
     if sock is None:
         return None
     channel = _Channel(sock, "control")

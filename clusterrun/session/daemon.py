@@ -1,8 +1,9 @@
 """The session daemon: one per user, started on demand by the first command that reaches an
-SSH host (``python -m clusterrun.session.daemon``; see client.py). It listens on a Unix socket
-in a mode-0700 folder, serves only peers of its own uid (SO_PEERCRED), holds one HostLink per
-connection key, relays frames between the clients and the agents, and exits after a while
-with no client.
+SSH host (``python -m clusterrun.session.daemon FD``, FD the socket the command bound; see
+starter.py). It listens on a Unix socket in a mode-0700 folder, serves only peers of its own
+uid (SO_PEERCRED), holds one HostLink per connection key (made for a command's first word with
+a host, or ahead of it for the hosts a command reached directly: ``prewarm``), relays frames
+between the clients and the agents, and exits after a while with no client.
 
 It never makes a heartbeat of its own: a run's lifeline is its command's stdin, and what the
 CLI writes there is relayed as it comes. A client whose socket closes (the CLI exited or was
@@ -26,7 +27,7 @@ from typing import Any, Optional
 
 from clusterrun.errors import Outcome
 from clusterrun.remote.shared import frames
-from clusterrun.session import paths
+from clusterrun.session import paths, starter
 from clusterrun.session.client import KNOWN_HOSTS
 from clusterrun.session.hostlink import (
     PING_EVERY,
@@ -41,6 +42,7 @@ from clusterrun.transport.base import ConnectError, SshOptions
 
 log = logging.getLogger("clusterrun.session")
 AGENT = "AGENT"  # an ERROR's outcome when the host has no agent: the client goes direct
+listen = starter.listen  # the socket as a command binds it for the daemon it starts
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -211,6 +213,7 @@ class Daemon:
         self.links: dict[str, HostLink] = {}
         self._lock = threading.Lock()
         self._connecting: dict[str, threading.Lock] = {}
+        self.connecting: dict[str, str] = {}  # key -> the host's name, while it connects
         self.stopping = threading.Event()
 
     def link(self, key: str, fields: dict[str, Any], options: SshOptions) -> HostLink:
@@ -228,11 +231,38 @@ class Daemon:
                 log.info("%s: the agent or its connection ended; connecting again",
                          fields.get("name"))
                 found.close()
-            made = HostLink(spec_from(fields), options, self.connector)
-            log.info("%s: connected, agent pid %s", fields.get("name"), made.agent_pid)
             with self._lock:
-                self.links[key] = made
+                self.connecting[key] = str(fields.get("name"))
+            try:
+                made = HostLink(spec_from(fields), options, self.connector)
+            finally:
+                with self._lock:
+                    self.connecting.pop(key, None)
+            with self._lock:
+                stopped = self.stopping.is_set()
+                if not stopped:
+                    self.links[key] = made
+            if stopped:  # stop() has closed every link it held: this one too
+                made.close()
+                raise ConnectError(Outcome.CONNECTION_LOST, "the session daemon is stopping")
+            log.info("%s: connected, agent pid %s", fields.get("name"), made.agent_pid)
             return made
+
+    def prewarm(self, entry: dict[str, Any]) -> None:
+        """Connect a host a command reached directly, before any command asks for it: counted
+        as a client meanwhile, so the daemon does not idle out halfway."""
+        with self._lock:
+            self.clients += 1
+        try:
+            fields = dict(entry["host"])
+            options = dict(entry.get("options") or {})
+            self.link(connection_key(fields, options), fields, SshOptions(**options))
+        except Exception as exc:  # whatever it is, the next command with this host says it
+            log.info("a host not connected ahead of time: %s", getattr(exc, "message", exc))
+        finally:
+            with self._lock:
+                self.clients -= 1
+                self.last_client = time.monotonic()
 
     def control(self, client: Client, rid: int, asked: str, request: dict[str, Any]) -> None:
         if asked == KNOWN_HOSTS:
@@ -244,6 +274,13 @@ class Daemon:
         elif asked == frames.STATUS:
             client.deliver(frames.STDOUT, rid, json.dumps(self.status()).encode())
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
+        elif asked == starter.PREWARM:
+            hosts = request.get("hosts") or []
+            log.info("connecting %d hosts a command reached directly", len(hosts))
+            for entry in hosts:
+                threading.Thread(target=self.prewarm, args=(entry,), daemon=True,
+                                 name="prewarm").start()
+            client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
         elif asked == frames.STOP:
             client.deliver(frames.EXIT, rid, json.dumps({"status": 0}).encode())
             self.stop("asked to stop")
@@ -253,12 +290,14 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         with self._lock:
             links = list(self.links.values())
+            connecting = sorted(set(self.connecting.values()))
         idle = 0.0 if self.clients > 1 else time.monotonic() - self.last_client
         return {"pid": os.getpid(), "since": self.since, "idle": round(idle, 1),
                 "idle_limit": self.idle, "hosts": [
                     {"name": h.spec.name, "address": h.address, "agent_pid": h.agent_pid,
                      "since": h.since, "alive": not h.dead, "requests": h.open_requests()}
-                    for h in sorted(links, key=lambda h: h.spec.name)]}
+                    for h in sorted(links, key=lambda h: h.spec.name)],
+                "connecting": connecting}
 
     def serve(self) -> None:
         threading.Thread(target=self._ping, daemon=True, name="ping").start()
@@ -316,8 +355,12 @@ class Daemon:
         if self.stopping.is_set():
             return
         log.info("stopping: %s", why)
-        self.stopping.set()
+        # Its name goes first: a command that finds none binds a new socket there, which this
+        # daemon, on its way out, must not remove.
+        with contextlib.suppress(OSError, TypeError):
+            os.unlink(self.listener.getsockname())
         with self._lock:
+            self.stopping.set()
             links, self.links = list(self.links.values()), {}
         for link in links:
             link.close()
@@ -325,34 +368,14 @@ class Daemon:
             self.listener.close()
 
 
-def listen(path: str) -> socket.socket:
-    """The daemon's socket, mode 0600 inside its 0700 folder; a stale one (a daemon that died)
-    is replaced: the caller holds the start lock."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    sock.listen(128)
-    return sock
-
-
 def main() -> None:
-    """Double fork (the caller's Popen gave the first, in a session of its own), stdio to
-    /dev/null, the log under $CLUSTERRUN_HOME/session/. The first process exits 0 once the
-    socket listens, 1 when it could not."""
-    # The command's own path: the daemon's code stamp, computed again here, would differ from
-    # the command's if clusterrun's files changed in between (an upgrade), and the command
-    # would not find the socket.
-    path = sys.argv[1] if len(sys.argv) > 1 else str(paths.socket_path())
-    ready_r, ready_w = os.pipe()
+    """Started by a command (starter.spawn) in a session of its own, with the socket it bound
+    as descriptor argv[1]: forks again at once (the command never waits), stdio to /dev/null,
+    the log under $CLUSTERRUN_HOME/session/. Commands that connected meanwhile are queued on
+    the socket and served once it accepts."""
+    listener = socket.socket(fileno=int(sys.argv[1]))
     if os.fork():
-        os.close(ready_w)
-        os._exit(0 if os.read(ready_r, 1) == b"1" else 1)
-    os.close(ready_r)
+        os._exit(0)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -360,18 +383,14 @@ def main() -> None:
                         format="%(asctime)s %(process)d %(message)s")
     from clusterrun.transport import direct
 
-    listener = listen(path)
     daemon = Daemon(listener, direct, paths.idle_seconds())
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop("SIGTERM"))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    log.info("listening on %s, idle limit %g s", path, daemon.idle)
-    os.write(ready_w, b"1")
-    os.close(ready_w)
+    log.info("listening on %s, idle limit %g s", listener.getsockname(), daemon.idle)
     try:
         daemon.serve()
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        daemon.stop("exiting")
         log.info("exited")
     sys.exit(0)
 

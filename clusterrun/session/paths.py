@@ -24,6 +24,13 @@ def enabled() -> bool:
         "0", "no", "off", "false")
 
 
+def cold_waits() -> bool:
+    """``CLUSTERRUN_SESSION_COLD=wait``: a command that finds no daemon starts one and reaches
+    its hosts through it (its first command pays the daemon's start and each agent's). By
+    default it reaches them directly and the daemon is started behind it (session/starter.py)."""
+    return os.environ.get("CLUSTERRUN_SESSION_COLD", "").strip().lower() == "wait"
+
+
 def idle_seconds() -> float:
     value = os.environ.get("CLUSTERRUN_SESSION_IDLE")
     try:
