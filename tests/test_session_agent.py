@@ -196,3 +196,36 @@ def test_pings_keep_the_agent(tmp_path: Path) -> None:
         assert made.proc.poll() is None
     finally:
         made.close()
+
+
+def test_descendants_by_children_files_match_the_proc_scan() -> None:
+    """The cheap walk (each task's children file) finds what the scan of every process finds:
+    grandchildren, a child started by another thread, and no zombie."""
+    import os
+    import threading
+
+    from clusterrun.remote.hostlib import procs
+
+    assert procs._children_files(), "this kernel keeps no children files: the walk is untested"
+    tree = subprocess.Popen(["sh", "-c", "sleep 30 & (sleep 30; true) & wait"],
+                            start_new_session=True)
+    zombie = subprocess.Popen(["true"])
+    box: list[subprocess.Popen[bytes]] = []
+    helper = threading.Thread(target=lambda: box.append(subprocess.Popen(["sleep", "30"])))
+    helper.start()
+    helper.join()
+    try:
+        deadline = time.monotonic() + 5
+        while len(procs.descendants(tree.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while not procs.zombie(zombie.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        walked = sorted(procs.descendants(os.getpid()))
+        assert walked == sorted(procs._descendants_by_scan(os.getpid()))
+        assert {tree.pid, box[0].pid} <= set(walked) and zombie.pid not in walked
+        assert len(procs.descendants(tree.pid)) == 3
+    finally:
+        os.killpg(tree.pid, 9)
+        box[0].kill()
+        for each in (tree, box[0], zombie):
+            each.wait()
