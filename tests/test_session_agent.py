@@ -229,3 +229,17 @@ def test_descendants_by_children_files_match_the_proc_scan() -> None:
         box[0].kill()
         for each in (tree, box[0], zombie):
             each.wait()
+
+
+def test_a_child_whose_streams_ended_is_looked_at_at_once_then_less_often() -> None:
+    """Its EXIT is the command's end for the client: not held up by the slower tick meant for
+    a child that closed its streams and runs on."""
+    from clusterrun.remote.tools import hostagent
+
+    agent = hostagent.Agent.__new__(hostagent.Agent)
+    agent.reaping = []
+    assert agent.tick() == 1.0
+    agent.reap_later(object())
+    assert agent.tick() == hostagent.REAP_FAST
+    agent.reaping_since -= hostagent.REAP_SOON
+    assert agent.tick() == hostagent.REAP_TICK
