@@ -243,3 +243,27 @@ def test_a_child_whose_streams_ended_is_looked_at_at_once_then_less_often() -> N
     assert agent.tick() == hostagent.REAP_FAST
     agent.reaping_since -= hostagent.REAP_SOON
     assert agent.tick() == hostagent.REAP_TICK
+
+
+def test_a_close_in_the_same_turn_as_that_childs_output_keeps_the_agent(agent: Agent) -> None:
+    """A CLOSE read before the child's output of the same select() turn closes that child's
+    pipes: the output's event is stale then, never read as another's nor fatal."""
+    import threading
+
+    frames_seen: list[frames.Frame] = []
+
+    def read() -> None:
+        while (frame := agent.frame()) is not None:
+            frames_seen.append(frame)
+
+    threading.Thread(target=read, daemon=True).start()
+    for rid in range(1, 120):
+        agent.run(rid, "yes")  # output ready on every turn
+        time.sleep(0.003)
+        agent.send(frames.CLOSE, rid)
+        assert agent.proc.poll() is None, "the agent died"
+    agent.send(frames.PING, 999)
+    deadline = time.monotonic() + 10
+    while (frames.PONG, 999, b"") not in frames_seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (frames.PONG, 999, b"") in frames_seen, "the agent stopped answering"

@@ -253,6 +253,27 @@ class Agent:
         soon = time.monotonic() - self.reaping_since < REAP_SOON
         return REAP_FAST if soon else REAP_TICK
 
+    def on_ready(self, ready):
+        """One select() turn's events; False once the daemon's end of stdin closed."""
+        for key, events in ready:
+            if not self._current(key):
+                # An earlier event of this turn ended it (a CLOSE dropped that child and
+                # closed its pipes; the number may even be a new child's pipe already).
+                continue
+            if key.fd == 0:
+                if not self.on_stdin():
+                    return False
+            elif key.fd == 1:
+                self.flush()
+            elif events & selectors.EVENT_WRITE:
+                self.feed_child(key.data)
+            else:
+                self.on_output(key.data, key.fd)
+        return True
+
+    def _current(self, key):
+        return self.selector.get_map().get(key.fd) is key
+
     def run(self):
         while True:
             if self.out and not self._watched(1):
@@ -266,16 +287,8 @@ class Agent:
                     return
                 self.flush()
                 continue
-            for key, events in self.selector.select(timeout):
-                if key.fd == 0:
-                    if not self.on_stdin():
-                        return
-                elif key.fd == 1:
-                    self.flush()
-                elif events & selectors.EVENT_WRITE:
-                    self.feed_child(key.data)
-                else:
-                    self.on_output(key.data, key.fd)
+            if not self.on_ready(self.selector.select(timeout)):
+                return
             self.flush()
             self.reap()
             if time.monotonic() - self.heard > self.silence:
