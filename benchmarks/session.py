@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python benchmarks/session.py                       # 8, 32, 64 hosts, 3 rounds
     sudo .venv/bin/python benchmarks/session.py --sizes 8 --repeat 1 --rc plain   # quick
+    sudo .venv/bin/python benchmarks/session.py --sizes 32 --rc plain --commands exec,check
 
 On sandbox clusters of --sizes hosts, with a plain ~/.bashrc and with the conda-like one of
 benchmarks/logins.py (--rc), each command (`exec -- hostname`, `check`, `stacks` and
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -268,11 +269,14 @@ def agreed(n: int, what: str) -> Callable[[str], None]:
     return check
 
 
-def candidates(b: Bench, expire_after: float) -> dict[str, Callable[[], Sample]]:
+def candidates(b: Bench, expire_after: float,
+               commands: Sequence[str] = tuple(COMMANDS)) -> dict[str, Callable[[], Sample]]:
     """Per command its states (cold, warm right after cold, expired, off; off alone without a
     session), then the baselines, in the order the rounds run them."""
     found: dict[str, Callable[[], Sample]] = {}
     for command, label in COMMANDS.items():
+        if command not in commands:
+            continue
         for state in STATES if b.daemon else ("off",):
             found[f"{label} | {state}"] = _state(b, command, state, expire_after)
     clush = shutil.which("clush") or shutil.which("clush", path=str(Path(sys.executable).parent))
@@ -289,7 +293,8 @@ def candidates(b: Bench, expire_after: float) -> dict[str, Callable[[], Sample]]
     b.measured([clush, "-f", "64", "-o", persist, "-w", addrs, "hostname"], None, None, every)
     found[CLUSH_CP] = lambda: b.measured(
         [clush, "-f", "64", "-o", persist, "-w", addrs, "hostname"], None, b.masters, every)
-    found[FLOOR] = lambda: b.measured(floor_argv(b), None, None, agreed(4, FLOOR))
+    if "launch" in commands:
+        found[FLOOR] = lambda: b.measured(floor_argv(b), None, None, agreed(4, FLOOR))
     return found
 
 
@@ -359,7 +364,8 @@ def floor_argv(b: Bench) -> list[str]:
 
 
 @contextlib.contextmanager
-def bench(n: int, rc: str, with_session: bool) -> Iterator[Bench]:
+def bench(n: int, rc: str, with_session: bool, observed: bool = True) -> Iterator[Bench]:
+    """``observed``: start the detached run that `stacks` and `top` look at."""
     with contextlib.ExitStack() as stack:
         folder = stack.enter_context(launch.payloads())
         (folder / "idle.py").write_text(IDLE)
@@ -373,8 +379,9 @@ def bench(n: int, rc: str, with_session: bool) -> Iterator[Bench]:
         if with_session:
             b.daemon = daemon(b.env)
         stack.callback(_clean_up, b)
-        b.run_id = detached(b)
-        _wait_for_ranks(b)
+        if observed:
+            b.run_id = detached(b)
+            _wait_for_ranks(b)
         b.background = frozenset(p for p, _h in common.host_processes(sb).items()
                                  if p not in {h.sshd_pid for h in sb.hosts})
         yield b
@@ -447,6 +454,8 @@ def main() -> int:
                         help="plain, conda (the conda-like ~/.bashrc of logins.py) or both "
                         "(default: plain,conda)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default: 3)")
+    parser.add_argument("--commands", default=",".join(COMMANDS),
+                        help=f"which of {', '.join(COMMANDS)} (default: all)")
     parser.add_argument("--expire-after", type=float, default=2.0,
                         help="CLUSTERRUN_SESSION_IDLE, seconds, for the expired rows (default: 2)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results-session.md",
@@ -457,6 +466,9 @@ def main() -> int:
     kinds = [k.strip() for k in args.rc.split(",") if k.strip()]
     if set(kinds) - set(RC_KINDS):
         parser.error(f"--rc takes {' and '.join(RC_KINDS)}, not {args.rc}")
+    commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+    if not commands or set(commands) - set(COMMANDS):
+        parser.error(f"--commands takes {', '.join(COMMANDS)}, not {args.commands}")
     common.compiled(common.REPO)  # as pip installs it: with .pyc, not compiled on each run
     prov = common.provenance()
     with tempfile.TemporaryDirectory() as tmp:
@@ -475,9 +487,9 @@ def main() -> int:
     for n in sizes:
         for rc in kinds:
             print(f"{n} hosts, {rc} ~/.bashrc: building the sandbox", flush=True)
-            with bench(n, rc, with_session) as b:
-                by_size.setdefault(n, {})[rc] = alternate(candidates(b, args.expire_after),
-                                                          args.repeat)
+            with bench(n, rc, with_session, bool({"stacks", "top"} & set(commands))) as b:
+                found = candidates(b, args.expire_after, commands)
+                by_size.setdefault(n, {})[rc] = alternate(found, args.repeat)
                 if b.daemon is not None:
                     found_by["daemon"] = b.daemon.found_by
     if found_by:

@@ -240,6 +240,9 @@ def run(inv: Inventory, cmd: str, options: SshOptions, view: Sink,
     told = 0
     with view.ticking(), _Interrupts(control):
         worker.start()
+        # The summary folds host names with ClusterShell's NodeSet (execview.nodes): imported
+        # here while the hosts work, not after the last one has answered.
+        import ClusterShell.NodeSet  # noqa: F401
         while worker.is_alive():
             worker.join(0.1)
             if told < len(control.interrupts):

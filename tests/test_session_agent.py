@@ -235,3 +235,50 @@ def _stderr(agent: Agent) -> str:
     agent.close()
     assert agent.proc.stderr is not None
     return agent.proc.stderr.read().decode("utf-8", "replace")[-600:]
+
+
+def test_descendants_by_children_files_match_the_proc_scan() -> None:
+    """The cheap walk (each task's children file) finds what the scan of every process finds:
+    grandchildren, a child started by another thread, and no zombie."""
+    import os
+    import threading
+
+    from clusterrun.remote.hostlib import procs
+
+    assert procs._children_files(), "this kernel keeps no children files: the walk is untested"
+    tree = subprocess.Popen(["sh", "-c", "sleep 30 & (sleep 30; true) & wait"],
+                            start_new_session=True)
+    zombie = subprocess.Popen(["true"])
+    box: list[subprocess.Popen[bytes]] = []
+    helper = threading.Thread(target=lambda: box.append(subprocess.Popen(["sleep", "30"])))
+    helper.start()
+    helper.join()
+    try:
+        deadline = time.monotonic() + 5
+        while len(procs.descendants(tree.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        while not procs.zombie(zombie.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        walked = sorted(procs.descendants(os.getpid()))
+        assert walked == sorted(procs._descendants_by_scan(os.getpid()))
+        assert {tree.pid, box[0].pid} <= set(walked) and zombie.pid not in walked
+        assert len(procs.descendants(tree.pid)) == 3
+    finally:
+        os.killpg(tree.pid, 9)
+        box[0].kill()
+        for each in (tree, box[0], zombie):
+            each.wait()
+
+
+def test_a_child_whose_streams_ended_is_looked_at_at_once_then_less_often() -> None:
+    """Its EXIT is the command's end for the client: not held up by the slower tick meant for
+    a child that closed its streams and runs on."""
+    from clusterrun.remote.tools import hostagent
+
+    agent = hostagent.Agent.__new__(hostagent.Agent)
+    agent.reaping = []
+    assert agent.tick() == 1.0
+    agent.reap_later(object())
+    assert agent.tick() == hostagent.REAP_FAST
+    agent.reaping_since -= hostagent.REAP_SOON
+    assert agent.tick() == hostagent.REAP_TICK

@@ -35,6 +35,10 @@ from clusterrun.remote.shared import frames
 SILENCE = 30.0  # seconds without a frame from the daemon before the agent calls it gone
 HIGH_WATER = 1 << 20  # bytes queued for the daemon before the children's output waits
 REAP_TICK = 0.02  # how often a child whose streams ended is looked at until it exits
+# A child's streams end as it exits, a moment before it can be reaped: looked at this often
+# for the first REAP_SOON seconds, so its EXIT (the command's end, as the client sees it) is
+# not held up by a whole REAP_TICK.
+REAP_FAST, REAP_SOON = 0.001, 0.05
 
 
 class Child:
@@ -67,6 +71,7 @@ class Agent:
         self.out = bytearray()
         self.children = {}  # rid -> Child
         self.reaping = []  # children whose streams ended (or were dropped), until they exit
+        self.reaping_since = 0.0  # monotonic: when the last one joined
         self.heard = time.monotonic()
         self.home = os.path.expanduser("~")
         # Each child starts from home itself; the agent, resident for minutes, holds no folder
@@ -226,7 +231,7 @@ class Agent:
         self.selector.unregister(fd)
         self.send(child.streams.pop(fd), child.rid)  # an empty payload: that stream ended
         if not child.streams:
-            self.reaping.append(child)
+            self.reap_later(child)
 
     def drop(self, child):
         """The daemon closed this request: its stdin closes, its output is no longer read
@@ -241,7 +246,11 @@ class Agent:
             stream.close()  # by its file object: the fd number may be reused after this
         child.streams.clear()
         del self.children[child.rid]
+        self.reap_later(child)
+
+    def reap_later(self, child):
         self.reaping.append(child)
+        self.reaping_since = time.monotonic()
 
     def reap(self):
         for child in list(self.reaping):
@@ -265,13 +274,20 @@ class Agent:
         if self.boot:
             warmrun.preload()
 
+    def tick(self):
+        """How long the loop may wait for a frame or output."""
+        if not self.reaping:
+            return 1.0
+        soon = time.monotonic() - self.reaping_since < REAP_SOON
+        return REAP_FAST if soon else REAP_TICK
+
     def run(self):
         while True:
             if self.out and not self._watched(1):
                 self.selector.register(1, selectors.EVENT_WRITE, None)
             elif not self.out and self._watched(1):
                 self.selector.unregister(1)
-            timeout = REAP_TICK if self.reaping else 1.0
+            timeout = self.tick()
             if len(self.out) >= HIGH_WATER:  # the children's output waits for the daemon
                 readable, _, _ = select.select([0], [1], [], timeout)
                 if readable and not self.on_stdin():
