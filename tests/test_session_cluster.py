@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from clusterrun import sandbox
-from tests.conftest import Cluster, Reader, _cmdline, copy_payload, run_cli, start_cli
+from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +27,10 @@ LEASE = 60
 
 
 @pytest.fixture
-def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch,
+               request: pytest.FixtureRequest) -> Iterator[None]:
+    """The session on for this test; afterwards its daemon stopped and the hosts of the
+    test's module (its HOSTS) cleaned."""
     monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
     yield
     status = session_status()
@@ -35,7 +38,7 @@ def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch) ->
     if status.get("pid"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(status["pid"], signal.SIGKILL)
-    cluster.kill_all(HOSTS)
+    cluster.kill_all(getattr(request.module, "HOSTS", HOSTS))
 
 
 def session_status() -> dict[str, Any]:
@@ -60,16 +63,6 @@ def ok(*args: str) -> Callable[[], object]:
         assert cp.returncode == 0, cp.stdout + cp.stderr
         return cp
     return run
-
-
-def left_but_the_session(cluster: Cluster, names: list[str], keep: dict[str, int],
-                         timeout: float) -> dict[str, list[str]]:
-    """What lives on the hosts besides sshd and the session's agents (``keep``), after
-    waiting up to ``timeout`` for it to end."""
-    def found(name: str) -> list[str]:
-        return [c for pid in cluster.pids(name) if pid != keep.get(name)
-                and not (c := _cmdline(pid)).startswith("sshd")]
-    return cluster.wait_gone(names, found, timeout)
 
 
 def test_a_warm_command_logs_in_nowhere(cluster: Cluster, tmp_path: Path,
@@ -101,7 +94,7 @@ def test_a_ddp_launch_runs_through_the_session(cluster: Cluster, tmp_path: Path,
     assert set(agents()) == set(names)
     again = logins(cluster, names, ok("launch", "--nproc-per-node", "1", inv, str(script)))
     assert again == dict.fromkeys(names, 0)
-    assert left_but_the_session(cluster, names, agents(), 10) == {}
+    assert cluster.wait_no_processes(names, 10) == {}  # a live daemon's agents left out
 
 
 # Leaves by os._exit: gloo's threads can abort the interpreter's own exit on a loaded machine
@@ -139,7 +132,7 @@ def test_a_killed_cli_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Pat
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     # The daemon ends the dead client's requests (EOF): each supervisor ends its node.
-    assert left_but_the_session(cluster, names, held, 15) == {}
+    assert cluster.wait_no_processes(names, 15) == {}
     assert agents() == held
 
 
@@ -151,7 +144,7 @@ def test_a_killed_daemon_ends_the_run_it_carried(cluster: Cluster, tmp_path: Pat
     os.kill(daemon, signal.SIGKILL)
     # Its connections drop: each agent sees EOF and exits, and so every supervisor's stdin
     # ends. Nothing stays, the agents included.
-    assert left_but_the_session(cluster, names, {}, 15) == {}
+    assert cluster.wait_no_processes(names, 15) == {}
     with contextlib.suppress(Exception):
         proc.wait(30)
     if proc.poll() is None:
