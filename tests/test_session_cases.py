@@ -57,12 +57,15 @@ def detach(inv: Path, payload: Path, *env: str) -> str:
 
 
 def run_pids(cluster: Cluster, name: str, run_id: str) -> set[int]:
-    """The run's torchrun and ranks on a host (its id in their environment)."""
+    """The run's torchrun and ranks on a host (its id in their environment; not a helper
+    they start for a moment)."""
     found = set()
     for pid in cluster.pids(name):
         with contextlib.suppress(OSError):
             if f"CLUSTERRUN_RUN_ID={run_id}".encode() in \
-                    Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and \
+                    re.search(rb"torch\.distributed\.run|\.py\0",
+                              Path(f"/proc/{pid}/cmdline").read_bytes()):
                 found.add(pid)
     return found
 
