@@ -25,13 +25,7 @@ from clusterrun.session import paths
 from tests.conftest import Cluster, copy_payload, main_functions, run_cli
 from tests.other_user import OtherUser
 from tests.support import faults, users
-from tests.test_session_cluster import (
-    agents,
-    ok,
-    session_on,  # noqa: F401 (a fixture)
-    session_status,
-    start_attached,
-)
+from tests.support.session_cluster import agents, ok, session_status, start_attached
 
 pytestmark = pytest.mark.cluster
 
@@ -82,7 +76,7 @@ def wait_ranks(cluster: Cluster, names: list[str], run_id: str) -> dict[str, set
 
 
 def test_a_killed_daemon_ends_its_attached_run_and_not_a_detached_one(
-        cluster: Cluster, tmp_path: Path, session_on: None) -> None:  # noqa: F811
+        cluster: Cluster, tmp_path: Path, session_on: None) -> None:
     attached, detached = HOSTS[:2], HOSTS[2:4]
     run_id = detach(cluster.inventory(tmp_path / "detached.yaml", detached),
                     copy_payload(tmp_path, "report.py", "detached"), "SLEEP=600")
@@ -159,7 +153,7 @@ def listening(cluster: Cluster) -> Iterator[list[str]]:
 
 @pytest.mark.parametrize("every_process", [False, True], ids=["restart", "reboot"])
 def test_an_sshd_restarted_between_two_commands(cluster: Cluster, tmp_path: Path,
-                                                session_on: None,  # noqa: F811
+                                                session_on: None,
                                                 listening: list[str],
                                                 every_process: bool) -> None:
     names = HOSTS[4:6]
@@ -179,7 +173,9 @@ def test_an_sshd_restarted_between_two_commands(cluster: Cluster, tmp_path: Path
     made = logins(cluster.sb, victim) - before
     direct = run_cli("exec", "--no-session", inv, "--", "hostname")
     assert cp.returncode == direct.returncode == 0, cp.stderr + direct.stderr
-    assert (cp.stdout, cp.stderr) == (direct.stdout, direct.stderr)  # nothing more said
+    # Nothing more said (each host's line comes as it ends, in either order).
+    assert sorted(cp.stdout.splitlines()) == sorted(direct.stdout.splitlines()), cp.stdout
+    assert cp.stderr == direct.stderr
     now = agents()
     assert now[names[1]] == held[names[1]]
     if every_process:  # a new agent, over a new login
@@ -191,7 +187,7 @@ def test_an_sshd_restarted_between_two_commands(cluster: Cluster, tmp_path: Path
 
 
 def test_idle_expiry_leaves_nothing_on_the_hosts(cluster: Cluster, tmp_path: Path,
-                                                 session_on: None,  # noqa: F811
+                                                 session_on: None,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`session --json` polled meanwhile is no use: it does not keep the daemon."""
     monkeypatch.setenv("CLUSTERRUN_SESSION_IDLE", "3")
@@ -246,7 +242,7 @@ def second_user(cluster: Cluster) -> Iterator[str]:
 
 
 def test_another_identity_or_user_never_reuses_the_connection(
-        cluster: Cluster, tmp_path: Path, session_on: None,  # noqa: F811
+        cluster: Cluster, tmp_path: Path, session_on: None,
         shared_python: str, second_user: str) -> None:
     name = HOSTS[6]
     key = tmp_path / "id_other"
@@ -282,7 +278,7 @@ def test_another_identity_or_user_never_reuses_the_connection(
 
 
 def test_another_unix_user_gets_nothing_from_the_daemon(  # noqa: PLR0917
-        cluster: Cluster, tmp_path: Path, session_on: None,  # noqa: F811
+        cluster: Cluster, tmp_path: Path, session_on: None,
         shared_python: str, shared: Path, second_user: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """User B, on the same controller, while user A's daemon holds the same hosts: B cannot
@@ -346,7 +342,7 @@ def test_another_unix_user_gets_nothing_from_the_daemon(  # noqa: PLR0917
 
 
 def test_stacks_top_and_logs_follow_of_a_detached_run_as_without_the_session(
-        cluster: Cluster, tmp_path: Path, session_on: None) -> None:  # noqa: F811
+        cluster: Cluster, tmp_path: Path, session_on: None) -> None:
     names = HOSTS[2:4]
     run_id = detach(cluster.inventory(tmp_path / "inv.yaml", names),
                     copy_payload(tmp_path, "report.py"), "SLEEP=30")

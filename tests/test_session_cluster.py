@@ -5,64 +5,27 @@ SIGKILLed mid-run, or the daemon SIGKILLed; `session stop` leaves no agent on an
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from clusterrun import sandbox
-from tests.conftest import Cluster, Reader, copy_payload, run_cli, start_cli
+from tests.conftest import Cluster, run_cli
+from tests.support.session_cluster import (
+    agents,
+    logins,
+    ok,
+    session_status,
+    start_attached,
+)
 
 pytestmark = pytest.mark.cluster
 
 HOSTS = [f"node{k}" for k in range(8, 16)]  # clear of the container hosts
-# Longer than any wait below: a run must end by its lifeline's EOF, not by a missed lease.
-LEASE = 60
-
-
-@pytest.fixture
-def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch,
-               request: pytest.FixtureRequest) -> Iterator[None]:
-    """The session on for this test; afterwards its daemon stopped and the hosts of the
-    test's module (its HOSTS) cleaned."""
-    monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
-    yield
-    status = session_status()
-    run_cli("session", "stop", timeout=30)
-    if status.get("pid"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(status["pid"], signal.SIGKILL)
-    cluster.kill_all(getattr(request.module, "HOSTS", HOSTS))
-
-
-def session_status() -> dict[str, Any]:
-    cp = run_cli("session", "--json", timeout=30)
-    assert cp.returncode == 0, cp.stderr
-    return dict(json.loads(cp.stdout))
-
-
-def agents() -> dict[str, int]:
-    return {h["name"]: h["agent_pid"] for h in session_status().get("hosts", [])}
-
-
-def logins(cluster: Cluster, names: list[str], action: Callable[[], object]) -> dict[str, int]:
-    before = {n: sandbox.logins(cluster.sb, n) for n in names}
-    action()
-    return {n: sandbox.logins(cluster.sb, n) - before[n] for n in names}
-
-
-def ok(*args: str) -> Callable[[], object]:
-    def run() -> object:
-        cp = run_cli(*args)
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-        return cp
-    return run
 
 
 def test_a_warm_command_logs_in_nowhere(cluster: Cluster, tmp_path: Path,
@@ -110,18 +73,6 @@ dist.all_reduce(total)
 print("rank", dist.get_rank(), "sum", float(total), flush=True)
 os._exit(0)
 """
-
-
-def start_attached(cluster: Cluster, tmp_path: Path, names: list[str]) -> tuple[Any, Reader]:
-    inv = cluster.inventory(tmp_path / "inv.yaml", names)
-    payload = copy_payload(tmp_path, "faulty.py")
-    proc = start_cli("launch", "--nproc-per-node", "1", "--grace", "3", "--lease", str(LEASE),
-                     "--env", f"TEST_DIR=/tmp/clusterrun-faulty/{tmp_path.name}", str(inv),
-                     str(payload), start_new_session=True)
-    out = Reader(proc.stdout)  # type: ignore[arg-type]
-    Reader(proc.stderr)  # type: ignore[arg-type]
-    out.wait_for(r"faulty rank \d on", count=len(names))
-    return proc, out
 
 
 def test_a_killed_cli_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Path,
