@@ -278,13 +278,14 @@ def test_another_identity_or_user_never_reuses_the_connection(
 
 
 def test_another_unix_user_gets_nothing_from_the_daemon(  # noqa: PLR0917
-        cluster: Cluster, tmp_path: Path, session_on: None,
-        shared_python: str, shared: Path, second_user: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: Cluster, tmp_path: Path, shared: Path, session_on: None,
+        shared_python: str, second_user: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """User B, on the same controller, while user A's daemon holds the same hosts: B cannot
     reach A's socket, sees none of A's hosts, and gets a daemon and agents of its own; A's
     daemon goes on as it was."""
-    # A's home where B may look: the session's own folder is what keeps B out.
+    # A's home where B may look: the session's own folder is what keeps B out. (`shared`
+    # comes before `session_on`: it goes after session_on's `session` commands, which would
+    # make the folder again.)
     monkeypatch.setenv("CLUSTERRUN_HOME", str(shared / "a"))
     names = HOSTS[4:6]
     inv_a = str(cluster.inventory(tmp_path / "inv.yaml", names))
