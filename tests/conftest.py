@@ -38,8 +38,9 @@ from tests.support import sessions
 from tests.support import slurm as sandbox_slurm
 
 # The other-user fixtures (`other_user`, `shared`) live beside: tests/other_user.py; the clocks
-# of time tests (`clock_base`): tests/clocks.py.
-pytest_plugins = ["tests.other_user", "tests.clocks"]
+# of time tests (`clock_base`): tests/clocks.py; the warm session's `session_on`:
+# tests/support/session_cluster.py.
+pytest_plugins = ["tests.other_user", "tests.clocks", "tests.support.session_cluster"]
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_PAYLOADS = Path(__file__).resolve().parent / "payloads"
@@ -622,7 +623,7 @@ class Remote:
 
 
 def state_of(req: dict[str, Any]) -> dict[str, Any]:
-    return json.loads((Path(req["rundir"]) / "state.json").read_text())
+    return dict(json.loads((Path(req["rundir"]) / "state.json").read_text()))
 
 
 @pytest.fixture

@@ -5,74 +5,27 @@ SIGKILLed mid-run, or the daemon SIGKILLed; `session stop` leaves no agent on an
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from clusterrun import sandbox
-from tests.conftest import Cluster, Reader, _cmdline, copy_payload, run_cli, start_cli
+from tests.conftest import Cluster, run_cli
+from tests.support.session_cluster import (
+    agents,
+    logins,
+    ok,
+    session_status,
+    start_attached,
+)
 
 pytestmark = pytest.mark.cluster
 
 HOSTS = [f"node{k}" for k in range(8, 16)]  # clear of the container hosts
-# Longer than any wait below: a run must end by its lifeline's EOF, not by a missed lease.
-LEASE = 60
-
-
-@pytest.fixture
-def session_on(cluster: Cluster, home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CLUSTERRUN_SESSION", "1")
-    # Each command through the daemon, the first included (tests/test_session_cold.py has the
-    # default: the first goes direct and hands its hosts over).
-    monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")
-    yield
-    status = session_status()
-    run_cli("session", "stop", timeout=30)
-    if status.get("pid"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(status["pid"], signal.SIGKILL)
-    cluster.kill_all(HOSTS)
-
-
-def session_status() -> dict[str, Any]:
-    cp = run_cli("session", "--json", timeout=30)
-    assert cp.returncode == 0, cp.stderr
-    return dict(json.loads(cp.stdout))
-
-
-def agents() -> dict[str, int]:
-    return {h["name"]: h["agent_pid"] for h in session_status().get("hosts", [])}
-
-
-def logins(cluster: Cluster, names: list[str], action: Callable[[], object]) -> dict[str, int]:
-    before = {n: sandbox.logins(cluster.sb, n) for n in names}
-    action()
-    return {n: sandbox.logins(cluster.sb, n) - before[n] for n in names}
-
-
-def ok(*args: str) -> Callable[[], object]:
-    def run() -> object:
-        cp = run_cli(*args)
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-        return cp
-    return run
-
-
-def left_but_the_session(cluster: Cluster, names: list[str], keep: dict[str, int],
-                         timeout: float) -> dict[str, list[str]]:
-    """What lives on the hosts besides sshd and the session's agents (``keep``), after
-    waiting up to ``timeout`` for it to end."""
-    def found(name: str) -> list[str]:
-        return [c for pid in cluster.pids(name) if pid != keep.get(name)
-                and not (c := _cmdline(pid)).startswith("sshd")]
-    return cluster.wait_gone(names, found, timeout)
 
 
 def test_a_warm_command_logs_in_nowhere(cluster: Cluster, tmp_path: Path,
@@ -104,7 +57,7 @@ def test_a_ddp_launch_runs_through_the_session(cluster: Cluster, tmp_path: Path,
     assert set(agents()) == set(names)
     again = logins(cluster, names, ok("launch", "--nproc-per-node", "1", inv, str(script)))
     assert again == dict.fromkeys(names, 0)
-    assert left_but_the_session(cluster, names, agents(), 10) == {}
+    assert cluster.wait_no_processes(names, 10) == {}  # a live daemon's agents left out
 
 
 # Leaves by os._exit: gloo's threads can abort the interpreter's own exit on a loaded machine
@@ -122,18 +75,6 @@ os._exit(0)
 """
 
 
-def start_attached(cluster: Cluster, tmp_path: Path, names: list[str]) -> tuple[Any, Reader]:
-    inv = cluster.inventory(tmp_path / "inv.yaml", names)
-    payload = copy_payload(tmp_path, "faulty.py")
-    proc = start_cli("launch", "--nproc-per-node", "1", "--grace", "3", "--lease", str(LEASE),
-                     "--env", f"TEST_DIR=/tmp/clusterrun-faulty/{tmp_path.name}", str(inv),
-                     str(payload), start_new_session=True)
-    out = Reader(proc.stdout)  # type: ignore[arg-type]
-    Reader(proc.stderr)  # type: ignore[arg-type]
-    out.wait_for(r"faulty rank \d on", count=len(names))
-    return proc, out
-
-
 def test_a_killed_cli_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Path,
                                                  session_on: None) -> None:
     names = HOSTS[:3]
@@ -142,7 +83,7 @@ def test_a_killed_cli_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Pat
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     # The daemon ends the dead client's requests (EOF): each supervisor ends its node.
-    assert left_but_the_session(cluster, names, held, 15) == {}
+    assert cluster.wait_no_processes(names, 15) == {}
     assert agents() == held
 
 
@@ -154,7 +95,7 @@ def test_a_killed_daemon_ends_the_run_it_carried(cluster: Cluster, tmp_path: Pat
     os.kill(daemon, signal.SIGKILL)
     # Its connections drop: each agent sees EOF and exits, and so every supervisor's stdin
     # ends. Nothing stays, the agents included.
-    assert left_but_the_session(cluster, names, {}, 15) == {}
+    assert cluster.wait_no_processes(names, 15) == {}
     with contextlib.suppress(Exception):
         proc.wait(30)
     if proc.poll() is None:

@@ -199,6 +199,21 @@ def test_the_daemon_exits_when_idle(session_home: Path) -> None:
     assert not served.thread.is_alive(), "still running after its idle time"
 
 
+def test_status_requests_do_not_keep_the_daemon(session_home: Path) -> None:
+    """`clusterrun session --json` polled in a loop (a dashboard, a watch) is not use: only
+    a command that names a host keeps the daemon and its connections."""
+    served = Served(idle=1.0)
+    seen = []
+    deadline = time.monotonic() + 8
+    while served.thread.is_alive() and time.monotonic() < deadline:
+        status = client.ask(frames.STATUS)
+        if status:  # None or {}: it stopped meanwhile
+            seen.append(status["idle"])
+        time.sleep(0.2)
+    assert not served.thread.is_alive(), f"status requests kept it running (idle: {seen})"
+    assert seen and max(seen) >= 0.8, seen  # its idle time grew under the polling
+
+
 def test_idle_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERRUN_SESSION_IDLE", "42")
     assert paths.idle_seconds() == 42

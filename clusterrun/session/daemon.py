@@ -114,6 +114,9 @@ class Client:
         self.options = SshOptions()
         self.open: dict[int, tuple[HostLink, int]] = {}  # client id -> (link, agent id)
         self.outbox = Outbox(sock)
+        # In Daemon.clients until it shows itself a control request (`session --json` in a
+        # loop is no use); ``uses``: it named a host, and its end restarts the idle time.
+        self.counted, self.uses = True, False
 
     def deliver(self, kind: int, rid: int, payload: bytes) -> None:
         if kind in (frames.EXIT, frames.ERROR):
@@ -159,10 +162,14 @@ class Client:
     def on_run(self, rid: int, request: dict[str, Any]) -> None:
         asked = request.get(frames.CONTROL)
         if asked is not None:
+            if self.counted and not self.uses:
+                self.counted = self.daemon.count(-1)
             self.daemon.control(self, rid, str(asked), request)
             return
         try:
             if "host" in request:
+                self.counted = self.counted or self.daemon.count(+1)
+                self.uses = True
                 self.fields = dict(request["host"])
                 self.options = SshOptions(**request.get("options", {}))
                 self.key = connection_key(self.fields, request.get("options", {}))
@@ -209,7 +216,7 @@ class Daemon:
         self.uid = os.getuid() if uid is None else uid
         self.since = time.time()
         self.last_client = time.monotonic()
-        self.clients = 0
+        self.clients = 0  # connections that are, or may yet be, commands (Client.counted)
         self.links: dict[str, HostLink] = {}
         self._lock = threading.Lock()
         self._connecting: dict[str, threading.Lock] = {}
@@ -251,8 +258,7 @@ class Daemon:
     def prewarm(self, entry: dict[str, Any]) -> None:
         """Connect a host a command reached directly, before any command asks for it: counted
         as a client meanwhile, so the daemon does not idle out halfway."""
-        with self._lock:
-            self.clients += 1
+        self.count(+1)
         try:
             fields = dict(entry["host"])
             options = dict(entry.get("options") or {})
@@ -260,9 +266,15 @@ class Daemon:
         except Exception as exc:  # whatever it is, the next command with this host says it
             log.info("a host not connected ahead of time: %s", getattr(exc, "message", exc))
         finally:
-            with self._lock:
-                self.clients -= 1
+            self.count(-1, used=True)
+
+    def count(self, change: int, used: bool = False) -> bool:
+        """A client counted (+1) or no longer (-1); whether it now is."""
+        with self._lock:
+            self.clients += change
+            if used:
                 self.last_client = time.monotonic()
+        return change > 0
 
     def control(self, client: Client, rid: int, asked: str, request: dict[str, Any]) -> None:
         if asked == KNOWN_HOSTS:
@@ -291,7 +303,7 @@ class Daemon:
         with self._lock:
             links = list(self.links.values())
             connecting = sorted(set(self.connecting.values()))
-        idle = 0.0 if self.clients > 1 else time.monotonic() - self.last_client
+        idle = 0.0 if self.clients else time.monotonic() - self.last_client
         return {"pid": os.getpid(), "since": self.since, "idle": round(idle, 1),
                 "idle_limit": self.idle, "hosts": [
                     {"name": h.spec.name, "address": h.address, "agent_pid": h.agent_pid,
@@ -301,25 +313,26 @@ class Daemon:
 
     def serve(self) -> None:
         threading.Thread(target=self._ping, daemon=True, name="ping").start()
+        threading.Thread(target=self._expire, daemon=True, name="idle").start()
         with contextlib.suppress(OSError):  # stopped before it began: the loop ends at once
             self.listener.settimeout(1.0)
         while not self.stopping.is_set():
             try:
                 sock, _ = self.listener.accept()
             except socket.timeout:
-                if self.clients == 0 and time.monotonic() - self.last_client > self.idle:
-                    self.stop(f"idle for {self.idle:g} s")
                 continue
             except OSError:
                 if self.stopping.is_set():
                     break
                 raise
             sock.settimeout(None)
+            self.count(+1)  # from here: a command's connection never sees the daemon expire
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
         uid = peer_uid(sock)
         if uid != self.uid:
+            self.count(-1)
             log.warning("refused a client of uid %d (this session is uid %d's)", uid, self.uid)
             with contextlib.suppress(OSError):
                 sock.sendall(frames.encode_json(frames.ERROR, 0, {
@@ -334,14 +347,18 @@ class Daemon:
             sock.close()
             return
         client = Client(self, sock)
-        with self._lock:
-            self.clients += 1
         try:
             client.serve()
         finally:
-            with self._lock:
-                self.clients -= 1
-                self.last_client = time.monotonic()
+            if client.counted:
+                self.count(-1, used=client.uses)
+
+    def _expire(self) -> None:
+        """Checked apart from the accept loop: status requests arriving every moment keep
+        that loop busy, and are no use."""
+        while not self.stopping.wait(0.5):
+            if self.clients == 0 and time.monotonic() - self.last_client > self.idle:
+                self.stop(f"idle for {self.idle:g} s")
 
     def _ping(self) -> None:
         while not self.stopping.wait(PING_EVERY):
