@@ -12,14 +12,12 @@ that drops."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -37,69 +35,13 @@ from clusterrun.session.hostlink import (
     connection_key,
     spec_from,
 )
+from clusterrun.session.outbox import Outbox, peer_uid
 from clusterrun.transport import hostkeys
 from clusterrun.transport.base import ConnectError, SshOptions
 
 log = logging.getLogger("clusterrun.session")
 AGENT = "AGENT"  # an ERROR's outcome when the host has no agent: the client goes direct
 listen = starter.listen  # the socket as a command binds it for the daemon it starts
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (Linux: SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
-
-
-class Outbox:
-    """What goes to one client, written by a thread of its own: a client that stops reading
-    (a stopped CLI) holds up only itself, never an agent's channel that other commands share.
-    Past LIMIT bytes queued it is cut off, as a client that died."""
-
-    LIMIT = 256 * 1024 * 1024
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.queue: collections.deque[bytes] = collections.deque()
-        self.size = 0
-        self.closed = False
-        self.cond = threading.Condition()
-        threading.Thread(target=self._write, daemon=True, name="outbox").start()
-
-    def put(self, data: bytes) -> None:
-        with self.cond:
-            if self.closed:
-                return
-            if self.size + len(data) > self.LIMIT:
-                self.closed = True
-                with contextlib.suppress(OSError):  # its reader sees the end, ends its requests
-                    self.sock.shutdown(socket.SHUT_RDWR)
-                self.cond.notify_all()
-                return
-            self.queue.append(data)
-            self.size += len(data)
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-
-    def _write(self) -> None:
-        while True:
-            with self.cond:
-                while not self.queue and not self.closed:
-                    self.cond.wait()
-                if not self.queue:
-                    break
-                data = self.queue.popleft()
-                self.size -= len(data)
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                self.close()
-                break
-        self.sock.close()
 
 
 class Client:
