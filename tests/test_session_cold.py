@@ -185,6 +185,19 @@ def test_a_daemon_that_dies_before_it_answers_sends_the_host_direct(
     assert direct.names == ["gpu-a"] and cold.direct
 
 
+def test_a_socket_that_cannot_be_bound_sends_the_host_direct(
+        session_home: Path, cold: starter.Cold, direct: Reached,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")
+
+    def full(_path: str) -> object:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(starter, "listen", full)
+    assert isinstance(client.connector(REMOTE[0], SshOptions()), LocalTransport)
+    assert direct.names == ["gpu-a"] and cold.direct
+
+
 def test_with_cold_wait_the_first_command_goes_through_the_daemon(
         session_home: Path, cold: starter.Cold, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERRUN_SESSION_COLD", "wait")

@@ -70,7 +70,10 @@ def start(path: str) -> Optional[socket.socket]:
         sock = try_connect(path)
         if sock is not None:  # another command bound it meanwhile
             return sock
-        listener = listen(path)
+        try:
+            listener = listen(path)
+        except OSError:  # the folder is there and ours (paths.folder): a full disk, say
+            return None
     try:
         sock = try_connect(path)  # queued now: the daemon accepts it once it serves
         spawn(listener)
