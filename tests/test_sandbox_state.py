@@ -80,3 +80,17 @@ def test_a_damaged_state_is_a_sandbox_error_naming_the_value(
     (tmp_path / cluster.STATE_FILE).write_text(json.dumps(doc))
     with pytest.raises(SandboxError, match=f"cannot read .*{named}"):
         cluster.read_state(tmp_path)
+
+
+@pytest.mark.parametrize("said", ["RTNETLINK answers: No such device",
+                                  'Cannot find device "crx"', "Cannot open network namespace"])
+def test_deleting_what_is_already_gone_is_no_error(said: str) -> None:
+    """`down` lists the links, then deletes them: a veth whose namespace was just deleted may
+    vanish in between (the kernel destroys it a moment later)."""
+    from clusterrun.sandbox import net
+
+    errors: list[str] = []
+    net.delete_quietly(["sh", "-c", f"echo '{said}' >&2; exit 2"], errors)
+    assert errors == []
+    net.delete_quietly(["sh", "-c", "echo 'Operation not permitted' >&2; exit 2"], errors)
+    assert len(errors) == 1 and "Operation not permitted" in errors[0]

@@ -217,7 +217,10 @@ def kill_netns_processes(netns: str, *, timeout: float = 15.0) -> None:
 def delete_quietly(argv: Sequence[str], errors: list[str]) -> None:
     """Delete a kernel object; an object that is already gone is success, not an error."""
     cp = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
-    missing = ("Cannot find device", "No such file", "does not exist", "Cannot open")
+    # "No such device": a veth whose peer's namespace was just deleted, which the kernel
+    # destroys a moment later, between the listing of links and this delete.
+    missing = ("Cannot find device", "No such device", "No such file", "does not exist",
+               "Cannot open")
     if cp.returncode != 0 and not any(m in cp.stderr for m in missing):
         errors.append(f"`{shlex.join(argv)}`: {cp.stderr.strip()}")
 
