@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterrun import sandbox
-from tests.conftest import Cluster, run_cli
+from tests.conftest import Cluster
+from tests.support import session_cluster
+from tests.support.session_cluster import ok
 
 pytestmark = pytest.mark.cluster
 
@@ -32,17 +33,7 @@ HOSTS = ["node4", "node5", "node6"]
 
 def logins(cluster: Cluster, action: Callable[[], object]) -> dict[str, int]:
     """The logins each host had while ``action`` ran."""
-    before = {name: sandbox.logins(cluster.sb, name) for name in HOSTS}
-    action()
-    return {name: sandbox.logins(cluster.sb, name) - before[name] for name in HOSTS}
-
-
-def ok(*args: str) -> Callable[[], object]:
-    def run() -> object:
-        cp = run_cli(*args)
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-        return cp
-    return run
+    return session_cluster.logins(cluster, HOSTS, action)
 
 
 def each(count: int) -> dict[str, int]:
