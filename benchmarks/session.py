@@ -22,9 +22,11 @@ call) and, for the launch, the hand-typed floor (one `ssh host torchrun` per hos
 Columns: wall time; the controller's CPU: the command and its children, plus the daemon's (or
 the ssh masters') CPU read from /proc/<pid>/stat before and after, since neither is a child of
 the command; the hosts' CPU with every live process in each host counted (a resident agent is
-reaped by nobody until the session ends; common.hosts_cpu_live); logins per host (each host's
-~/.bashrc counts them, clusterrun/sandbox/sshd.py). clusterrun runs as pip installs it:
-byte-compiled first (common.compiled), with PYTHONDONTWRITEBYTECODE removed from its
+reaped by nobody until the session ends; common.hosts_cpu_live); logins per host (the shells
+sshd started for a channel: each host's ~/.bashrc records its parent, clusterrun/sandbox/sshd.py)
+and the runs of ~/.bashrc per host (those, and the shells a command started that read it: bash
+does for `exec`'s `$SHELL -c`, as it does for `ssh host command`). clusterrun runs as pip
+installs it: byte-compiled first (common.compiled), with PYTHONDONTWRITEBYTECODE removed from its
 environment. A checkout without `clusterrun session` gets the off rows and the baselines only.
 Writes --out (Markdown) and the raw samples next to it (.json), with common.provenance.
 """
@@ -211,16 +213,20 @@ class Bench:
         """One timed run of ``argv`` with the CPU of ``resident`` processes, of every live
         process on the hosts, and the logins per host."""
         hosts = [h.name for h in self.sb.hosts]
-        logins_before = [sandbox.logins(self.sb, h) for h in hosts]
+        logins_before = [sandbox.logins(self.sb, h, from_sshd=True) for h in hosts]
+        rc_before = [sandbox.logins(self.sb, h) for h in hosts]
         host_before = common.hosts_cpu_live(self.sb, self.background)
         local_before = resident.before() if resident else {}
         sample = common.measure(argv, env=env)
         time.sleep(SETTLE)
         local = resident.used(local_before) if resident else float("nan")  # "-": none
         sample.remote_cpu = common.hosts_cpu_live(self.sb, self.background) - host_before
-        counts = [sandbox.logins(self.sb, h) - b for h, b in zip(hosts, logins_before)]
+        counts = [sandbox.logins(self.sb, h, from_sshd=True) - b
+                  for h, b in zip(hosts, logins_before)]
+        rc_runs = [sandbox.logins(self.sb, h) - b for h, b in zip(hosts, rc_before)]
         sample.extra.update(resident_cpu=local,
-                            logins=float(max(counts)), logins_mean=sum(counts) / len(counts))
+                            logins=float(max(counts)), logins_mean=sum(counts) / len(counts),
+                            rc_runs=float(max(rc_runs)))
         sample.extra["controller_cpu"] = sample.cpu + (local if resident else 0.0)
         check(sample.stdout)
         return sample
@@ -441,10 +447,12 @@ def table(by_size: dict[int, dict[str, dict[str, list[Sample]]]]) -> str:
                     versus = [f"{wall / clush:.2f}x", f"{wall / persist:.2f}x"]
                 rows.append([n, rc, command, state or "-", wall, *versus,
                              median(samples, "controller_cpu"), median(samples, "resident_cpu"),
-                             median(samples, "remote_cpu"), f"{median(samples, 'logins'):g}"])
+                             median(samples, "remote_cpu"), f"{median(samples, 'logins'):g}",
+                             f"{median(samples, 'rc_runs'):g}"])
     return markdown_table(["hosts", "~/.bashrc", "command", "session", "median s", "vs clush",
                            "vs clush + ControlPersist", "CPU here s", "of which daemon / ssh "
-                           "masters s", "CPU on hosts s", "logins per host"], rows)
+                           "masters s", "CPU on hosts s", "logins per host",
+                           "~/.bashrc runs per host"], rows)
 
 
 def main() -> int:

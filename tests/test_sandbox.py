@@ -122,6 +122,19 @@ def test_each_host_answers_ssh_with_its_own_hostname(sb: sandbox.Sandbox) -> Non
         assert inside(sb, host.name, "hostname").strip() == host.name
 
 
+def test_logins_tell_sshd_s_shells_from_those_a_command_starts(sb: sandbox.Sandbox) -> None:
+    host = sb.hosts[0]
+    before = (sandbox.logins(sb, host.name), sandbox.logins(sb, host.name, from_sshd=True))
+    # sshd's shell reads ~/.bashrc (a login); so does the bash it starts, as bash does for
+    # `exec`'s $SHELL -c, since SSH_CLIENT is set and SHLVL says it is the first shell.
+    done = ssh(sb, host.address, "SHLVL=0 bash -c true; true")  # not exec()ed in place
+    assert done.returncode == 0, done.stderr
+    after = (sandbox.logins(sb, host.name), sandbox.logins(sb, host.name, from_sshd=True))
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 1)
+    lines = (sb.root / host.name / sandbox_sshd.LOGINS).read_text().splitlines()
+    assert [line.split()[1:] for line in lines[-2:]] == [["sshd"], ["bash"]]
+
+
 def test_each_host_sees_its_own_nic_and_the_decoy(sb: sandbox.Sandbox) -> None:
     for host in sb.hosts:
         addrs = {}

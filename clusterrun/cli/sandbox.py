@@ -32,7 +32,8 @@ def sandbox_up(n: int, decoy: bool, rc_file: Optional[Path]) -> None:
     """Build N hosts and write an inventory under $CLUSTERRUN_HOME/sandbox/.
 
     Each host's ~/.bashrc (root's, mounted in the host's own mount namespace) counts its
-    logins in $CLUSTERRUN_HOME/sandbox/NODE/logins, one line per SSH command it ran.
+    runs in $CLUSTERRUN_HOME/sandbox/NODE/logins: one line per run, the shell's pid and its
+    parent's name (sshd for an SSH command's login).
     """
     from clusterrun import sandbox as sb
 

@@ -22,7 +22,8 @@ SSHD = "/usr/sbin/sshd"
 # sshd runs an AuthorizedKeysCommand only from a root-owned path none but root may write.
 CAT = "/usr/bin/cat"
 KEY = "ssh_host_ed25519_key"
-LOGINS = "logins"  # in a host's directory: one line per login shell (see bashrc)
+LOGINS = "logins"  # in a host's directory: one line per run of its ~/.bashrc (see bashrc)
+_SSHD = ([b"sshd"], [b"sshd-session"])  # a shell's parent when sshd started it (the comm)
 # In a host's directory: sshd's configuration file, empty but for what an add-on puts there
 # (tests/support/docker.py's SetEnv); the command line's options come first and win. A restart
 # rereads it.
@@ -69,8 +70,13 @@ def bashrc(logins: str, rc_text: str = "") -> str:
     pay for it on every SSH channel. The count comes first, before any interactive guard
     that returns, so that every login is counted, and costs no process (builtins only).
     """
+    # Each line: the shell's pid and its parent's name, read with builtins: a shell that
+    # sshd started for a channel (a login) says sshd or sshd-session; one that a command
+    # started (`exec`'s $SHELL -c, which bash also gives ~/.bashrc) names that command.
     head = ("# the shell setup of a clusterrun sandbox host (clusterrun/sandbox/sshd.py)\n"
-            f"echo \"$$\" >> {shlex.quote(logins)} 2>/dev/null\n")
+            "__clusterrun_parent=; read -r __clusterrun_parent < /proc/$PPID/comm 2>/dev/null\n"
+            f"echo \"$$ $__clusterrun_parent\" >> {shlex.quote(logins)} 2>/dev/null\n"
+            "unset __clusterrun_parent\n")
     if not rc_text:
         return head
     return head + "# --- the rc file given to `clusterrun sandbox up --rc-file` ---\n" + rc_text
@@ -91,14 +97,18 @@ def rc_text(rc_file: Path | None) -> str:
         raise SandboxError(f"cannot read the rc file {rc_file}: {exc}") from None
 
 
-def logins(home: Path) -> int:
-    """How many logins (SSH channels that ran a command) the host has had (see bashrc)."""
+def logins(home: Path, *, from_sshd: bool = False) -> int:
+    """How many times the host's ~/.bashrc ran (see bashrc): for each SSH channel that ran a
+    command, and for each shell a command started that reads it too (bash does, for
+    `exec`'s). ``from_sshd``: only the shells sshd started, the logins proper."""
     if bind_target(root_bashrc()) is None:
         raise SandboxError(f"logins are counted by each host's ~/.bashrc, mounted over "
                            f"{root_bashrc()}, which this machine lacks: create an empty one "
                            "and rebuild the sandbox.")
     try:
         with open(home / LOGINS, "rb") as handle:
+            if from_sshd:
+                return sum(1 for line in handle if line.split()[1:2] in _SSHD)
             return sum(block.count(b"\n") for block in iter(lambda: handle.read(65536), b""))
     except FileNotFoundError:
         return 0
