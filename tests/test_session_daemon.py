@@ -275,14 +275,35 @@ def test_a_daemon_of_other_code_is_never_used_and_session_stop_ends_it(
         session_home: Path) -> None:
     """An upgrade (or an edit in a checkout) leaves the old daemon running: the socket is
     named for the code, so commands start their own, and `session stop` ends both."""
-    assert paths.socket_path().name == f"sock-{paths.code_stamp()}"
+    assert paths.socket_path().name == f"sock-{paths.stamp()}"
     old = Served(path=paths.socket_path().with_name("sock-0123456789"))
     cp = run_cli("session", "--json")
     assert json.loads(cp.stdout) == {"running": False, "other_daemons": [os.getpid()]}
-    assert "other clusterrun code also runs" in run_cli("session").stdout
+    assert "a daemon of other clusterrun code" in run_cli("session").stdout
     assert client.ask(frames.STATUS) is None  # this code's socket: nobody there
     cp = run_cli("session", "stop")
     assert cp.returncode == 0 and f"daemon pid {os.getpid()}" in cp.stdout, cp.stdout + cp.stderr
     old.thread.join(5)
     assert not old.thread.is_alive()
     assert json.loads(run_cli("session", "--json").stdout)["other_daemons"] == []
+
+
+def test_a_shell_with_another_ssh_agent_or_home_gets_a_daemon_of_its_own(
+        session_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon makes new connections long after the command that started it, with that
+    command's ssh-agent and ~/.ssh/config: a command from a new login (another SSH_AUTH_SOCK)
+    or with another HOME must not authenticate through it."""
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/ssh-first/agent.1")
+    first = Served()
+    try:
+        mine = run_cli("session", "--json")
+        assert json.loads(mine.stdout)["pid"] == os.getpid(), mine.stdout + mine.stderr
+        for change in ({"SSH_AUTH_SOCK": "/tmp/ssh-second/agent.2"}, {"HOME": str(session_home)}):
+            cp = run_cli("session", "--json", env=change)
+            assert json.loads(cp.stdout) == {"running": False, "other_daemons": [os.getpid()]}
+        monkeypatch.delenv("SSH_AUTH_SOCK")
+        assert client.ask(frames.STATUS) is None  # no agent at all is another environment too
+        monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/ssh-first/agent.1")
+        assert client.ask(frames.STATUS) is not None
+    finally:
+        first.stop()

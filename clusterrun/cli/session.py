@@ -30,8 +30,9 @@ def session(ctx: click.Context, as_json: bool) -> None:
                                "other_daemons": [o["pid"] for o in older]}))
         return
     for other in older:
-        click.echo(f"a daemon of other clusterrun code also runs (pid {other['pid']}); "
-                   "`clusterrun session stop` ends it")
+        click.echo(f"a daemon of other clusterrun code, or of a shell with another HOME or "
+                   f"ssh-agent, also runs (pid {other['pid']}); `clusterrun session stop` "
+                   "ends it")
     if status is None:
         click.echo("no session running" + ("" if paths.enabled() else
                                            " (off: CLUSTERRUN_SESSION=0 is set)"))
@@ -56,7 +57,8 @@ def session(ctx: click.Context, as_json: bool) -> None:
 @session.command(context_settings=CONTEXT)
 def stop() -> None:
     """End the session now: its agents exit (EOF on their channel), connections close. A
-    daemon left by other clusterrun code (before an upgrade) is ended too."""
+    daemon left by other clusterrun code (before an upgrade), or started from a shell with
+    another HOME or ssh-agent, is ended too."""
     ended = [pid for pid in map(_stop_one, paths.sockets()) if pid is not None]
     if not ended:
         click.echo("no session running")
@@ -65,7 +67,8 @@ def stop() -> None:
 
 
 def _older() -> list[dict[str, Any]]:
-    """The daemons of other clusterrun code still listening in this home."""
+    """The daemons of other clusterrun code, or of another environment (paths.stamp), still
+    listening in this home."""
     mine = paths.socket_path()
     found = (client.ask(frames.STATUS, str(p)) for p in paths.sockets() if p != mine)
     return [status for status in found if status is not None]

@@ -68,9 +68,26 @@ def code_stamp() -> str:
     return digest.hexdigest()[:10]
 
 
+# What a new connection takes from the environment of the process that makes it: ~/.ssh/config
+# and the default user (fabric reads them through HOME and the login name), the ssh-agent
+# (paramiko asks SSH_AUTH_SOCK). The daemon makes connections long after the command that
+# started it, so a command whose values differ (a new login's forwarded agent, another HOME)
+# gets a daemon of its own, never one that would authenticate as the old login did.
+_CONNECTION_ENV = ("HOME", "USER", "LOGNAME", "SSH_AUTH_SOCK")
+
+
+def stamp() -> str:
+    """``code_stamp``, and the values of _CONNECTION_ENV in this process."""
+    digest = hashlib.sha256(code_stamp().encode())
+    for name in _CONNECTION_ENV:
+        value = os.environ.get(name)
+        digest.update(b"-\n" if value is None else f"={value}\n".encode())
+    return digest.hexdigest()[:10]
+
+
 def socket_path() -> Path:
-    """This code's daemon's socket (see ``code_stamp``)."""
-    return _socket_folder() / f"{_PREFIX}{code_stamp()}"
+    """The socket of this code's daemon for this environment (see ``stamp``)."""
+    return _socket_folder() / f"{_PREFIX}{stamp()}"
 
 
 def sockets() -> list[Path]:
