@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 # What the command sees of its start: session, signals (ignored, blocked, caught), stdin,
 # working directory, and which descriptors it holds open.
 LOOK = ("set -- $(cat /proc/$$/stat); echo $(($1 == $6));"
-        " grep -E '^Sig(Ign|Blk|Cgt)' /proc/$$/status; readlink /proc/$$/fd/0; pwd -P;"
+        # read by sh itself: a child would race sh's own blocking of signals around a fork
+        " while IFS= read -r l; do case $l in SigIgn*|SigBlk*|SigCgt*) echo \"$l\";; esac;"
+        " done < /proc/$$/status; readlink /proc/$$/fd/0; pwd -P;"
         " ls /proc/$$/fd | wc -l; echo \"$X\"; echo err >&2")
 
 # Starts LOOK (or argv given as JSON) with a Tree from FROM, in CWD; prints which way it went
