@@ -34,7 +34,8 @@ class Agent:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.send(None, 0, shell.program_input(
-            "hostagent.py", {"silence": 30.0, "bootstrap": shell.BOOT_BODY}))
+            "hostagent.py", {"silence": 30.0, "bootstrap": shell.BOOT_BODY,
+                             "loader": bundle.LOADER_DEFS.decode()}))
         hello = self.frame()
         assert hello is not None and hello[:2] == (frames.PONG, 0)
         self.pid = frames.loads(hello[2])["pid"]
@@ -112,6 +113,7 @@ CASES = {
         "import sys\nprint(sys.argv, __name__, [m for m in sys.modules "
         "if m.startswith('clusterrun')], 'B' in dir(sys.modules['__main__']))"),
     "writes much": "import sys\nsys.stdout.write('x' * 300000)\nsys.stderr.write('y' * 300000)",
+    "does not compile": "print('never'\ndef (",
 }
 
 
@@ -233,3 +235,68 @@ def test_a_session_transport_says_where_its_agent_forks_programs() -> None:
     assert SessionTransport(_spec(), SshOptions()).forks_programs
     for other in (_spec(setup="source /opt/env.sh"), _spec(container="trainer")):
         assert not SessionTransport(other, SshOptions()).forks_programs
+
+
+# The programs the agent keeps (warmrun.Programs; unit tests in test_session_kept.py).
+# A bundle's program that says whether its loader was handed the agent's unpacked pieces.
+SAYS_KEPT = ("import sys\nfrom clusterrun.remote.shared import timing\n"
+             "loader = sys._getframe(1).f_globals\n"
+             "print(bool(loader.get('_clusterrun_kept')), timing.__name__)\n")
+
+
+def _bundle(main: str) -> bytes:
+    """A program as bundle.py builds one, importing shared/timing.py."""
+    return bundle._build("says.py", main.encode(), [
+        ("shared/timing.py", bundle._remote_source("shared/timing.py"))])
+
+
+def _run(agent: Agent, rid: int, program: bytes, *, warm: bool = True,
+         pieces: int = 1) -> dict[str, Any]:
+    """``program`` through the agent, its input cut in ``pieces`` STDIN frames."""
+    command = shell.join(["exec", sys.executable, "-S", "-u", "-c", shell.BOOTSTRAP])
+    request: dict[str, Any] = {"command": command}
+    if warm:
+        request.update({frames.PYTHON: sys.executable, frames.SITE: False})
+    agent.send(frames.RUN, rid, json.dumps(request).encode())
+    data = b"%d\n" % len(program) + program + b"rest of stdin\n"
+    step = -(-len(data) // pieces)
+    for at in range(0, len(data), step):
+        agent.send(frames.STDIN, rid, data[at:at + step])
+    agent.send(frames.EOF, rid)
+    got: dict[str, Any] = {"out": b"", "err": b""}
+    while True:
+        frame = agent.frame()
+        assert frame is not None and frame[1] == rid
+        kind, _rid, payload = frame
+        if kind == frames.EXIT:
+            got["exit"] = frames.loads(payload)
+            return got
+        got["out" if kind == frames.STDOUT else "err"] += payload
+
+
+def test_a_fork_runs_a_bundle_from_the_agents_unpacked_pieces(agent: Agent) -> None:
+    program = _bundle(SAYS_KEPT + "print(sys.stdin.read())\n")
+    out = b"True clusterrun.remote.shared.timing\nrest of stdin\n\n"
+    assert _run(agent, 1, program)["out"] == out
+    assert _run(agent, 2, program, pieces=7)["out"] == out  # the program in pieces
+    assert _run(agent, 3, program, warm=False)["out"] == out.replace(b"True", b"False")
+
+
+def test_a_program_cut_short_by_eof_fails_as_bootstrap_fails(agent: Agent) -> None:
+    rid = 10
+    for warm in (True, False):
+        rid += 1
+        agent.send(frames.RUN, rid, json.dumps({
+            "command": shell.join(["exec", sys.executable, "-S", "-u", "-c", shell.BOOTSTRAP]),
+            **({frames.PYTHON: sys.executable, frames.SITE: False} if warm else {})}).encode())
+        agent.send(frames.STDIN, rid, b"100\nprint(")
+        agent.send(frames.EOF, rid)
+        got = b""
+        while True:
+            frame = agent.frame()
+            assert frame is not None
+            if frame[0] == frames.EXIT:
+                assert frames.loads(frame[2])["status"] == 1
+                break
+            got += frame[2]
+        assert b"SyntaxError" in got

@@ -17,7 +17,7 @@ from clusterrun.errors import Outcome
 from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import frames
 from clusterrun.session.client import SPEC_FIELDS
-from clusterrun.transport import programs, shell
+from clusterrun.transport import bundle, programs, shell
 from clusterrun.transport.base import ConnectError, SshOptions, Transport
 
 log = logging.getLogger("clusterrun.session")
@@ -111,7 +111,8 @@ class HostLink:
             self.transport.close()
             raise
         self._stderr_read, self._stderr = programs.drain(self.proc)
-        programs.send(self.proc, AGENT, {"silence": SILENCE, "bootstrap": shell.BOOT_BODY})
+        programs.send(self.proc, AGENT, {"silence": SILENCE, "bootstrap": shell.BOOT_BODY,
+                                         "loader": bundle.LOADER_DEFS.decode()})
         threading.Thread(target=self._read, daemon=True, name=f"agent-{spec.name}").start()
         if not self._hello.wait(options.connect_timeout + 20) or self.agent_pid is None:
             self.close()

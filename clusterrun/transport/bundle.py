@@ -34,14 +34,21 @@ _PACKAGE = "clusterrun.remote"
 # compiles: compiling the ~30 KB of source is a fifth of a program's start-up on every host.
 # Both are compressed and in base64 (a third of the size of a bytes literal's escapes): the
 # source is unpacked only where it is compiled, and every host is sent half the bytes.
-_LOADER = b"""import sys, types
+# A warm session's agent that keeps this program runs it with ``_clusterrun_kept``: each
+# piece's code, unpacked there once by these definitions (the agent is sent them: LOADER_DEFS),
+# by its packed source (hostlib/warmrun.py).
+LOADER_DEFS = b"""import sys, types
 import binascii, zlib
 try:
     import marshal
     from _frozen_importlib_external import MAGIC_NUMBER as _clusterrun_magic
 except ImportError:
     _clusterrun_magic = None
+_clusterrun_kept = globals().get("_clusterrun_kept") or {}
 def _clusterrun_code(source, magic, code, filename):
+    kept = _clusterrun_kept.get(source)
+    if kept is not None and kept.co_filename == filename:
+        return kept
     if code is not None and magic == _clusterrun_magic:
         try:
             return marshal.loads(zlib.decompress(binascii.a2b_base64(code)))
@@ -59,7 +66,8 @@ def _clusterrun_module(name, source, magic=None, code=None):
         setattr(sys.modules[parent], child, mod)
     if source is not None:
         exec(_clusterrun_code(source, magic, code, mod.__file__), mod.__dict__)
-_clusterrun_module("clusterrun", None)
+"""
+_LOADER = LOADER_DEFS + b"""_clusterrun_module("clusterrun", None)
 _clusterrun_module("clusterrun.remote", None)
 """
 
@@ -220,6 +228,6 @@ def _build(name: str, source: bytes, texts: list[tuple[str, bytes]]) -> bytes:
         parts.append(b'_clusterrun_module("%s", %s)\n' % (
             module.encode(), _pieces(text, filename)))
     filename = f"<clusterrun {name}>"
-    parts.append(b"exec(_clusterrun_code(%s, %r)%s" % (
-        _pieces(source, filename), filename.encode(), _END))
+    parts.append(b"exec(_clusterrun_code(%s, %s)%s" % (
+        _pieces(source, filename), repr(filename).encode(), _END))
     return b"".join(parts)

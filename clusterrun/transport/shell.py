@@ -41,12 +41,15 @@ PICK_ENGINE = (
 # Python on every login), so the programs of one command share channels: the probe's becomes
 # the supervisor. EOF in place of the next length line ends it. A program may leave its stdin
 # non-blocking (mainloop does): the wait makes it blocking again.
+# A fork of the warm session's agent finds W set (hostlib/warmrun.py): the length line, the
+# program as the agent compiled it once, and the globals to run it in (a bundle's pieces
+# unpacked there once, transport/bundle.py), and reads neither from stdin.
 # An event frame, so that a stream of frames can end with it.
 NEXT = protocol.EVENT + json.dumps({protocol.KIND: protocol.NEXT}).encode()
 BOOT_BODY = r"""import os,sys
-a=sys.argv[1:]
-h=(a[0].encode() if a else sys.stdin.buffer.readline()).split()
-exec(compile(sys.stdin.buffer.read(int(h[0])),'<clusterrun>','exec'),{'__name__':'__main__'})
+a=sys.argv[1:];w=globals().pop('W',None);g=w[2] if w else {'__name__':'__main__'}
+h=(w[0] if w else a[0].encode() if a else sys.stdin.buffer.readline()).split()
+exec(w[1] if w else compile(sys.stdin.buffer.read(int(h[0])),'<clusterrun>','exec'),g)
 if b'c' in h[1:]:
  sys.stdout.flush();sys.stderr.flush();os.write(1,b'NEXT\n');h=b'';os.set_blocking(0,True)
  while h[-1:]!=b'\n':

@@ -164,6 +164,27 @@ def close_inherited():
                 os.close(int(entry))
 
 
+def _found_on_path(name, env):
+    """The file ``os.execvpe(name, ..., env)`` tries first: found with ``env``'s PATH."""
+    if os.sep in name:
+        return name
+    for folder in os.get_exec_path(env):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _here(cwd):
+    """Whether ``cwd`` is this process's working directory (a child started by posix_spawn
+    starts there: it cannot chdir first)."""
+    try:
+        here, there = os.stat("."), os.stat(cwd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def status_code(raw):
     """A wait status as a shell reports it: the exit code, or 128 + the signal number."""
     return os.WEXITSTATUS(raw) if os.WIFEXITED(raw) else 128 + os.WTERMSIG(raw)
@@ -184,8 +205,30 @@ class Tree:
 
     def start(self, argv, env, cwd, out_fd, err_fd):
         """``argv`` (with ``env``, in ``cwd``) in a session of its own."""
+        pid = self._spawn(argv, env, cwd, out_fd, err_fd) if self.group is None else None
+        if pid is not None:
+            self.pid = pid
+            return pid
         return self._fork(argv[0], cwd, out_fd, err_fd,
                           lambda: os.execvpe(argv[0], argv, env))  # noqa: S606 - no shell
+
+    def _spawn(self, argv, env, cwd, out_fd, err_fd):
+        """What ``_fork`` does for a command, by posix_spawn (a vfork: this process's memory is
+        neither copied nor shared copy-on-write, which a fork of a big Python pays in page
+        faults here and in the child); None where it cannot do exactly that (no posix_spawn
+        or setsid, ``cwd`` not where this process is, the command not found as execvpe would
+        find it, a failing exec): ``_fork`` then starts it, or reports why not, as ever."""
+        path = _found_on_path(argv[0], env)
+        if path is None or not hasattr(os, "posix_spawn") or not _here(cwd):
+            return None
+        try:
+            return os.posix_spawn(path, argv, env, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)],
+                setsid=True, setsigmask=(),
+                setsigdef=(*STOP_SIGNALS, signal.SIGPIPE, FORCE_SIGNAL))
+        except (OSError, NotImplementedError, TypeError):
+            return None
 
     def start_function(self, what, target, cwd, out_fd, err_fd):
         """``target()`` in a forked child, in a session of its own, as if it were a command

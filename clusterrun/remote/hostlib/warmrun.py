@@ -13,7 +13,9 @@ after it still starts a fresh interpreter, as BOOTSTRAP does.
 
 import atexit
 import builtins
+import collections
 import contextlib
+import hashlib
 import io
 import os
 import signal
@@ -30,6 +32,8 @@ WARM = ("contextlib", "ctypes", "enum", "errno", "fcntl", "gc", "glob", "hashlib
         "typing")
 
 _found = {}  # a python: as the inventory names it -> whether it is this interpreter
+KEEP = 16  # programs an agent keeps compiled, the oldest forgotten first
+_LONGEST_HEADER = 80  # BOOTSTRAP's length line ("87630 c S\n") is far shorter
 
 
 def preload():
@@ -81,13 +85,107 @@ class Forked:
         return self.returncode
 
 
-def spawn(boot, site, cwd):
-    """Fork a child that runs BOOTSTRAP's body ``boot`` (``site``: as without -S); a Forked."""
+def split_program(data):
+    """BOOTSTRAP's input as it has come so far: (its length line, the program, what follows),
+    None while the program is not all here, False when the input is not that (BOOTSTRAP
+    then reads it, and fails on it, as ever)."""
+    end = data.find(b"\n", 0, _LONGEST_HEADER)
+    if end < 0:
+        return None if len(data) < _LONGEST_HEADER else False
+    try:
+        size = int(bytes(data[:end]).split()[0])
+    except (IndexError, ValueError):
+        return False
+    if size < 0:  # read to the end of stdin
+        return False
+    if len(data) < end + 1 + size:
+        return None
+    return bytes(data[:end + 1]), bytes(data[end + 1:end + 1 + size]), bytes(data[end + 1 + size:])
+
+
+class Programs:
+    """The programs this agent was sent, by digest, each compiled (and a bundle's pieces
+    unpacked) once: a fork runs the kept code instead of compiling and unpacking ~100 KB
+    again for every command."""
+
+    def __init__(self, loader=None, keep=KEEP):
+        self.loader = loader  # how a bundle begins: its loader's definitions (bundle.py)
+        self.keep = keep
+        self.kept = collections.OrderedDict()
+
+    def get(self, program):
+        """(code, the globals to run it in), or None for a program that does not compile
+        (BOOTSTRAP compiles it in the fork, and says why, as ever)."""
+        digest = hashlib.sha256(program).digest()
+        found = self.kept.get(digest)
+        if found is None:
+            found = self.kept[digest] = _prepared(program, self.loader) or False
+            while len(self.kept) > self.keep:
+                self.kept.popitem(last=False)
+        else:
+            self.kept.move_to_end(digest)
+        return found or None
+
+
+def _prepared(program, loader):
+    try:
+        code = compile(program, "<clusterrun>", "exec", dont_inherit=True)
+    except Exception:
+        return None
+    run_in = {"__name__": "__main__"}
+    if loader and program.startswith(loader):
+        kept = _unpacked(program, code, loader)
+        if kept:
+            run_in["_clusterrun_kept"] = kept
+    return code, run_in
+
+
+def _unpacked(program, code, loader):
+    """A bundle's pieces unpacked by its own loader, keyed by the very string constants of
+    ``code`` that hold them (each fork then finds them by identity, their hash kept)."""
+    import ast  # only here: once per program an agent is sent
+
+    names = {}
+    try:
+        exec(compile(loader, "<clusterrun>", "exec", dont_inherit=True), names)  # noqa: S102
+        unpack = names["_clusterrun_code"]
+        tree = ast.parse(program)
+    except Exception:
+        return {}
+    by_source = {}
+    for node in tree.body:
+        for call in ast.walk(node) if isinstance(node, ast.Expr) else ():
+            piece = _piece(ast, call)
+            if piece is not None:
+                with contextlib.suppress(Exception):
+                    by_source[piece[0]] = unpack(*piece)
+    return {c: by_source[c] for c in code.co_consts if isinstance(c, str) and c in by_source}
+
+
+def _piece(ast, call):
+    """(source, magic, code, filename) of a loader's call in a bundle, or None."""
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return None
+    try:
+        args = [ast.literal_eval(arg) for arg in call.args]
+    except ValueError:
+        return None
+    if call.func.id == "_clusterrun_module" and len(args) == 4 and isinstance(args[1], str):
+        return args[1], args[2], args[3], "<clusterrun %s>" % args[0]
+    if call.func.id == "_clusterrun_code" and len(args) == 4 and isinstance(args[0], str):
+        return tuple(args)
+    return None
+
+
+def spawn(boot, site, cwd, kept=None):
+    """Fork a child that runs BOOTSTRAP's body ``boot`` (``site``: as without -S); a Forked.
+    ``kept``: (the length line, code, globals) of a program this agent keeps, which the child
+    then neither reads nor compiles."""
     stdin, stdout, stderr = os.pipe(), os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            _child(boot, site, cwd, (stdin[0], stdout[1], stderr[1]))
+            _child(boot, site, cwd, (stdin[0], stdout[1], stderr[1]), kept)
         except BaseException as exc:  # before the program ran (it ends in _finalize)
             with contextlib.suppress(OSError):
                 os.write(2, ("clusterrun: the agent could not start the program: %s\n"
@@ -98,7 +196,7 @@ def spawn(boot, site, cwd):
     return Forked(pid, stdin[1], stdout[0], stderr[0])
 
 
-def _child(boot, site, cwd, pipes):
+def _child(boot, site, cwd, pipes, kept):
     os.setsid()
     for to, fd in enumerate(pipes):
         os.dup2(fd, to)
@@ -110,6 +208,8 @@ def _child(boot, site, cwd, pipes):
         del sys.modules[name]  # the program brings its own, as into a new interpreter
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
+    if kept is not None:
+        main.__dict__["W"] = kept  # BOOTSTRAP takes it (shell.BOOT_BODY)
     sys.modules["__main__"] = main
     if site:
         import site as site_module  # what an interpreter started without -S does first

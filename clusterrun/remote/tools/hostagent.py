@@ -62,14 +62,26 @@ class Child:
             self.proc.stdin.close()
 
 
+class Pending:
+    """A RUN of one of clusterrun's programs that this agent forks: started once the program
+    is all here (BOOTSTRAP's length line and that many bytes), so that the fork runs the
+    agent's kept code of it (warmrun.Programs). What came for it so far."""
+
+    def __init__(self, rid, site):
+        self.rid = rid
+        self.site = site
+        self.stdin = bytearray()
+
+
 class Agent:
-    def __init__(self, silence, boot=None):
+    def __init__(self, silence, boot=None, loader=None):
         self.silence = silence
         self.boot = boot  # BOOTSTRAP's body, when the daemon lets programs start as forks
+        self.programs = warmrun.Programs(loader.encode() if loader else None)
         self.selector = selectors.DefaultSelector()
         self.reader = frames.Reader()
         self.out = bytearray()
-        self.children = {}  # rid -> Child
+        self.children = {}  # rid -> Child, or Pending until its program is here
         self.reaping = []  # children whose streams ended (or were dropped), until they exit
         self.reaping_since = 0.0  # monotonic: when the last one joined
         self.heard = time.monotonic()
@@ -121,11 +133,13 @@ class Agent:
             request = frames.loads(payload)
             python = request.get(frames.PYTHON)
             if self.boot and python and warmrun.is_this_interpreter(str(python)):
-                self.start(rid, None, bool(request.get(frames.SITE)))
+                self.children[rid] = Pending(rid, bool(request.get(frames.SITE)))
             else:
                 self.start(rid, request.get("command") or "")
         elif child is None:
             return  # a request that already ended: what comes late for it is dropped
+        elif isinstance(child, Pending):
+            self.on_pending(child, kind, payload)
         elif kind == frames.STDIN:
             if not child.eof_asked:
                 child.pending += payload
@@ -136,13 +150,33 @@ class Agent:
         elif kind == frames.CLOSE:
             self.drop(child)
 
-    def start(self, rid, command, site=False):
+    def on_pending(self, pending, kind, payload):
+        """Its program is all here, or nothing more will come (EOF, CLOSE): it starts, with
+        the kept code when the program is whole, else reading what came as BOOTSTRAP does."""
+        if kind == frames.STDIN:
+            pending.stdin += payload
+        split = warmrun.split_program(pending.stdin)
+        if split is None and kind == frames.STDIN:
+            return
+        del self.children[pending.rid]
+        kept = self.programs.get(split[1]) if split else None
+        self.start(pending.rid, None, pending.site,
+                   None if kept is None else (split[0], *kept))
+        child = self.children.get(pending.rid)
+        if child is None:
+            return  # it could not start (ERROR sent)
+        child.pending += pending.stdin if kept is None else split[2]
+        self.feed_child(child)
+        if kind != frames.STDIN:
+            self.on_frame(kind, pending.rid, payload)
+
+    def start(self, rid, command, site=False, kept=None):
         """``/bin/sh -c command``, or with no command one of clusterrun's programs in a fork
-        of this interpreter (hostlib/warmrun.py)."""
+        of this interpreter (hostlib/warmrun.py; ``kept``: see warmrun.spawn)."""
         cwd = self.home if os.path.isdir(self.home) else "/"
         try:
             if command is None:
-                proc = warmrun.spawn(self.boot, site, cwd)
+                proc = warmrun.spawn(self.boot, site, cwd, kept)
             else:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -304,7 +338,7 @@ class Agent:
 
 
 def main(req):
-    agent = Agent(float(req.get("silence", SILENCE)), req.get("bootstrap"))
+    agent = Agent(float(req.get("silence", SILENCE)), req.get("bootstrap"), req.get("loader"))
     with contextlib.suppress(OSError, ValueError):
         # The request line was read through sys.stdin's buffer, which may hold what followed.
         early = sys.stdin.buffer.read1(65536)  # type: ignore[union-attr]
