@@ -26,10 +26,10 @@ LINES = 30
 class Sampler:
     """The sampler program, shipped on stdin as a host gets it; ``ask`` times one answer."""
 
-    def __init__(self, rundir: Path) -> None:
+    def __init__(self, rundir: Path, path: str = "/usr/bin:/bin") -> None:
         self.proc = subprocess.Popen([sys.executable, "-S", "-u", "-c", shell.BOOTSTRAP],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env={**os.environ, "PATH": "/usr/bin:/bin"})
+                                     env={**os.environ, "PATH": path})
         assert self.proc.stdin is not None
         self.proc.stdin.write(shell.program_input(
             "sampler.py", {"rundir": str(rundir), "interface": "lo", "ranks": [0, 0]}))
@@ -146,6 +146,35 @@ def test_without_a_usable_kept_reading_the_first_answer_waits_its_window(
     assert 1.5 <= reply["window"] <= answered - asked + 1.5, reply
     # Its own first look was after the lines were written: none counted.
     assert reply["ranks"][0]["lines_per_min"] == 0
+
+
+@pytest.mark.parametrize("age", [0.0, 5.0], ids=["fresh", "stale"])
+def test_a_first_answer_takes_the_gpus_a_sampler_kept_within_the_window(
+        rank: tuple[Path, int], tmp_path: Path, age: float) -> None:
+    """An nvidia-smi that takes its time (a driver without persistence mode): the first answer
+    shows what the previous sampler kept, when that is younger than the window; else it waits
+    for its own query, at most the window from its start."""
+    rundir, pid = rank
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nsleep 4\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    gpus = [{"index": 0, "util_percent": 97}]
+    keep(rundir, pid)
+    time.sleep(1.6)
+    jsonfile.write(str(rundir / layout.GPUS), {"mono": time.monotonic() - age,
+                                                "wall": time.time() - age, "gpus": gpus,
+                                                "error": None})
+    began = time.monotonic()
+    sampler = Sampler(rundir, f"{bin_dir}:/usr/bin:/bin")
+    try:
+        _asked, reply, answered = sampler.ask(1.5)
+    finally:
+        sampler.close()
+    if age == 0.0:
+        assert reply["host"]["gpus"] == gpus and answered - began < 1.5, reply["host"]
+    else:
+        assert reply["host"]["gpus"] is None and answered - began >= 1.5, reply["host"]
 
 
 def test_the_supervisor_keeps_the_last_seconds_of_readings(tmp_path: Path,

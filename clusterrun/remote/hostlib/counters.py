@@ -106,18 +106,37 @@ def path(rundir):
 
 def kept(rundir, interface):
     """The supervisor's readings still good to start a window at, oldest first."""
-    now, wall = time.monotonic(), time.time()
     found = (jsonfile.read(path(rundir)) or {}).get("readings")
-    good = []
-    for each in found if isinstance(found, list) else []:
-        try:
-            age = now - each["mono"]
-            agree = abs(age - (wall - each["wall"])) <= CLOCKS_AGREE
-            if 0 <= age <= SPAN + 2 * EVERY and agree:
-                good.append(each if each.get("interface") == interface else dict(each, net=None))
-        except (KeyError, TypeError):
-            continue
+    good = [each if each.get("interface") == interface else dict(each, net=None)
+            for each in (found if isinstance(found, list) else [])
+            if isinstance(each, dict) and fresh(each, SPAN + 2 * EVERY)]
     return sorted(good, key=lambda r: r["mono"])
+
+
+def fresh(each, most):
+    """Whether a kept reading was taken at most ``most`` seconds ago, on this clock."""
+    try:
+        age = time.monotonic() - each["mono"]
+        return 0 <= age <= most and abs(age - (time.time() - each["wall"])) <= CLOCKS_AGREE
+    except (KeyError, TypeError):
+        return False
+
+
+def keep_gpus(rundir, gpus, error):
+    """A sampler's last nvidia-smi answer, for the next sampler's first (GPUs are no rate, but
+    a new sampler's first query may take longer than the rest of its answer)."""
+    with contextlib.suppress(OSError):
+        jsonfile.write(os.path.join(rundir, layout.GPUS),
+                       {"mono": time.monotonic(), "wall": time.time(), "gpus": gpus,
+                        "error": error})
+
+
+def kept_gpus(rundir, most):
+    """(gpus, error) a sampler kept at most ``most`` seconds ago, or None."""
+    found = jsonfile.read(os.path.join(rundir, layout.GPUS))
+    if not isinstance(found, dict) or not fresh(found, most):
+        return None
+    return found.get("gpus"), found.get("error")
 
 
 class Keeper:
@@ -154,5 +173,6 @@ class Keeper:
 
     def forget(self):
         """The run has ended here: nothing left to take a rate of."""
-        with contextlib.suppress(OSError):
-            os.unlink(path(self.rundir))
+        for name in (layout.COUNTERS, layout.GPUS):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.rundir, name))

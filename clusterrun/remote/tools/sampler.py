@@ -152,7 +152,8 @@ class GpuPoll:
     """nvidia-smi on its own thread: a request starts a query when none is running, and every
     sample carries the latest answer."""
 
-    def __init__(self):
+    def __init__(self, rundir=None):
+        self.rundir = rundir  # where each answer is kept for the next sampler (None: nowhere)
         self.present = any(os.access(os.path.join(d, "nvidia-smi"), os.X_OK)
                            for d in os.environ.get("PATH", "").split(os.pathsep) if d)
         self.latest = None
@@ -178,6 +179,8 @@ class GpuPoll:
             self.error = why
             if out is not None:
                 self.latest = [self.parse(line) for line in out.splitlines() if line.strip()]
+            if self.rundir is not None:
+                counters.keep_gpus(self.rundir, self.latest, self.error)
         finally:
             self.busy = False
             self.answered.set()
@@ -219,7 +222,7 @@ class Sampler:
         self.pids = {int(r): (p, s) for r, (p, s, _t) in newest.items()
                      if procs.start_time(p) == s and int(r) in self.logs}
         self.scanned = None  # when the ranks were last looked for (None: never)
-        self.gpu = GpuPoll()
+        self.gpu = GpuPoll(self.rundir)
         self.gpu.poke()
         self.last = None  # the reading the next rates start at
         self.sample()  # this sampler's own: where no kept reading is old enough
@@ -227,8 +230,9 @@ class Sampler:
     def open_window(self, window):
         """Before the first answer: its rates start at the newest reading at least ``window``
         seconds old, the supervisor's or this sampler's own; where none is that old, at the
-        oldest, and the answer waits out the rest. GPUs, which are no rate, are waited for as
-        long as that too, at most: a new sampler has asked nvidia-smi only now."""
+        oldest, and the answer waits out the rest. GPUs, which are no rate: the answer a
+        sampler kept at most ``window`` seconds ago (a `top` before this one), else this one's
+        first, waited for at most as long as the window from its start."""
         now = time.monotonic()
         readings = [*self.kept, self.last]
         old = [r for r in readings if timing.due(now, r["mono"], window)]
@@ -238,7 +242,10 @@ class Sampler:
                 log.seed(base["mono"], base["logs"].get(str(rank)))
             self.last = base
         time.sleep(max(0.0, window - (now - base["mono"])))
-        if self.gpu.present:
+        kept = counters.kept_gpus(self.rundir, window) if self.gpu.present else None
+        if kept is not None and not self.gpu.answered.is_set():
+            self.gpu.latest, self.gpu.error = kept
+        elif self.gpu.present:
             self.gpu.answered.wait(max(0.0, self.began + window - time.monotonic()))
 
     def find_ranks(self, state, now):
