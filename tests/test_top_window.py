@@ -111,6 +111,30 @@ def test_a_kept_reading_old_enough_gives_the_first_answer_at_once(
     assert reply["host"]["cpu_percent"] is not None and reply["host"]["net_rx_mbps"] is not None
 
 
+def test_a_rank_the_window_s_first_reading_missed_is_timed_from_a_later_one(
+        rank: tuple[Path, int]) -> None:
+    """The supervisor finds a rank a moment after it starts (a walk of /proc every 2 s while
+    one is missing): where the window's first reading lacks it, its CPU % is over the first
+    kept reading that has it (at least a second old), not null."""
+    rundir, pid = rank
+    missed = counters.reading(str(rundir), "lo", {})
+    time.sleep(1.1)
+    found = counters.reading(str(rundir), "lo", {0: pid})
+    jsonfile.write(str(rundir / layout.COUNTERS), {"readings": [missed, found]})
+    time.sleep(2.2)
+    sampler = Sampler(rundir)
+    try:
+        asked, reply, _answered = sampler.ask(3.0)
+        after = counters.proc_ticks(pid)
+    finally:
+        sampler.close()
+    assert reply["window"] >= 3.0  # the host's rates: from the first reading
+    # Its window began at ``found`` and ended after ``asked``: at least this much CPU time.
+    spent = reply["ranks"][0]["cpu_percent"] * (asked - found["mono"]) / 100
+    assert after is not None and 0 < spent <= (after[1] - found["pids"]["0"][2]) / \
+        counters.TICKS + 0.011, (reply["ranks"][0], found, after)
+
+
 def test_a_run_younger_than_the_window_waits_out_the_rest(rank: tuple[Path, int]) -> None:
     """A `top --once` a second after launch: the supervisor has kept readings for a second;
     the answer comes once the window from the oldest is whole, and its rates are over it."""

@@ -62,21 +62,24 @@ def rss_mb(pid):
     return round(int(statm.split()[1]) * PAGE / 1048576.0, 1) if statm else None
 
 
-def rank_cpu(rank, now, base):
+def rank_cpu(rank, now, base, later=()):
     """A rank's CPU % between two readings: over the CPU time its process gained, or all it
-    used where it started after ``base`` (a rank that came up within the window)."""
+    used where it started after ``base`` (a rank that came up within the window). Where
+    ``base`` missed the process (not found yet), the first of ``later`` (readings after it,
+    oldest first, each at least EVERY before ``now``) that has it: a shorter window, not none."""
     pid, start, ticks = now["pids"][rank]
-    before = base["pids"].get(rank)
-    span = now["mono"] - base["mono"]
-    if span <= 0:
-        return None
-    if before is not None and before[:2] == [pid, start]:
-        spent = ticks - before[2]
-    elif counters.started_after(start, base) and start / float(TICKS) <= (now["uptime"] or 0) + 1:
-        spent = ticks  # the second test: a /proc/uptime of another clock (a container's)
+    for each in (base, *later):
+        before = each["pids"].get(rank)
+        if before is not None and before[:2] == [pid, start]:
+            spent, span = ticks - before[2], now["mono"] - each["mono"]
+            break
     else:
-        return None
-    return round(100.0 * spent / TICKS / span, 1)
+        # The second test: a /proc/uptime of another clock (a container's) proves nothing.
+        if not (counters.started_after(start, base)
+                and start / float(TICKS) <= (now["uptime"] or 0) + 1):
+            return None
+        spent, span = ticks, now["mono"] - base["mono"]
+    return round(100.0 * spent / TICKS / span, 1) if span > 0 else None
 
 
 def last_line(path, size):
@@ -225,6 +228,7 @@ class Sampler:
         self.gpu = GpuPoll(self.rundir)
         self.gpu.poke()
         self.last = None  # the reading the next rates start at
+        self.later = []  # the first answer's readings after self.last, for a rank it missed
         self.sample()  # this sampler's own: where no kept reading is old enough
 
     def open_window(self, window):
@@ -240,6 +244,7 @@ class Sampler:
         if base is not self.last:
             for rank, log in self.logs.items():
                 log.seed(base["mono"], base["logs"].get(str(rank)))
+            self.later = [r for r in readings if r["mono"] > base["mono"]]
             self.last = base
         time.sleep(max(0.0, window - (now - base["mono"])))
         kept = counters.kept_gpus(self.rundir, window) if self.gpu.present else None
@@ -275,13 +280,14 @@ class Sampler:
                      "cpu_percent": None, "rss_mb": None}
             if found:
                 entry["rss_mb"] = rss_mb(entry["pid"])
-                entry["cpu_percent"] = rank_cpu(str(rank), this, base) if base else None
+                later = [r for r in self.later if this["mono"] - r["mono"] >= counters.EVERY]
+                entry["cpu_percent"] = rank_cpu(str(rank), this, base, later) if base else None
             entry.update(self.logs[rank].look(this["mono"]) or
                          {"lines_per_min": None, "last_line": None, "silent_s": None})
             ranks.append(entry)
         cpu, rx, tx = host_rates(this, base) if base is not None else (None, None, None)
         span = this["mono"] - base["mono"] if base is not None else 0
-        self.last = this
+        self.last, self.later = this, []
         self.gpu.poke()
         used, mem_total = memory()
         try:
