@@ -75,14 +75,18 @@ def started_after(start, reading):
 
 
 def log_sizes(rundir):
-    """``{rank: bytes}`` of the rank logs there are."""
+    """``{rank: bytes}`` of the rank logs there are; None where the folder cannot be listed
+    (a rank missing from a dict is a log not written yet, all of whose lines are then new)."""
+    try:
+        names = os.listdir(rundir)
+    except OSError:
+        return None
     sizes = {}
-    with contextlib.suppress(OSError):
-        for name in os.listdir(rundir):
-            rank = layout.rank_of(name)
-            if rank is not None:
-                with contextlib.suppress(OSError):
-                    sizes[str(rank)] = os.stat(os.path.join(rundir, name)).st_size
+    for name in names:
+        rank = layout.rank_of(name)
+        if rank is not None:
+            with contextlib.suppress(OSError):
+                sizes[str(rank)] = os.stat(os.path.join(rundir, name)).st_size
     return sizes
 
 

@@ -243,7 +243,8 @@ class Sampler:
         base = old[-1] if old else readings[0]
         if base is not self.last:
             for rank, log in self.logs.items():
-                log.seed(base["mono"], base["logs"].get(str(rank)))
+                if base["logs"] is not None:
+                    log.seed(base["mono"], base["logs"].get(str(rank)))
             self.later = [r for r in readings if r["mono"] > base["mono"]]
             self.last = base
         time.sleep(max(0.0, window - (now - base["mono"])))
