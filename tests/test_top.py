@@ -156,6 +156,36 @@ def test_top_json_matches_what_the_hosts_run(cluster: Cluster, home: Path, tmp_p
     assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
 
 
+def test_top_once_answers_from_what_the_supervisors_kept(cluster: Cluster, home: Path,
+                                                         tmp_path: Path, ticker: Path,
+                                                         strays: None) -> None:
+    """Each host's supervisor keeps its last seconds of counter readings in the rundir: a
+    `top --once` with a 6 s window answers in less than that, every rate filled in (a second
+    command with the session on, warm), and the readings go when the run ends."""
+    inv = cluster.inventory(tmp_path / "inv.yaml", HOSTS)
+    run_id = detach(inv, ticker, "STEP_SLEEP=0.3", nproc=1)
+    wait_lines(cluster, run_id, {"node9": [0], "node10": [1]}, count=10)
+    kept = f"/tmp/clusterrun/runs/{run_id}/node9/counters.json"
+    readings = json.loads(cluster.read("node9", kept))["readings"]
+    assert len(readings) >= 4 and set(readings[-1]["pids"]) == {"0"}, readings[-1]
+    for _ in range(2):  # the second is warm with the session on
+        began = time.monotonic()
+        cp = run_cli("top", run_id, "--once", "--json", "--interval", "4", timeout=120)
+        took = time.monotonic() - began
+        assert cp.returncode == 0, cp.stderr
+    # Waiting out the window alone would take 4 s, the command's start and connections besides.
+    assert took < 4, took
+    sample = json.loads(cp.stdout)
+    assert sample["ok"] is True
+    assert all(h["cpu_percent"] is not None and h["net_rx_mbps"] is not None
+               for h in sample["hosts"]), sample["hosts"]
+    for rank in sample["ranks"]:
+        assert rank["cpu_percent"] is not None and rank["lines_per_min"] > 0, rank
+    assert run_cli("stop", run_id).returncode == 0
+    assert cluster.wait_run_gone(HOSTS, run_id, 20) == {}
+    assert "gone" in cluster.run_on("node9", "sh", "-c", f"test -e {kept} || echo gone")
+
+
 def refreshes_until_lost(watch: Watch, node: str, most: int = 5) -> tuple[int, Frame]:
     """How many refreshes it took ``node`` to show as LOST (``most`` + 1: it never did), and
     the frame that showed it. Counted in refreshes, not seconds: a refresh waits a whole

@@ -130,8 +130,8 @@ class Pick:
 
 
 def _take(watch: Watch, profiler: Optional[Profiler], pick: Optional[Pick],
-          wait: Optional[float] = None) -> Frame:
-    frame = watch.refresh(wait)
+          wait: Optional[float] = None, window: Optional[float] = None) -> Frame:
+    frame = watch.refresh(wait, window)
     frame = profiler.apply(frame) if profiler is not None else frame
     return pick.apply(frame) if pick is not None else frame
 
@@ -148,20 +148,19 @@ def _once(watch: Watch, profiler: Optional[Profiler], as_json: bool,
           pick: Optional[Pick]) -> bool:
     """One sample, shown; False when a host gave none."""
     import json
-    import time
 
     watch.wait_connected(watch.ssh.connect_timeout + 5)
-    # The sampler measured its baseline when it started: rates (CPU, network, lines per
-    # minute) are over the interval after it.
     if profiler is not None:
         profiler.once()  # one window; the sample after it
         if profiler.error:
             note(f"no profile: {profiler.error}")
         for why in sorted((profiler.latest.problems if profiler.latest else {}).values()):
             note(f"no profile from {why}")
-    else:
-        time.sleep(watch.interval)
-    frame = _take(watch, profiler, pick, wait=watch.ssh.connect_timeout)
+    # Rates (CPU, network, lines per minute) over at least one interval: each host's sampler
+    # starts it at a reading the run's supervisor kept that long ago and answers at once, or
+    # (a run younger than that, a supervisor of an older clusterrun) waits out the rest.
+    frame = _take(watch, profiler, pick, wait=watch.interval + watch.ssh.connect_timeout,
+                  window=watch.interval)
     if as_json:
         click.echo(json.dumps(_json(frame, profiler), indent=2))
     else:

@@ -92,12 +92,12 @@ class Link:
                     self.latest, self.answered_at = reply, time.monotonic()
                     self.answered.notify_all()
 
-    def ask(self, seq: int) -> None:
+    def ask(self, seq: int, window: Optional[float] = None) -> None:
         proc = self.proc
         if proc is None:
             return
         try:
-            proc.write(b'{"seq": %d}\n' % seq)
+            proc.write(json.dumps({"seq": seq, "window": window}).encode() + b"\n")
         except OSError as exc:
             self.down = f"connection closed ({exc})"
             self.proc = None
@@ -153,16 +153,18 @@ class Watch:
                 link.proc is None and link.down is None for link in self.links):
             time.sleep(0.05)
 
-    def refresh(self, wait: Optional[float] = None) -> Frame:
+    def refresh(self, wait: Optional[float] = None, window: Optional[float] = None) -> Frame:
         """Ask every connected host for a sample; wait for the answers at most ``wait``
-        seconds (default: one interval); the frame holds what each host said last."""
+        seconds (default: one interval); the frame holds what each host said last.
+        ``window``: a sampler's first answer has rates over at least that many seconds (from
+        what the run's supervisor kept, or it waits them out)."""
         self.follow_restart()
         self.seq += 1
         for link in self.links:
             if link.proc is None and not link.busy and link.down is not None \
                     and timing.due(time.monotonic(), link.tried_at, RECONNECT):
                 threading.Thread(target=link.open, daemon=True).start()
-            link.ask(self.seq)
+            link.ask(self.seq, window)
         deadline = time.monotonic() + (self.interval if wait is None else wait)
         for link in self.links:
             with link.answered:

@@ -9,11 +9,9 @@ from clusterrun.inventory import HostSpec
 from clusterrun.remote.shared import layout
 from clusterrun.runs import attempts
 from clusterrun.runs import remote as remote_runs
-from clusterrun.runs.journal import Journal
 from clusterrun.runs.records import PlanNode, PlanRecord
 from clusterrun.runs.store import RunDir
 from clusterrun.stacks.model import Collected, from_reply
-from clusterrun.stacks.profile import judged, stragglers
 from clusterrun.transport import SshOptions, Transport
 from clusterrun.transport.programs import call
 
@@ -117,6 +115,10 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
         out.flight.extend(dict(f, node=name) for f in reply.get("flight") or [])
     out.ranks.sort(key=lambda r: r.rank)
     if profile:
+        # Only --profile needs these (statistics, the run's journal): a plain `stacks` starts
+        # without their imports.
+        from clusterrun.stacks.profile import stragglers
+
         out.stragglers = stragglers(out.ranks)
         if not out.partial:  # a profile of some hosts or ranks says nothing about the run
             _record(run, attempt.attempt, out)
@@ -125,6 +127,9 @@ def collect(run: RunDir, ssh: SshOptions, *, nodes: Optional[set[str]] = None,
 
 def _record(run: RunDir, k: int, found: Collected) -> None:
     """Stragglers named by a whole profile go into the run's events (once while they stay)."""
+    from clusterrun.runs.journal import Journal
+    from clusterrun.stacks.profile import judged
+
     # A host that gave nothing, or a rank py-spy barely sampled, leaves the run unjudged.
     if found.problems or not found.ranks or not all(judged(r) for r in found.ranks):
         return

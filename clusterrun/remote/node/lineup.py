@@ -5,7 +5,7 @@ returns and knows none of them: a new concern of a running node is a watcher add
 
 import time
 
-from clusterrun.remote.hostlib import hostio
+from clusterrun.remote.hostlib import counters, hostio
 from clusterrun.remote.node import diskwatch, nccllog, stallhub, stallpeer, stallreach, watchbase
 from clusterrun.remote.shared import diskfloor, protocol
 
@@ -58,6 +58,24 @@ class Gang(watchbase.Watcher):
                 link.tick()
 
 
+class Counters(watchbase.Watcher):
+    """The readings `top` starts its rates at (hostlib/counters.py), kept while the job runs."""
+
+    def __init__(self, node, req):
+        public = req.get("public") or {}
+        first, last = public.get("ranks") or (0, -1)
+        self.node = node
+        self.keeper = counters.Keeper(node.rundir, public.get("interface"), node.roots,
+                                      last - first + 1)
+
+    def tick(self, now):
+        if self.node.running():
+            self.keeper.tick(now)
+
+    def finish(self):
+        self.keeper.forget()
+
+
 def stall_role(node, req):
     """This node's part in the stall watchdog: the master's supervisor decides for the run
     (stallhub.py), reaching the others over the gang (detached) or through the controller
@@ -77,4 +95,4 @@ def stall_role(node, req):
 
 def standard(node, req):
     """Every supervisor's watchers, for the run ``req`` asks for."""
-    return [Nccl(node, req), Disk(node), stall_role(node, req), Gang(node)]
+    return [Nccl(node, req), Disk(node), stall_role(node, req), Gang(node), Counters(node, req)]

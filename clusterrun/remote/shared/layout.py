@@ -24,6 +24,8 @@ _ATTEMPT = re.compile(r"attempt-([1-9][0-9]*)")
 # A node's rundir.
 STATE = "state.json"  # the node's state: remote/shared/nodestate.py holds its fields
 SPEC = "spec.json"  # what the plan says of this node, for people
+COUNTERS = "counters.json"  # the supervisor's last readings for `top`'s rates (hostlib/counters.py)
+GPUS = "gpus.json"  # the last nvidia-smi answer a `top` sampler had, for the next one's first
 NODE_LOG = "node.log"  # torchrun's (or clusterrun's launcher's) own output
 RANK_SH = "rank.sh"  # the wrapper each rank runs in, which writes its log and exit file
 RANK = "rank-"  # + the rank + LOG or EXIT

@@ -3,8 +3,10 @@
 Started once per host and kept for as long as `top` watches: every line on stdin asks for one
 sample, answered with one ``J <json>`` line; EOF ends it. It only reads /proc, /sys and the
 run's files (nvidia-smi runs on a thread of its own, at most once per request, so a slow driver
-never delays an answer), at the lowest CPU priority, so watching a run never slows it. Rates
-(CPU %, network, lines per minute) are over the time since the previous request.
+never delays an answer after the first), at the lowest CPU priority, so watching a run never
+slows it. Rates (CPU %, network, lines per minute) are over the time since the previous request;
+the first request's over at least its ``window`` seconds, from a reading the run's supervisor
+kept (remote/hostlib/counters.py) where one is that old, so `top --once` need not wait one out.
 """
 
 import contextlib
@@ -14,7 +16,7 @@ import sys
 import threading
 import time
 
-from clusterrun.remote.hostlib import procs, pystack
+from clusterrun.remote.hostlib import counters, procs, pystack
 from clusterrun.remote.probe import nvidia
 from clusterrun.remote.shared import layout, nodestate, protocol, timing
 
@@ -44,13 +46,6 @@ def read(path):
         return None
 
 
-def cpu_times():
-    """(busy, total) jiffies of the whole host, from /proc/stat's first line."""
-    fields = [int(x) for x in (read("/proc/stat") or b"cpu 0 0 0 0").split(b"\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
 def memory():
     info = {}
     for line in (read("/proc/meminfo") or b"").splitlines():
@@ -62,24 +57,29 @@ def memory():
     return (total - free if total is not None and free is not None else None), total
 
 
-def net_bytes(interface):
-    """(rx, tx) bytes of one interface, from this network namespace's /proc/net/dev."""
-    for line in (read("/proc/net/dev") or b"").decode("ascii", "replace").splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        if name.strip() == interface:
-            words = rest.split()
-            return int(words[0]), int(words[8])
-    return None
-
-
-def proc_cpu_rss(pid):
-    """(cpu jiffies, rss MB) of one process, or None when it is gone."""
-    stat = read("/proc/%d/stat" % pid)
+def rss_mb(pid):
     statm = read("/proc/%d/statm" % pid)
-    if not stat or not statm:
-        return None
-    fields = stat.rsplit(b")", 1)[1].split()
-    return int(fields[11]) + int(fields[12]), int(statm.split()[1]) * PAGE / 1048576.0
+    return round(int(statm.split()[1]) * PAGE / 1048576.0, 1) if statm else None
+
+
+def rank_cpu(rank, now, base, later=()):
+    """A rank's CPU % between two readings: over the CPU time its process gained, or all it
+    used where it started after ``base`` (a rank that came up within the window). Where
+    ``base`` missed the process (not found yet), the first of ``later`` (readings after it,
+    oldest first, each at least EVERY before ``now``) that has it: a shorter window, not none."""
+    pid, start, ticks = now["pids"][rank]
+    for each in (base, *later):
+        before = each["pids"].get(rank)
+        if before is not None and before[:2] == [pid, start]:
+            spent, span = ticks - before[2], now["mono"] - each["mono"]
+            break
+    else:
+        # The second test: a /proc/uptime of another clock (a container's) proves nothing.
+        if not (counters.started_after(start, base)
+                and start / float(TICKS) <= (now["uptime"] or 0) + 1):
+            return None
+        spent, span = ticks, now["mono"] - base["mono"]
+    return round(100.0 * spent / TICKS / span, 1) if span > 0 else None
 
 
 def last_line(path, size):
@@ -97,6 +97,20 @@ def last_line(path, size):
     return ""
 
 
+def host_rates(now, base):
+    """(CPU %, rx MB/s, tx MB/s) of the host between two readings."""
+    cpu = rx = tx = None
+    span = now["mono"] - base["mono"]
+    if span > 0:
+        busy, total = now["cpu"]
+        if total > base["cpu"][1]:
+            cpu = round(100.0 * (busy - base["cpu"][0]) / (total - base["cpu"][1]), 1)
+        if now["net"] and base["net"]:
+            rx = round((now["net"][0] - base["net"][0]) / span / 1e6, 3)
+            tx = round((now["net"][1] - base["net"][1]) / span / 1e6, 3)
+    return cpu, rx, tx
+
+
 class LogRate:
     """Lines a log gained, counted from the offset where the previous look stopped."""
 
@@ -105,6 +119,11 @@ class LogRate:
         self.offset = None
         self.lines = 0
         self.history = []  # (monotonic, lines so far)
+
+    def seed(self, when, size):
+        """Count from ``size`` bytes, as they stood at ``when`` (None: the log was not there
+        yet, so all of it is new)."""
+        self.offset, self.lines, self.history = size or 0, 0, [(when, 0)]
 
     def look(self, now):
         try:
@@ -136,13 +155,15 @@ class GpuPoll:
     """nvidia-smi on its own thread: a request starts a query when none is running, and every
     sample carries the latest answer."""
 
-    def __init__(self):
+    def __init__(self, rundir=None):
+        self.rundir = rundir  # where each answer is kept for the next sampler (None: nowhere)
         self.present = any(os.access(os.path.join(d, "nvidia-smi"), os.X_OK)
                            for d in os.environ.get("PATH", "").split(os.pathsep) if d)
         self.latest = None
         self.error = None
         self.busy = False
         self.fields = list(GPU_QUERY)
+        self.answered = threading.Event()  # set once the first query has ended
 
     def poke(self):
         if self.present and not self.busy:
@@ -161,8 +182,11 @@ class GpuPoll:
             self.error = why
             if out is not None:
                 self.latest = [self.parse(line) for line in out.splitlines() if line.strip()]
+            if self.rundir is not None:
+                counters.keep_gpus(self.rundir, self.latest, self.error)
         finally:
             self.busy = False
+            self.answered.set()
 
     def parse(self, line):
         cells = dict(zip(self.fields, line.split(",")))
@@ -194,12 +218,41 @@ class Sampler:
         self.ranks = list(range(req["ranks"][0], req["ranks"][1] + 1)) if req.get("ranks") else []
         self.logs = {r: LogRate(os.path.join(self.rundir, layout.rank_log(r)))
                      for r in self.ranks}
-        self.pids = {}  # rank -> (pid, start time)
+        self.began = time.monotonic()
+        self.kept = counters.kept(self.rundir, self.interface)
+        # The supervisor's newest reading names the ranks' processes: no walk of /proc for them.
+        newest = self.kept[-1]["pids"] if self.kept else {}
+        self.pids = {int(r): (p, s) for r, (p, s, _t) in newest.items()
+                     if procs.start_time(p) == s and int(r) in self.logs}
         self.scanned = None  # when the ranks were last looked for (None: never)
-        self.gpu = GpuPoll()
+        self.gpu = GpuPoll(self.rundir)
         self.gpu.poke()
-        self.last = None  # (monotonic, host busy, host total, net, {pid: jiffies})
-        self.sample()  # the baseline the first request's rates are measured from
+        self.last = None  # the reading the next rates start at
+        self.later = []  # the first answer's readings after self.last, for a rank it missed
+        self.sample()  # this sampler's own: where no kept reading is old enough
+
+    def open_window(self, window):
+        """Before the first answer: its rates start at the newest reading at least ``window``
+        seconds old, the supervisor's or this sampler's own; where none is that old, at the
+        oldest, and the answer waits out the rest. GPUs, which are no rate: the answer a
+        sampler kept at most ``window`` seconds ago (a `top` before this one), else this one's
+        first, waited for at most as long as the window from its start."""
+        now = time.monotonic()
+        readings = [*self.kept, self.last]
+        old = [r for r in readings if timing.due(now, r["mono"], window)]
+        base = old[-1] if old else readings[0]
+        if base is not self.last:
+            for rank, log in self.logs.items():
+                if base["logs"] is not None:
+                    log.seed(base["mono"], base["logs"].get(str(rank)))
+            self.later = [r for r in readings if r["mono"] > base["mono"]]
+            self.last = base
+        time.sleep(max(0.0, window - (now - base["mono"])))
+        kept = counters.kept_gpus(self.rundir, window) if self.gpu.present else None
+        if kept is not None and not self.gpu.answered.is_set():
+            self.gpu.latest, self.gpu.error = kept
+        elif self.gpu.present:
+            self.gpu.answered.wait(max(0.0, self.began + window - time.monotonic()))
 
     def find_ranks(self, state, now):
         gone = [r for r, (pid, start) in self.pids.items() if procs.start_time(pid) != start]
@@ -218,33 +271,24 @@ class Sampler:
             self.find_ranks(state, now)
         else:
             self.pids = {}
-        busy, total = cpu_times()
-        net = net_bytes(self.interface) if self.interface else None
-        jiffies = {}
+        base = self.last
+        this = counters.reading(self.rundir, self.interface,
+                                {r: pid for r, (pid, _start) in self.pids.items()})
         ranks = []
         for rank in self.ranks:
-            pid = self.pids.get(rank, (None, None))[0]
-            usage = proc_cpu_rss(pid) if pid else None
-            entry = {"rank": rank, "pid": pid if usage else None, "cpu_percent": None,
-                     "rss_mb": None}
-            if usage:
-                jiffies[pid] = usage[0]
-                entry["rss_mb"] = round(usage[1], 1)
-                if self.last and pid in self.last[4] and now > self.last[0]:
-                    spent = (usage[0] - self.last[4][pid]) / float(TICKS)
-                    entry["cpu_percent"] = round(100.0 * spent / (now - self.last[0]), 1)
-            entry.update(self.logs[rank].look(now) or
+            found = str(rank) in this["pids"]
+            entry = {"rank": rank, "pid": this["pids"][str(rank)][0] if found else None,
+                     "cpu_percent": None, "rss_mb": None}
+            if found:
+                entry["rss_mb"] = rss_mb(entry["pid"])
+                later = [r for r in self.later if this["mono"] - r["mono"] >= counters.EVERY]
+                entry["cpu_percent"] = rank_cpu(str(rank), this, base, later) if base else None
+            entry.update(self.logs[rank].look(this["mono"]) or
                          {"lines_per_min": None, "last_line": None, "silent_s": None})
             ranks.append(entry)
-        cpu = rx = tx = None
-        if self.last is not None and now > self.last[0]:
-            dt = now - self.last[0]
-            if total > self.last[2]:
-                cpu = round(100.0 * (busy - self.last[1]) / (total - self.last[2]), 1)
-            if net and self.last[3]:
-                rx = round((net[0] - self.last[3][0]) / dt / 1e6, 3)
-                tx = round((net[1] - self.last[3][1]) / dt / 1e6, 3)
-        self.last = (now, busy, total, net, jiffies)
+        cpu, rx, tx = host_rates(this, base) if base is not None else (None, None, None)
+        span = this["mono"] - base["mono"] if base is not None else 0
+        self.last, self.later = this, []
         self.gpu.poke()
         used, mem_total = memory()
         try:
@@ -256,10 +300,12 @@ class Sampler:
         host = {"cpu_percent": cpu, "net_rx_mbps": rx, "net_tx_mbps": tx, "mem_used_mb": used,
                 "mem_total_mb": mem_total, "disk_free_mb": disk_free,
                 "load": [float(x) for x in load] or None, "gpus": self.gpu.latest,
-                "gpu_error": self.gpu.error, "interface_found": net is not None,
+                "gpu_error": self.gpu.error, "interface_found": this["net"] is not None,
                 "state": state.state if state is not None and state.state else "missing",
                 "hostname": os.uname()[1], "time": time.time()}
-        return {protocol.KIND: protocol.SAMPLE, "host": host, "ranks": ranks}
+        # ``window``: the seconds the rates are over (for tests and for people reading a reply).
+        return {protocol.KIND: protocol.SAMPLE, "host": host, "ranks": ranks,
+                "window": round(span, 3) if span > 0 else None}
 
 
 def main(req):
@@ -267,11 +313,15 @@ def main(req):
         os.nice(19)  # the run's processes come first
     sampler = Sampler(req)
     out = sys.stdout.buffer
+    opened = False
     for line in iter(sys.stdin.buffer.readline, b""):
         try:
             ask = json.loads(line.decode("utf-8", "replace"))
         except ValueError:
             continue
+        if not opened:
+            opened = True
+            sampler.open_window(float(ask.get("window") or 0))
         reply = sampler.sample()
         reply["seq"] = ask.get("seq")
         out.write(protocol.event_frame(reply))
