@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import uuid
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cluster, Reader, start_cli
-from tests.test_logs import _detach, _ps, numbered, sha_on_host
+from tests.conftest import Cluster, Reader, run_cli, start_cli
 
 pytestmark = pytest.mark.cluster
 
 HOSTS = ["node1", "node2"]
 LINES = 40  # 0.2 s apart: about 8 s of output per rank
 EVERY_LINE = {0: list(range(LINES)), 1: list(range(LINES))}
+
+# A line of tests/payloads/spam.py as `logs` shows it: rank, line number, when it was printed.
+LINE = re.compile(r"^\[(node\d+) r(\d+)\] r(\d+) (\d{7}) (\d+\.\d+) x+$")
 
 # Holds the run's mirror lock as another clusterrun process would while it fetches.
 HOLDER = """
@@ -35,25 +40,52 @@ time.sleep(float(sys.argv[2]))
 """
 
 
+def numbered(text: str) -> dict[int, list[int]]:
+    """Per rank, the line numbers shown, in order; fails on a numbered line that is mangled."""
+    seen: dict[int, list[int]] = defaultdict(list)
+    for line in text.splitlines():
+        if re.match(r"^\[node\d+ r\d+\] r\d+ \d{7} ", line):
+            match = LINE.match(line)
+            assert match and match.group(2) == match.group(3), f"mangled line: {line[:200]!r}"
+            seen[int(match.group(3))].append(int(match.group(4)))
+    return seen
+
+
+def _detach(inv: Path, payload: Path, *env: str) -> str:
+    cp = run_cli("launch", "--detach", *[x for e in env for x in ("--env", e)], str(inv),
+                 str(payload))
+    assert cp.returncode == 0, cp.stderr
+    match = re.search(r"run (\S+) started on", cp.stderr)
+    assert match, cp.stderr
+    return match.group(1)
+
+
+def _state(run_id: str) -> str:
+    cp = run_cli("ps", "--json")
+    assert cp.returncode == 0, cp.stderr
+    return str({row["id"]: row for row in json.loads(cp.stdout)}[run_id]["state"])
+
+
 def _same_as_hosts(cluster: Cluster, home: Path, run_id: str) -> None:
     """The run's mirrors here are byte for byte its files on the hosts."""
     for node, rank in (("node1", 0), ("node2", 1)):
         mirror = home / "runs" / run_id / "nodes" / node / f"rank-{rank}.log"
         host_file = f"/tmp/clusterrun/runs/{run_id}/{node}/rank-{rank}.log"
-        assert hashlib.sha256(mirror.read_bytes()).hexdigest() == sha_on_host(
-            cluster, node, host_file)
+        on_host = cluster.run_on(node, "sha256sum", host_file).split()[0]
+        assert hashlib.sha256(mirror.read_bytes()).hexdigest() == on_host
 
 
 def _ended_with_the_run(cluster: Cluster, home: Path, run_id: str, out: str, err: str) -> None:
-    assert numbered(out) == EVERY_LINE, err
+    assert numbered(out) == EVERY_LINE, f"{err}\n{out[-3000:]}"
     for rank in (0, 1):
         assert out.count(f"r{rank} finished {LINES} lines") == 1, out[-2000:]
     assert f"run {run_id} succeeded" in err, err
-    assert _ps(home)[run_id]["state"] == "succeeded"
+    assert _state(run_id) == "succeeded"
     _same_as_hosts(cluster, home, run_id)
     left = cluster.wait_no_processes(HOSTS, 15)
     assert left == {}, left
-    assert _here(run_id) == [], "a process of the run is left on this machine"
+    here = _here(run_id)
+    assert here == [], f"left on this machine: {here}"
 
 
 def _here(run_id: str) -> list[str]:
