@@ -12,7 +12,7 @@ from clusterrun.logs.mirror import Mirror, receive
 from clusterrun.logs.replay import replay_from
 from clusterrun.logs.view import LogView
 from clusterrun.remote.shared import nodestate, protocol
-from clusterrun.runs import attempts
+from clusterrun.runs import attempts, lifecycle
 from clusterrun.runs.records import PlanNode, RunStatus
 from clusterrun.runs.remote import each_node
 from clusterrun.runs.store import RunDir, pid_alive
@@ -97,6 +97,23 @@ def wait_local(run: RunDir, view: LogView, positions: dict[tuple[str, str], int]
             replay_from(run, view, positions, offset)
             view.close()
             return
+        time.sleep(0.2)
+
+
+def while_held(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
+               offset: int, take: Callable[[], bool]) -> tuple[bool, int]:
+    """Follow one attempt of a run nobody watches while another clusterrun process holds its
+    mirror lock (a `ps` or `logs` fetching for a moment, another `logs -f`): show what that
+    process mirrors until ``take()`` gets the lock (True) or the run has ended (False), with
+    the index offset reached. Whoever holds the lock settles the run when it ends."""
+    top = attempts.top(run)
+    while True:
+        offset = replay_from(run, view, positions, offset)
+        view.tick()
+        if take():
+            return True, offset
+        if not lifecycle.live(top) and not _growing(run, offset):
+            return False, replay_from(run, view, positions, offset)
         time.sleep(0.2)
 
 

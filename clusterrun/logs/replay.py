@@ -130,12 +130,18 @@ def replay(run: RunDir, view: LogView, on_chunk: Optional[OnChunk] = None,
     """Everything mirrored so far, in the order it arrived; ``on_chunk(node, file)`` before
     each chunk."""
     positions: dict[tuple[str, str], int] = {}
-    offset = replay_from(run, view, positions, 0, on_chunk)
-    # Bytes written to a mirror whose arrival entry never made it (the writer was killed).
+    return positions, replay_rest(run, view, positions, 0, on_chunk)
+
+
+def replay_rest(run: RunDir, view: LogView, positions: dict[tuple[str, str], int],
+                offset: int, on_chunk: Optional[OnChunk] = None) -> int:
+    """What ``replay_from`` gives, then every mirror to its end: bytes written to a mirror
+    whose arrival entry never made it (the writer was killed). Returns the new index offset."""
+    offset = replay_from(run, view, positions, offset, on_chunk)
     nodes_dir = run.path / "nodes"
     if nodes_dir.is_dir():
         for node_dir in sorted(nodes_dir.iterdir()):
             for path in sorted(node_dir.iterdir()):
                 _feed(run, view, positions, node_dir.name, path.name, end=None,
                       on_chunk=on_chunk)
-    return positions, offset
+    return offset

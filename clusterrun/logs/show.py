@@ -10,7 +10,7 @@ from clusterrun.console import Printer
 from clusterrun.errors import Result
 from clusterrun.logs import follow as following
 from clusterrun.logs.mirror import Mirror
-from clusterrun.logs.replay import Collector, replay
+from clusterrun.logs.replay import Collector, replay, replay_rest
 from clusterrun.logs.settle import Stalls, settle
 from clusterrun.logs.view import Filter, LogView, prefix
 from clusterrun.runs import attempts, lifecycle, ps
@@ -44,24 +44,49 @@ def _shown(run: RunDir, flt: Filter, *, tail: Optional[int], follow: bool, ssh: 
     # as the ranks initialised: a detached run's or an earlier terminal's nobody saw).
     for line in ps.nccl_lines(ps.nccl_summary(run, attempt)):
         say(line)
-    lock = None
-    if lifecycle.live(run) and not lifecycle.watched(run):
-        # One lock in the run folder guards the mirrors of all its attempts.
-        lock = run.lock_fd("mirror.lock")  # None: another clusterrun is fetching this run
+    fetching = _MirrorLock(run)
+    # Nobody watches the run (detached, or its controller died): this command fetches it from
+    # its hosts once no other clusterrun process does. One lock in the run folder guards the
+    # mirrors of all its attempts.
+    unwatched = lifecycle.live(run) and not lifecycle.watched(run)
+    if unwatched:
+        fetching.take()
     k = attempt or attempts.count(run)
     try:
-        # The one fetching a run nobody watches records its ranks' first lines (events).
         _show(run, k, flt, tail=tail, follow=follow, ssh=ssh, printer=printer, say=say,
-              lock=lock, journal=journal if lock is not None else None, label=label)
+              fetching=fetching if unwatched else None, journal=journal, label=label)
     finally:
-        if lock is not None:
-            os.close(lock)
-    if follow and lock is not None:  # followed to its end from the hosts: record how it ended
+        fetching.close()
+    if follow and (fetching.taken or (unwatched and not lifecycle.live(run))):
+        # Followed to its end: record how it ended (settled here, or by the process that
+        # held the mirrors as it ended).
         state = settle(run, ssh, say, journal)
         _say_root_cause(run, say)
         say(f"run {run.id} {state.value}")
     elif not lifecycle.live(run):
         _say_root_cause(run, say)
+
+
+class _MirrorLock:
+    """The run's mirror lock (``mirror.lock``): its holder alone writes the run's mirrors
+    and records what it hears from the hosts."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.fd: Optional[int] = None
+        self.taken = False  # held at some point: this process fetched the run
+
+    def take(self) -> bool:
+        """Hold the lock, if no other clusterrun process does."""
+        if self.fd is None:
+            self.fd = self.run.lock_fd("mirror.lock")
+            self.taken = self.taken or self.fd is not None
+        return self.fd is not None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
@@ -74,18 +99,20 @@ def _say_root_cause(run: RunDir, say: Callable[[str], None]) -> None:
 
 def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool,
           ssh: SshOptions, printer: Printer, say: Callable[[str], None],
-          lock: Optional[int], journal: Optional[Journal] = None, label: Label = prefix) -> None:
-    """``journal``: this process writes the run's mirrors and records what it hears."""
-    first_line = journal.first_line_of(k) if journal is not None else None
+          fetching: Optional[_MirrorLock], journal: Journal, label: Label = prefix) -> None:
+    """``fetching``: the mirror lock of a run nobody watches (None: a launch in another
+    terminal streams it); while it is held, this process writes the run's mirrors and records
+    what it hears (the ranks' first lines: events) in ``journal``."""
+    held = fetching is not None and fetching.fd is not None
     shown = attempts.attempt_dir(run, k)
 
     def going() -> bool:  # an earlier attempt has ended, whatever the run does now
         return k == attempts.count(run) and lifecycle.live(run)
 
-    if lock is not None and going():
+    if held and going():
         # Nobody else mirrors this live run: first fetch what its hosts have now, so what is
         # shown (the tail above all) is the run's present, not where its mirrors stopped.
-        mirror = Mirror(shown, first_line)
+        mirror = Mirror(shown, journal.first_line_of(k))
         following.follow(shown, ssh, mirror, None, say, keep_following=False)
         mirror.close()
     if tail is not None:
@@ -106,13 +133,22 @@ def _show(run: RunDir, k: int, flt: Filter, *, tail: Optional[int], follow: bool
             say(f"attempt {k} of run {run.id} has ended; follow the current one with "
                 f"`clusterrun logs -f {run.id}`")
         return
-    if lock is None:  # a launch in another terminal is streaming this run: read its mirrors
+    if fetching is None:  # a launch in another terminal is streaming this run: read its mirrors
         _wait_local(run, k, (view, positions, offset), flt=flt, printer=printer, say=say,
                     label=label)
         return
-    mirror = Mirror(shown, first_line)
-    following.follow(shown, ssh, mirror, view, say,
-                     on_state=Stalls(journal, k) if journal is not None else None)
+    if not held:
+        # Another process fetches this run: show what it mirrors until it lets go, then take
+        # over from where its mirrors end (the run is this attempt's to its end: nobody is
+        # there to restart it).
+        took, offset = following.while_held(shown, view, positions, offset, fetching.take)
+        if took:
+            replay_rest(shown, view, positions, offset)
+        if not took or not going():
+            view.close()
+            return
+    mirror = Mirror(shown, journal.first_line_of(k))
+    following.follow(shown, ssh, mirror, view, say, on_state=Stalls(journal, k))
     mirror.close()
 
 
