@@ -213,3 +213,31 @@ def test_the_supervisor_keeps_the_last_seconds_of_readings(tmp_path: Path,
     assert set(kept[-1]) == {"mono", "wall", "uptime", "cpu", "interface", "net", "pids", "logs"}
     keeper.forget()  # the run ended here
     assert not (tmp_path / layout.COUNTERS).exists()
+
+
+def test_a_reading_that_fails_ends_the_keeping_and_never_the_supervisor(
+        tmp_path: Path, clock_base: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterrun.remote.node import lineup
+
+    class Node:
+        rundir = str(tmp_path)
+
+        def roots(self) -> list[int]:
+            return []
+
+        def running(self) -> bool:
+            return True
+
+    watcher = lineup.Counters(Node(), {"public": {"ranks": [0, 0], "interface": "lo"}})
+    watcher.tick(clock_base + 100)
+    assert (tmp_path / layout.COUNTERS).exists()
+
+    def unknown(interface: str) -> None:
+        raise ValueError("a /proc/net/dev line this parser does not know")
+
+    monkeypatch.setattr(counters, "net_bytes", unknown)
+    watcher.tick(clock_base + 102)  # the supervisor's loop goes on: nothing raised
+    assert not (tmp_path / layout.COUNTERS).exists()  # a sampler waits its window again
+    monkeypatch.undo()
+    watcher.tick(clock_base + 104)
+    assert not (tmp_path / layout.COUNTERS).exists()  # kept no more for this run
