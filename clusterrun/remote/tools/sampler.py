@@ -20,7 +20,6 @@ from clusterrun.remote.hostlib import counters, procs, pystack
 from clusterrun.remote.probe import nvidia
 from clusterrun.remote.shared import layout, nodestate, protocol, timing
 
-TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TAIL = 4096  # bytes read from a log's end for its last line
 LAST_LINE = 300  # characters of a last line shown
@@ -38,17 +37,9 @@ THROTTLE = ((0x2, "app_clocks"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
             (0x80, "hw_power_brake"), (0x100, "display_clocks"))
 
 
-def read(path):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
 def memory():
     info = {}
-    for line in (read("/proc/meminfo") or b"").splitlines():
+    for line in (counters.read("/proc/meminfo") or b"").splitlines():
         key, _, rest = line.partition(b":")
         if rest.split():
             info[key.decode()] = int(rest.split()[0]) // 1024
@@ -58,7 +49,7 @@ def memory():
 
 
 def rss_mb(pid):
-    statm = read("/proc/%d/statm" % pid)
+    statm = counters.read("/proc/%d/statm" % pid)
     return round(int(statm.split()[1]) * PAGE / 1048576.0, 1) if statm else None
 
 
@@ -76,10 +67,10 @@ def rank_cpu(rank, now, base, later=()):
     else:
         # The second test: a /proc/uptime of another clock (a container's) proves nothing.
         if not (counters.started_after(start, base)
-                and start / float(TICKS) <= (now["uptime"] or 0) + 1):
+                and start / float(counters.TICKS) <= (now["uptime"] or 0) + 1):
             return None
         spent, span = ticks, now["mono"] - base["mono"]
-    return round(100.0 * spent / TICKS / span, 1) if span > 0 else None
+    return round(100.0 * spent / counters.TICKS / span, 1) if span > 0 else None
 
 
 def last_line(path, size):
@@ -296,7 +287,7 @@ class Sampler:
             disk_free = round(st.f_bavail * st.f_frsize / 1048576.0)
         except OSError:
             disk_free = None
-        load = (read("/proc/loadavg") or b"").split()[:3]
+        load = (counters.read("/proc/loadavg") or b"").split()[:3]
         host = {"cpu_percent": cpu, "net_rx_mbps": rx, "net_tx_mbps": tx, "mem_used_mb": used,
                 "mem_total_mb": mem_total, "disk_free_mb": disk_free,
                 "load": [float(x) for x in load] or None, "gpus": self.gpu.latest,
