@@ -51,6 +51,12 @@ class Sampler:
         self.proc.stdin.close()
         assert self.proc.wait(10) == 0
 
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 @pytest.fixture
 def rank(tmp_path: Path) -> Iterator[tuple[Path, int]]:
@@ -89,12 +95,9 @@ def test_a_kept_reading_old_enough_gives_the_first_answer_at_once(
     kept = keep(rundir, pid)
     grow(rundir)
     time.sleep(3.2)  # the window the kept reading opened, at least
-    sampler = Sampler(rundir)
-    try:
+    with Sampler(rundir) as sampler:
         asked, reply, answered = sampler.ask(3.0)
         before = counters.proc_ticks(pid)
-    finally:
-        sampler.close()
     # At once: the sampler waited nothing out (its window began before it started).
     assert answered - asked < 3.0, answered - asked
     window = reply["window"]
@@ -122,12 +125,9 @@ def test_a_rank_the_window_s_first_reading_missed_is_timed_from_a_later_one(
     found = counters.reading(str(rundir), "lo", {0: pid})
     jsonfile.write(str(rundir / layout.COUNTERS), {"readings": [missed, found]})
     time.sleep(2.2)
-    sampler = Sampler(rundir)
-    try:
+    with Sampler(rundir) as sampler:
         asked, reply, _answered = sampler.ask(3.0)
         after = counters.proc_ticks(pid)
-    finally:
-        sampler.close()
     assert reply["window"] >= 3.0  # the host's rates: from the first reading
     # Its window began at ``found`` and ended after ``asked``: at least this much CPU time.
     spent = reply["ranks"][0]["cpu_percent"] * (asked - found["mono"]) / 100
@@ -141,11 +141,8 @@ def test_a_run_younger_than_the_window_waits_out_the_rest(rank: tuple[Path, int]
     rundir, pid = rank
     kept = keep(rundir, pid)
     grow(rundir)
-    sampler = Sampler(rundir)
-    try:
+    with Sampler(rundir) as sampler:
         _asked, reply, answered = sampler.ask(2.0)
-    finally:
-        sampler.close()
     assert reply["window"] >= 2.0 and answered - kept["mono"] >= 2.0, reply
     assert reply["window"] <= answered - kept["mono"]
     rate = LINES * 60 / reply["window"]
@@ -162,11 +159,8 @@ def test_without_a_usable_kept_reading_the_first_answer_waits_its_window(
         keep(rundir, pid, wall_skew=skew)
         time.sleep(1.6)
     grow(rundir)
-    sampler = Sampler(rundir)
-    try:
+    with Sampler(rundir) as sampler:
         asked, reply, answered = sampler.ask(1.5)
-    finally:
-        sampler.close()
     assert 1.5 <= reply["window"] <= answered - asked + 1.5, reply
     # Its own first look was after the lines were written: none counted.
     assert reply["ranks"][0]["lines_per_min"] == 0
@@ -190,11 +184,8 @@ def test_a_first_answer_takes_the_gpus_a_sampler_kept_within_the_window(
                                                 "wall": time.time() - age, "gpus": gpus,
                                                 "error": None})
     began = time.monotonic()
-    sampler = Sampler(rundir, f"{bin_dir}:/usr/bin:/bin")
-    try:
+    with Sampler(rundir, f"{bin_dir}:/usr/bin:/bin") as sampler:
         _asked, reply, answered = sampler.ask(1.5)
-    finally:
-        sampler.close()
     if age == 0.0:
         assert reply["host"]["gpus"] == gpus and answered - began < 1.5, reply["host"]
     else:
